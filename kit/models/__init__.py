@@ -1,0 +1,1 @@
+"""Models: the embedded starter, resolving ids and paths, reading model metadata."""

@@ -1,0 +1,55 @@
+"""Where mlx-kit keeps its files (platformdirs) and where its bundled data lives.
+
+- state dir: server pid files (``server-<port>.json``)
+- log dir: server logs (``server-<port>.log``)
+- data dir: the harness manifest and the starter's source cache
+- bundled data: ``templates/`` and ``harnesses/``; at the repo's top level in a checkout
+  (editable install), or ``kit/_data/`` inside a wheel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+
+APP = "mlx-kit"
+
+
+def state_dir() -> Path:
+    """Directory for pid files; created on demand."""
+    p = Path(platformdirs.user_state_dir(APP))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def log_dir() -> Path:
+    """Directory for server logs; created on demand."""
+    p = Path(platformdirs.user_log_dir(APP))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def data_dir() -> Path:
+    """Directory for the harness manifest and downloaded model sources; created on demand."""
+    p = Path(platformdirs.user_data_dir(APP))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _bundled(name: str) -> Path:
+    pkg = Path(__file__).resolve().parent
+    for candidate in (pkg / "_data" / name, pkg.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"bundled data folder {name!r} not found next to {pkg}")
+
+
+def templates_dir() -> Path:
+    """The folder of Jinja templates (one subfolder per agent)."""
+    return _bundled("templates")
+
+
+def harnesses_dir() -> Path:
+    """The folder of declarative agent specs (``<agent>.toml``)."""
+    return _bundled("harnesses")
