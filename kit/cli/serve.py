@@ -1,0 +1,89 @@
+"""``mlx-kit serve``: run the server in the foreground."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kit.cli.console import err_console
+from kit.errors import ConfigError, PortInUseError
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PortInUseError(f"cannot listen on {host}:{port}: {e.strerror}",
+                                 hint="another server holds it; use --port") from None
+
+
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="Hub repo id in the local cache, or a model folder. "
+                                             "Default: the embedded starter."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. Anything but "
+                             "loopback needs --api-key."),
+    port: int = typer.Option(8090, "--port", help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MLX_KIT_API_KEY",
+                                          help="Require this key (Bearer or x-api-key) on /v1."),
+    prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
+                                          help="Prompt caches (KV of earlier requests) kept."),
+    log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
+    from kit.engine.blas import preload_blas
+
+    blas = preload_blas()  # before anything imports mlx
+    if not _is_loopback(host) and not api_key:
+        raise ConfigError(f"refusing to listen on {host} without an API key",
+                          hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
+    _check_port_free(host, port)
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("mlx_kit.serve")
+
+    import uvicorn
+
+    from kit.daemon import remove_pid_file, write_pid_file
+    from kit.engine.engine import Engine
+    from kit.models.resolve import resolve_model
+    from kit.server import create_app
+    from kit.server.state import ServerState
+    from kit.urls import parse_url
+
+    url = parse_url(f"http://{'[' + host + ']' if ':' in host else host}:{port}")
+    log.info("BLAS: %s", blas or "bundled")
+    def progress(line: str) -> None:
+        log.info(line)
+        if not log_file:  # in the foreground, also show it plainly
+            err_console.print(line)
+
+    info = resolve_model(model, progress=progress)
+    engine = Engine(info, prompt_cache_size=prompt_cache_size)
+    engine.start()
+    write_pid_file(url, info.id, Path(log_file) if log_file else None)
+    log.info("serving %s as 'local' on %s/v1", info.id, url.root)
+    try:
+        uvicorn.run(create_app(ServerState(engine, api_key=api_key)), host=host, port=port,
+                    log_config=None, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    finally:
+        engine.stop()
+        remove_pid_file(url)

@@ -1,0 +1,165 @@
+"""Start, find and stop the background server: reuse it if it answers, else start one.
+
+The detached server writes ``server-<port>.json`` (pid, url, model, log) in the state dir
+and logs to ``server-<port>.log`` in the log dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from kit.errors import PortInUseError, ServerError
+from kit.paths import log_dir, state_dir
+from kit.probe import Probe, probe
+from kit.urls import ServerURL
+
+
+def pid_file(url: ServerURL) -> Path:
+    return state_dir() / f"server-{url.port}.json"
+
+
+def log_file(url: ServerURL) -> Path:
+    return log_dir() / f"server-{url.port}.log"
+
+
+def write_pid_file(url: ServerURL, model: str, log: Path | None) -> Path:
+    """Record this process as the server for ``url`` (called by ``serve``)."""
+    path = pid_file(url)
+    path.write_text(json.dumps({"pid": os.getpid(), "url": url.root, "model": model,
+                                "log": str(log) if log else None, "started": time.time()}))
+    return path
+
+
+def remove_pid_file(url: ServerURL) -> None:
+    """Remove the pid file if it names this process (called by ``serve`` on exit)."""
+    info = read_pid_file(url)
+    if info and info.get("pid") == os.getpid():
+        pid_file(url).unlink(missing_ok=True)
+
+
+def read_pid_file(url: ServerURL) -> dict | None:
+    try:
+        return json.loads(pid_file(url).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a text file ('' if unreadable)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = None
+                   ) -> tuple[subprocess.Popen, Path]:
+    """Start ``mlx-kit serve`` in its own session, logging to the log file."""
+    log = log_file(url)
+    cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),
+           "--log-file", str(log)]
+    if model:
+        cmd += ["--model", model]
+    cmd += extra or []
+    with open(log, "ab") as out:
+        out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, close_fds=True)
+    return proc, log
+
+
+def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout: float,
+               on_wait: Callable[[str], None] = lambda _: None) -> Probe:
+    """Poll /health until the server says ok.
+
+    Args:
+        proc: the process we started (its exit ends the wait early), or None.
+        on_wait: called with the log's last line while waiting (for a progress display).
+
+    Raises:
+        ServerError: the process died, the model failed to load, or ``timeout`` seconds
+            passed; the message carries the log's tail.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        p = probe(url, timeout=1.0)
+        if p.ready:
+            return p
+        if p.kind == "ours" and p.health and p.health.get("status") == "failed":
+            raise ServerError(f"the server could not load its model: {p.health.get('error')}"
+                              f"\n{tail(log)}", hint=f"full log: {log}")
+        if proc is not None and proc.poll() is not None:
+            raise ServerError(f"the server exited (code {proc.returncode}) before it was "
+                              f"ready:\n{tail(log)}", hint=f"full log: {log}")
+        if time.monotonic() > deadline:
+            raise ServerError(f"the server was not ready after {timeout:.0f} s:\n{tail(log)}",
+                              hint=f"full log: {log}; raise --timeout for big models")
+        last = tail(log, 1)
+        on_wait(last.split(": ", 1)[-1][:100] if last else "starting")
+        time.sleep(0.25)
+
+
+def ensure_server(url: ServerURL, model: str | None, timeout: float,
+                  on_wait: Callable[[str], None] = lambda _: None) -> tuple[Probe, bool]:
+    """Reuse the mlx-kit server at ``url`` or start one.
+
+    Returns:
+        (the ready probe, whether we started it)
+
+    Raises:
+        PortInUseError: something else answers at ``url``.
+        ServerError: the server could not be started (see :func:`wait_ready`).
+    """
+    p = probe(url)
+    if p.ready:
+        return p, False
+    if p.kind == "other":
+        raise PortInUseError(f"{url.root} is in use by something that is not mlx-kit "
+                             f"({p.detail})", hint="stop it, or use --url with another port")
+    if p.kind == "ours":  # up, still loading
+        return wait_ready(url, None, log_file(url), timeout, on_wait), False
+    proc, log = start_detached(url, model)
+    return wait_ready(url, proc, log, timeout, on_wait), True
+
+
+def server_pid(url: ServerURL) -> int | None:
+    """The pid of the mlx-kit server at ``url``: from /health, else the pid file."""
+    p = probe(url)
+    if p.kind == "ours" and p.health and p.health.get("pid"):
+        return int(p.health["pid"])
+    info = read_pid_file(url)
+    if info and psutil.pid_exists(int(info["pid"])):
+        return int(info["pid"])
+    return None
+
+
+def stop_server(url: ServerURL, timeout: float = 15.0) -> int | None:
+    """Stop the server at ``url`` (SIGTERM, then SIGKILL after ``timeout``).
+
+    Returns:
+        The pid stopped, or None if no mlx-kit server was running there.
+    """
+    pid = server_pid(url)
+    if pid is None:
+        pid_file(url).unlink(missing_ok=True)
+        return None
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    except psutil.NoSuchProcess:
+        pass
+    pid_file(url).unlink(missing_ok=True)
+    return pid

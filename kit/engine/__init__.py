@@ -1,0 +1,30 @@
+"""The engine: the only code that calls mlx / mlx-lm for generation.
+
+It owns the model on one worker thread, queues requests, applies the chat template, reuses
+the longest cached prompt prefix (mlx-lm's ``LRUPromptCache``), and yields one typed event
+stream per request (:mod:`kit.engine.types`). It knows nothing about HTTP.
+
+Nothing here imports mlx at module import time: ``Engine.start()`` does, on its thread.
+"""
+
+from kit.engine.types import (
+    ChatRequest,
+    EngineError,
+    Event,
+    Finished,
+    InvalidRequest,
+    SamplingParams,
+    TextDelta,
+    Usage,
+)
+
+__all__ = [
+    "ChatRequest",
+    "EngineError",
+    "Event",
+    "Finished",
+    "InvalidRequest",
+    "SamplingParams",
+    "TextDelta",
+    "Usage",
+]

@@ -1,0 +1,62 @@
+"""Use an optimized BLAS for mlx on Linux CPU.
+
+mlx's Linux CPU wheel bundles a reference (netlib) BLAS, ~60x slower than OpenBLAS for the
+float32 matmuls of prefill (measured here: 512x576x1536 takes 150 ms bundled, 4.4 ms with
+OpenBLAS). Loading the system's OpenBLAS with ``RTLD_GLOBAL`` *before* mlx is imported makes
+its ``sgemm``/``cblas_*`` symbols win over the bundled ones for the whole process.
+
+``MLX_KIT_BLAS`` selects: ``auto`` (default: the first OpenBLAS found), ``off``, or a path.
+No library does this preloading, so it is our own code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from pathlib import Path
+
+ENV = "MLX_KIT_BLAS"
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+)
+
+_loaded: str | None = None
+_done = False
+
+
+def preload_blas() -> str | None:
+    """Load an optimized BLAS globally, once per process, before mlx is imported.
+
+    Returns:
+        The path of the library loaded, or None (not Linux, turned off, none found, or mlx
+        was already imported so it would have no effect).
+    """
+    global _loaded, _done
+    if _done:
+        return _loaded
+    _done = True
+    choice = os.environ.get(ENV, "auto").strip()
+    if not sys.platform.startswith("linux") or choice.lower() in ("off", "0", "none", ""):
+        return None
+    if "mlx.core" in sys.modules:
+        return None
+    paths = [choice] if choice.lower() != "auto" else [
+        *_CANDIDATES, *(filter(None, [ctypes.util.find_library("openblas")]))
+    ]
+    for p in paths:
+        if "/" in p and not Path(p).exists():
+            continue
+        try:
+            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        _loaded = p
+        return p
+    return None

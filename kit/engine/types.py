@@ -1,0 +1,99 @@
+"""The engine's protocol-neutral request and event types.
+
+Every protocol adapter (OpenAI chat/completions now; Anthropic Messages and OpenAI Responses
+later) translates its request into a :class:`ChatRequest` and renders the engine's events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    Attributes:
+        max_tokens: most tokens to generate (>= 1).
+        temperature: 0 means greedy.
+        top_p: nucleus mass in (0, 1]; 1 disables it.
+        stop: strings that end generation; the matched string is not returned.
+        seed: seed for mlx's random generator, or None.
+    """
+
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class ChatRequest:
+    """One chat generation.
+
+    Attributes:
+        messages: chat messages ``{"role": "system"|"user"|"assistant"|"tool", "content": str,
+            ...}`` with content already flattened to a string (tool_calls and tool_call_id
+            kept as given), ready for the model's chat template.
+        params: sampling parameters.
+        tools: OpenAI-style function tool schemas handed to the chat template, or None.
+        request_id: an id for logs.
+    """
+
+    messages: list[dict[str, Any]]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    tools: list[dict[str, Any]] | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request: prompt tokens (of which ``cached_tokens`` came from the
+    prompt cache) and generated tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """The next piece of generated text (never contains a matched stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a successful generation.
+
+    Attributes:
+        finish_reason: ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens hit) or
+            ``"cancelled"`` (the client went away).
+        usage: token counts.
+        ttft_s: seconds from the start of this request's work to its first token.
+        decode_tps: decode speed in tokens per second.
+    """
+
+    finish_reason: str
+    usage: Usage
+    ttft_s: float = 0.0
+    decode_tps: float = 0.0
+
+
+class EngineError(Exception):
+    """A generation failed inside the engine (an internal error, reported as 500)."""
+
+
+class InvalidRequest(EngineError):
+    """The request cannot be run as given (e.g. the chat template rejects the messages);
+    adapters report it as a 400."""
+
+
+Event = Union[TextDelta, Finished]

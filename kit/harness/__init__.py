@@ -1,0 +1,10 @@
+"""Harness machinery: load an agent's spec -> render its templates -> write (drop-in) ->
+record in the manifest; ``remove`` reverses exactly what the manifest recorded.
+
+Agents are data: ``harnesses/<agent>.toml`` + ``templates/<agent>/*.j2``. Adding an agent
+adds those two files and touches no code here.
+"""
+
+from kit.harness.spec import HarnessSpec, all_specs, load_spec
+
+__all__ = ["HarnessSpec", "all_specs", "load_spec"]

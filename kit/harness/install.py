@@ -1,0 +1,182 @@
+"""Install, remove and report agent configurations (the harness lifecycle).
+
+install: render -> refuse to overwrite a file that is not ours -> write atomically ->
+record in the manifest. remove: delete only files whose content is still what we wrote (or
+that carry our marker), then the folders we created if they are empty.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kit import STABLE_MODEL_ID
+from kit.errors import HarnessError
+from kit.harness import manifest
+from kit.harness.files import atomic_write, make_parents, sha256_text
+from kit.harness.render import MARKER, context, render
+from kit.harness.spec import HarnessSpec
+from kit.probe import fetch_models
+from kit.urls import ServerURL
+
+
+@dataclass
+class Change:
+    """One file an install would write: ``old`` is None when the file does not exist."""
+
+    path: Path
+    new: str
+    old: str | None
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    def diff(self) -> str:
+        return "".join(difflib.unified_diff(
+            (self.old or "").splitlines(keepends=True), self.new.splitlines(keepends=True),
+            fromfile=str(self.path) if self.old is not None else "/dev/null",
+            tofile=str(self.path)))
+
+
+@dataclass
+class InstallResult:
+    changes: list[Change]
+    baked_source: str
+    written: list[Path] = field(default_factory=list)
+
+
+def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
+    """Models to bake into static configs: the live server's list, else the local cache.
+
+    Returns:
+        (entries shaped like /v1/models entries with ``local`` first, where they came from)
+    """
+    live = fetch_models(url, api_key=os.environ.get("MLX_KIT_API_KEY"))
+    if live:
+        return live, f"probe of {url.v1}/models"
+    from kit.models.resolve import read_context_window
+    from kit.models.starter import STARTER_ID, starter_path
+
+    path = starter_path()
+    ctx = read_context_window(path, 8192) if path else 8192
+    entry = {"context_window": ctx, "max_tokens": max(256, min(8192, ctx // 4)),
+             "capabilities": {"tools": False, "reasoning": False, "vision": False}}
+    return ([{"id": STABLE_MODEL_ID, "name": f"{STARTER_ID} (mlx-kit)", "model": STARTER_ID,
+              **entry}, {"id": STARTER_ID, "name": STARTER_ID, "model": STARTER_ID, **entry}],
+            "local model cache; the server was not running")
+
+
+def _is_ours(text: str) -> bool:
+    return MARKER in text.split("\n", 2)[0] if text else False
+
+
+def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
+    """Render ``spec``'s files for ``url`` and compare them with what is on disk."""
+    models, source = baked_models(url)
+    rendered = render(spec, context(url.v1, models, source))
+    changes = []
+    for fspec, path in spec.file_paths():
+        old = path.read_text(encoding="utf-8") if path.is_file() else None
+        changes.append(Change(path, rendered[fspec.path], old))
+    return InstallResult(changes, source)
+
+
+def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
+            force: bool = False) -> InstallResult:
+    """Write ``spec``'s generated files and record them in the manifest.
+
+    Args:
+        dry_run: compute the changes only (``Change.diff()`` shows them).
+        force: overwrite a file at our path that we did not write.
+
+    Raises:
+        HarnessError: a file we did not write is in the way (and not ``force``).
+    """
+    result = plan(spec, url)
+    if dry_run:
+        return result
+    for ch in result.changes:
+        if ch.old is not None and not _is_ours(ch.old) and not force:
+            raise HarnessError(f"{ch.path} exists and was not written by mlx-kit",
+                               hint="move it away, or pass --force to overwrite it")
+    with manifest.editing() as data:
+        entry = data["agents"].get(spec.name) or {"files": []}
+        recorded = {f["path"]: f for f in entry["files"]}
+        files = []
+        for ch in result.changes:
+            prev = recorded.get(str(ch.path), {})
+            created = prev.get("created_dirs", [])
+            if ch.changed:
+                created = created + [str(p) for p in make_parents(ch.path)]
+                atomic_write(ch.path, ch.new)
+                result.written.append(ch.path)
+            files.append({"path": str(ch.path), "sha256": sha256_text(ch.new),
+                          "created_dirs": created})
+        data["agents"][spec.name] = {"base_url": url.v1, "installed_at": time.time(),
+                                     "files": files}
+    return result
+
+
+def remove(spec: HarnessSpec, *, force: bool = False) -> list[Path]:
+    """Delete the files mlx-kit wrote for ``spec`` and the folders it created (if empty).
+
+    Falls back to the spec's paths when the manifest has no entry, deleting only files that
+    carry our marker. Returns the paths removed (files, then folders).
+
+    Raises:
+        HarnessError: one of our files was edited since we wrote it (and not ``force``).
+    """
+    removed: list[Path] = []
+    with manifest.editing() as data:
+        entry = data["agents"].get(spec.name)
+        if entry:
+            files = entry["files"]
+        else:
+            files = [{"path": str(p), "sha256": None, "created_dirs": []}
+                     for _, p in spec.file_paths()]
+        for f in files:
+            path = Path(f["path"])
+            if not path.is_file():
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if not _is_ours(text):
+                if entry and not force:
+                    raise HarnessError(f"{path} no longer carries mlx-kit's marker; not removing",
+                                       hint="pass --force to delete it anyway")
+                if not entry:
+                    continue
+            if f["sha256"] and sha256_text(text) != f["sha256"] and not force:
+                raise HarnessError(f"{path} was edited since mlx-kit wrote it",
+                                   hint="pass --force to delete it anyway")
+            path.unlink()
+            removed.append(path)
+        for f in files:
+            for folder in sorted(map(Path, f.get("created_dirs", [])), key=lambda p: -len(p.parts)):
+                try:
+                    folder.rmdir()  # only if empty: never delete what the user put there
+                    removed.append(folder)
+                except OSError:
+                    pass
+        data["agents"].pop(spec.name, None)
+    return removed
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    name: str
+    installed: bool
+    paths: tuple[Path, ...]
+    binary: str | None
+
+
+def status(spec: HarnessSpec) -> AgentStatus:
+    """Is the agent configured (our files present), where, and is its binary on PATH?"""
+    paths = tuple(p for _, p in spec.file_paths())
+    installed = all(p.is_file() and _is_ours(p.read_text(errors="replace")) for p in paths)
+    return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary))

@@ -1,0 +1,68 @@
+"""Render an agent's templates with Jinja2.
+
+Every value that lands in a generated file goes through a filter that makes it a literal
+of the target language (``js``: a JSON/TypeScript literal), so a quote, backslash or newline
+in a model name or URL can neither break the file nor inject code.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jinja2
+
+from kit import STABLE_MODEL_ID, __version__
+from kit.harness.spec import HarnessSpec
+from kit.paths import templates_dir
+
+#: First line of every generated file; ``remove`` only deletes files that carry it.
+MARKER = "mlx-kit:generated (do not edit)"
+PROVIDER_ID = "mlx-kit"
+API_KEY_ENV = "MLX_KIT_API_KEY"
+
+
+def js_literal(value: Any) -> str:
+    """A JSON value as a JavaScript/TypeScript literal: ASCII-only (so U+2028/2029 and
+    every control character are escaped) and with ``<``, ``>`` and ``&`` escaped as well."""
+    text = json.dumps(value, ensure_ascii=True, indent=None)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # not HTML: each value is escaped by its target-language filter
+    )
+    env.filters["js"] = js_literal
+    return env
+
+
+def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> dict[str, Any]:
+    """The variables every template sees.
+
+    Args:
+        base_url: the server's OpenAI base URL, ending in ``/v1``.
+        models: /v1/models entries to bake in (``local`` first).
+        baked_source: where ``models`` came from, for a comment.
+    """
+    return {
+        "marker": MARKER,
+        "kit_version": __version__,
+        "provider_id": PROVIDER_ID,
+        "model_id": STABLE_MODEL_ID,
+        "base_url": base_url,
+        "api_key_env": API_KEY_ENV,
+        "models": models,
+        "baked_source": baked_source,
+        "discovery_timeout_ms": 1500,
+        "max_reserve_fraction": 0.25,
+    }
+
+
+def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
+    """Render each of ``spec``'s files. Returns ``{spec file path: text}``."""
+    env = _environment()
+    return {f.path: env.get_template(f.template).render(**ctx) for f in spec.files}

@@ -1,0 +1,144 @@
+"""Declarative agent specs (``harnesses/<agent>.toml``) loaded into frozen objects.
+
+Schema (unknown keys are an error, so a typo never passes silently)::
+
+    name = "pi"                       # the agent's id on the command line
+    description = "..."
+    binary = "pi"                     # executable looked up on PATH
+    install = "npm install -g ..."    # the exact command that installs the agent
+    api = "openai-completions"        # the wire API the agent speaks to our server
+    [config_dir]                      # the agent's config folder
+    env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional)
+    default = "~/.pi/agent"           #   else this
+    [[files]]                         # one per generated file
+    path = "extensions/mlx-kit.ts"    #   relative to config_dir
+    template = "pi/mlx-kit.ts.j2"     #   relative to templates/
+    mode = "drop-in"                  #   a whole file we own
+    [launch]
+    args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
+    env = {}                          # extra environment for the agent's process
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kit.errors import HarnessError
+from kit.paths import harnesses_dir, templates_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODES = ("drop-in",)
+_TOP_KEYS = {"name", "description", "binary", "install", "api", "config_dir", "files", "launch"}
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One generated file: where it goes (relative to the config dir), from which template."""
+
+    path: str
+    template: str
+    mode: str = "drop-in"
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    """An agent, as data. See the module docstring for the schema."""
+
+    name: str
+    description: str
+    binary: str
+    install: str
+    api: str
+    config_dir_env: str | None
+    config_dir_default: str
+    files: tuple[FileSpec, ...]
+    launch_args: tuple[str, ...]
+    launch_env: tuple[tuple[str, str], ...]
+
+    def config_dir(self, environ: dict[str, str] | None = None) -> Path:
+        """The agent's config folder, honouring its own env var (then ``~`` expanded)."""
+        env = os.environ if environ is None else environ
+        raw = (env.get(self.config_dir_env) if self.config_dir_env else None) \
+            or self.config_dir_default
+        return Path(os.path.expanduser(raw))
+
+    def file_paths(self) -> list[tuple[FileSpec, Path]]:
+        """Each generated file with its absolute target path."""
+        base = self.config_dir()
+        return [(f, base / f.path) for f in self.files]
+
+
+def _require(data: dict, key: str, kind: type, where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise HarnessError(f"{where}: '{key}' must be a {kind.__name__}")
+    return value
+
+
+def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise HarnessError(f"{where}: unknown keys {sorted(unknown)}")
+    cfg = _require(data, "config_dir", dict, where)
+    files = []
+    for i, f in enumerate(_require(data, "files", list, where)):
+        fw = f"{where}: files[{i}]"
+        if not isinstance(f, dict) or set(f) - {"path", "template", "mode"}:
+            raise HarnessError(f"{fw}: expected a table with path, template, mode")
+        mode = f.get("mode", "drop-in")
+        if mode not in MODES:
+            raise HarnessError(f"{fw}: mode must be one of {MODES}")
+        template = _require(f, "template", str, fw)
+        if not (templates_dir() / template).is_file():
+            raise HarnessError(f"{fw}: template {template!r} not found")
+        files.append(FileSpec(_require(f, "path", str, fw), template, mode))
+    launch = data.get("launch", {})
+    return HarnessSpec(
+        name=_require(data, "name", str, where),
+        description=data.get("description", ""),
+        binary=_require(data, "binary", str, where),
+        install=_require(data, "install", str, where),
+        api=_require(data, "api", str, where),
+        config_dir_env=cfg.get("env"),
+        config_dir_default=_require(cfg, "default", str, f"{where}: config_dir"),
+        files=tuple(files),
+        launch_args=tuple(launch.get("args", ())),
+        launch_env=tuple(sorted(launch.get("env", {}).items())),
+    )
+
+
+def all_specs() -> dict[str, HarnessSpec]:
+    """Every agent spec shipped in ``harnesses/``, by name.
+
+    Raises:
+        HarnessError: a spec file is malformed.
+    """
+    specs = {}
+    for path in sorted(harnesses_dir().glob("*.toml")):
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise HarnessError(f"{path.name}: not valid TOML: {e}") from None
+        spec = _parse(data, path.name)
+        specs[spec.name] = spec
+    return specs
+
+
+def load_spec(name: str) -> HarnessSpec:
+    """The spec of one agent.
+
+    Raises:
+        HarnessError: no such agent (the message lists the known ones).
+    """
+    specs = all_specs()
+    if name not in specs:
+        raise HarnessError(f"unknown agent {name!r}", hint="known agents: " + ", ".join(specs))
+    return specs[name]

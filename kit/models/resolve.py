@@ -1,0 +1,100 @@
+"""Turn what the user typed (``--model``) into a model folder and its metadata.
+
+A model is named by a Hugging Face repo id found in the local hub cache (never downloaded
+here), by a local folder, or not at all (the embedded starter).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.errors import ModelError, ModelNotFoundError
+from kit.models.starter import STARTER_ID, Progress, _noop, ensure_starter
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model we can serve.
+
+    Attributes:
+        id: the real model id (a hub repo id, or a local folder's path).
+        path: the folder holding config.json, weights and tokenizer.
+        context_window: the model's context length in tokens (from config.json).
+    """
+
+    id: str
+    path: Path
+    context_window: int
+
+    @property
+    def max_output_tokens(self) -> int:
+        """A sane default cap on generated tokens: a quarter of the context, at most 8192."""
+        return max(256, min(8192, self.context_window // 4))
+
+
+def read_context_window(folder: Path, default: int = 4096) -> int:
+    """The context length in tokens from ``config.json`` (``max_position_embeddings`` and
+    the usual aliases, also inside ``text_config``), else ``default``."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return default
+    for scope in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "max_sequence_length", "n_positions",
+                    "seq_length", "model_max_length"):
+            value = scope.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    return default
+
+
+def cached_model_ids() -> list[str]:
+    """Repo ids in the local hub cache that have a config.json (candidates for MLX)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir()
+    except Exception:  # no cache yet, unreadable cache: nothing to offer
+        return []
+    ids = []
+    for repo in info.repos:
+        if repo.repo_type == "model" and any(
+            f.file_name == "config.json" for rev in repo.revisions for f in rev.files
+        ):
+            ids.append(repo.repo_id)
+    return sorted(ids)
+
+
+def resolve_model(spec: str | None, progress: Progress = _noop) -> ModelInfo:
+    """Find the model named by ``spec``.
+
+    Args:
+        spec: None or ``STARTER_ID`` for the starter (built on first use), a folder path,
+            or a hub repo id present in the local cache.
+        progress: called with a short line before slow steps.
+
+    Raises:
+        ModelNotFoundError: nothing by that name is on this machine.
+        ModelError: the folder lacks config.json.
+    """
+    if spec is None or spec == STARTER_ID:
+        path = ensure_starter(progress)
+        return ModelInfo(STARTER_ID, path, read_context_window(path))
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"{folder} is not a model folder (no config.json)")
+        folder = folder.resolve()
+        return ModelInfo(str(folder), folder, read_context_window(folder))
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(spec, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        raise ModelNotFoundError(spec, [STARTER_ID, *cached_model_ids()]) from None
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{spec} in the hub cache has no config.json: not an MLX model")
+    return ModelInfo(spec, path, read_context_window(path))

@@ -1,0 +1,52 @@
+"""The FastAPI application: service routes (/, /health, /v1/models) + protocol routers."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from kit import __version__
+from kit.server import openai_chat
+from kit.server.errors import APIError, install_error_handlers
+from kit.server.state import ServerState
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """Build the app around a started engine.
+
+    Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
+    ``GET /v1/models``, ``POST /v1/chat/completions``.
+    """
+    app = FastAPI(title="mlx-kit", version=__version__, docs_url=None, redoc_url=None)
+    app.state.kit = state
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if state.api_key and request.url.path.startswith("/v1"):
+            given = request.headers.get("x-api-key") or ""
+            auth = request.headers.get("authorization") or ""
+            if auth.lower().startswith("bearer "):
+                given = auth[7:].strip()
+            if not hmac.compare_digest(given.encode(), state.api_key.encode()):
+                return APIError(401, "invalid or missing API key", type="authentication_error",
+                                code="invalid_api_key").response()
+        return await call_next(request)
+
+    @app.get("/")
+    async def root() -> dict:
+        return {"service": "mlx-kit", "version": __version__}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = state.health()
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": state.model_entries()}
+
+    app.include_router(openai_chat.router)
+    return app

@@ -1,0 +1,84 @@
+"""OpenAI-shaped error objects with honest status codes.
+
+Every error the server returns has the body
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``;
+no traceback ever reaches a client (unexpected errors are logged and reported as 500).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("mlx_kit.server")
+
+
+class APIError(Exception):
+    """An error to send to the client.
+
+    Args:
+        status: HTTP status (4xx for the client's mistakes, 5xx for ours).
+        message: human-readable message.
+        type: OpenAI error type (``invalid_request_error``, ``not_found_error``,
+            ``authentication_error``, ``server_error``...).
+        param: the request field at fault, if any.
+        code: a machine-readable code (``model_not_found``...), if any.
+    """
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type, param, code)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                 413: "invalid_request_error", 422: "invalid_request_error",
+                 429: "rate_limit_error"}
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return APIError(400, "the request body is not valid JSON", code="invalid_json")
+    msg = first.get("msg", "invalid request")
+    return APIError(400, f"{param}: {msg}" if param else msg, param=param,
+                    code="invalid_value" if param else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error response of ``app`` an OpenAI error object."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_TYPES.get(exc.status_code, "server_error")
+        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return APIError(500, "internal server error; see the server log",
+                        type="server_error").response()

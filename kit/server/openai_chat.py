@@ -1,0 +1,204 @@
+"""POST /v1/chat/completions (OpenAI Chat Completions), streaming (SSE) and not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import aclosing
+from typing import Any, Literal, Union
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette.sse import EventSourceResponse
+
+from kit.engine.types import ChatRequest, EngineError, Finished, InvalidRequest, SamplingParams, TextDelta
+from kit.server.errors import APIError
+from kit.server.state import ServerState
+
+router = APIRouter()
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are accepted and ignored
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Open):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+
+
+def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
+    """One message for the chat template: content as a string, ``developer`` as ``system``."""
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type in ("text", "input_text"):
+                texts.append(part.text or "")
+            else:
+                raise APIError(400, f"content part type {part.type!r} is not supported by "
+                               "this text-only model", param=f"messages.{index}.content",
+                               code="unsupported_content")
+        content = "".join(texts)
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
+                           "content": content or ""}
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            call = dict(call)
+            fn = dict(call.get("function") or {})
+            if isinstance(fn.get("arguments"), str):  # templates expect a mapping
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"] or "{}")
+                except ValueError:
+                    pass
+            call["function"] = fn
+            calls.append(call)
+        out["tool_calls"] = calls
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def to_engine_request(body: ChatCompletionRequest, default_max_tokens: int) -> ChatRequest:
+    """Translate a Chat Completions request into the engine's :class:`ChatRequest`.
+
+    Raises:
+        APIError: 400 for what this server cannot honour (n > 1, non-text content).
+    """
+    if body.n is not None and body.n > 1:
+        raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        max_tokens=body.max_completion_tokens or body.max_tokens or default_max_tokens,
+        temperature=0.7 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=tuple(s for s in stop if s),
+        seed=body.seed,
+    )
+    messages = [_flatten(m, i) for i, m in enumerate(body.messages)]
+    return ChatRequest(messages=messages, params=params, tools=body.tools or None)
+
+
+def _usage(fin: Finished) -> dict[str, Any]:
+    u = fin.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _engine_error(e: EngineError) -> APIError:
+    if isinstance(e, InvalidRequest):
+        return APIError(400, str(e), param="messages")
+    return APIError(503 if "model is" in str(e) else 500, str(e), type="server_error")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state: ServerState = request.app.state.kit
+    state.resolve(body.model)
+    req = to_engine_request(body, state.engine.model_info.max_output_tokens)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    req.request_id = completion_id
+    created = int(time.time())
+    events = state.engine.generate(req)
+    # Wait for the first event before answering, so that a rejected request (bad template,
+    # model not loaded) gets a real 4xx/5xx status instead of a broken stream.
+    try:
+        first = await anext(events)
+    except EngineError as e:
+        raise _engine_error(e) from None
+    except StopAsyncIteration:
+        first = None
+
+    base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+            "model": body.model, "system_fingerprint": "mlx-kit"}
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(delta: dict, finish: str | None = None) -> dict:
+            return {"data": json.dumps({**base, "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})}
+
+        async def sse():
+            async with aclosing(events):
+                yield chunk({"role": "assistant", "content": ""})
+                ev = first
+                while ev is not None:
+                    if isinstance(ev, TextDelta):
+                        yield chunk({"content": ev.text})
+                    elif isinstance(ev, Finished):
+                        yield chunk({}, ev.finish_reason)
+                        if include_usage:
+                            yield {"data": json.dumps({**base, "choices": [],
+                                                       "usage": _usage(ev)})}
+                    try:
+                        ev = await anext(events)
+                    except StopAsyncIteration:
+                        ev = None
+                    except EngineError as e:
+                        yield {"data": json.dumps(_engine_error(e).body())}
+                        ev = None
+                yield {"data": "[DONE]"}
+
+        return EventSourceResponse(sse(), ping=15)
+
+    async def collect() -> tuple[str, Finished | None]:
+        parts, fin = [], None
+        async with aclosing(events):
+            ev = first
+            while ev is not None:
+                if isinstance(ev, TextDelta):
+                    parts.append(ev.text)
+                elif isinstance(ev, Finished):
+                    fin = ev
+                ev = await anext(events, None)
+        return "".join(parts), fin
+
+    task = asyncio.ensure_future(collect())
+    while not task.done():  # a client that hangs up cancels its generation
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            raise APIError(499, "client closed the request")
+    try:
+        text, fin = task.result()
+    except EngineError as e:
+        raise _engine_error(e) from None
+    finish = fin.finish_reason if fin else "stop"
+    return {**base, "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+         "finish_reason": finish}], "usage": _usage(fin) if fin else None}
