@@ -62,6 +62,8 @@ def list_() -> None:
     from kit.harness.spec import all_specs
 
     table = Table("agent", "configured", "config", "binary")
+    for column in table.columns:
+        column.overflow = "fold"
     for spec in all_specs().values():
         st = hi.status(spec)
         table.add_row(spec.name, "yes" if st.installed else "no",

@@ -46,7 +46,12 @@ def serve(
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
-    log_level: str = typer.Option("info", "--log-level"),
+    temperature: float = typer.Option(0.7, "--temperature", min=0, max=2,
+                                      help="Sampling temperature for requests that set none."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0, max=1,
+                                help="Nucleus sampling mass for requests that set none."),
+    log_level: str = typer.Option("info", "--log-level", envvar="MLX_KIT_LOG_LEVEL",
+                                  help="debug also logs each generated text."),
 ) -> None:
     """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
     from kit.engine.blas import preload_blas
@@ -56,8 +61,9 @@ def serve(
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
     _check_port_free(host, port)
-    logging.basicConfig(level=log_level.upper(),
+    logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mlx_kit").setLevel(log_level.upper())
     log = logging.getLogger("mlx_kit.serve")
 
     import uvicorn
@@ -82,7 +88,8 @@ def serve(
     write_pid_file(url, info.id, Path(log_file) if log_file else None)
     log.info("serving %s as 'local' on %s/v1", info.id, url.root)
     try:
-        uvicorn.run(create_app(ServerState(engine, api_key=api_key)), host=host, port=port,
+        uvicorn.run(create_app(ServerState(engine, api_key=api_key,
+                                                 default_temperature=temperature, default_top_p=top_p)), host=host, port=port,
                     log_config=None, log_level=log_level.lower(), timeout_graceful_shutdown=5)
     finally:
         engine.stop()

@@ -146,9 +146,19 @@ class Engine:
 
         self._model, self._tokenizer = load(str(self.model_info.path))
         self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
+        self._warm_up()
         self.load_seconds = time.perf_counter() - t0
         log.info("loaded %s in %.2f s (BLAS: %s)", self.model_info.id, self.load_seconds,
                  blas or "bundled")
+
+    def _warm_up(self) -> None:
+        """One tiny generation so the first real request does not pay for first-use setup
+        (kernel compilation, allocator growth, lazy imports inside mlx-lm)."""
+        from mlx_lm import stream_generate
+
+        for _ in stream_generate(self._model, self._tokenizer, self._tokenizer.encode("Hi"),
+                                 max_tokens=2):
+            pass
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         from jinja2 import TemplateError
@@ -192,6 +202,7 @@ class Engine:
         stops = TextStateMachine({"normal": [(s, None) for s in params.stop if s]})
         sm_state = stops.make_state()
         cache_key = list(prompt)
+        texts: list[str] = []
         finish_reason, n_generated, ttft, tps = "stop", 0, 0.0, 0.0
         for gen in stream_generate(self._model, self._tokenizer, rest,
                                    max_tokens=params.max_tokens, sampler=sampler,
@@ -203,6 +214,7 @@ class Engine:
             cache_key.append(gen.token)
             sm_state, text, where = TextStateMachine.step(sm_state, gen.text)
             if text:
+                texts.append(text)
                 job.post(TextDelta(text))
             if where is None:
                 finish_reason = "stop"
@@ -214,6 +226,7 @@ class Engine:
                 finish_reason = gen.finish_reason
                 sm_state, tail, _ = TextStateMachine.flush(sm_state)
                 if tail:
+                    texts.append(tail)
                     job.post(TextDelta(tail))
                 break
         self._prompt_cache.insert_cache(key, cache_key, cache)
@@ -221,4 +234,5 @@ class Engine:
         log.info("%s: prompt %d tokens (%d cached), generated %d, ttft %.3f s, %.1f tok/s, %s",
                  req.request_id, usage.prompt_tokens, cached, n_generated, ttft, tps,
                  finish_reason)
+        log.debug("%s: text %r", req.request_id, "".join(texts))
         job.post(Finished(finish_reason, usage, ttft, tps))

@@ -58,8 +58,10 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
         (entries shaped like /v1/models entries with ``local`` first, where they came from)
     """
     live = fetch_models(url, api_key=os.environ.get("MLX_KIT_API_KEY"))
-    if live:
-        return live, f"probe of {url.v1}/models"
+    if live:  # keep what describes a model, not volatile fields like "created"
+        keep = ("id", "name", "model", "context_window", "max_tokens", "capabilities")
+        return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
+                f"probe of {url.v1}/models")
     from kit.models.resolve import read_context_window
     from kit.models.starter import STARTER_ID, starter_path
 

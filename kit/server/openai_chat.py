@@ -92,8 +92,9 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def to_engine_request(body: ChatCompletionRequest, default_max_tokens: int) -> ChatRequest:
-    """Translate a Chat Completions request into the engine's :class:`ChatRequest`.
+def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams) -> ChatRequest:
+    """Translate a Chat Completions request into the engine's :class:`ChatRequest`;
+    ``defaults`` fills max_tokens, temperature and top_p when the request omits them.
 
     Raises:
         APIError: 400 for what this server cannot honour (n > 1, non-text content).
@@ -102,9 +103,9 @@ def to_engine_request(body: ChatCompletionRequest, default_max_tokens: int) -> C
         raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
-        max_tokens=body.max_completion_tokens or body.max_tokens or default_max_tokens,
-        temperature=0.7 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        max_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
         stop=tuple(s for s in stop if s),
         seed=body.seed,
     )
@@ -129,7 +130,7 @@ def _engine_error(e: EngineError) -> APIError:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.kit
     state.resolve(body.model)
-    req = to_engine_request(body, state.engine.model_info.max_output_tokens)
+    req = to_engine_request(body, state.sampling_defaults())
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     req.request_id = completion_id
     created = int(time.time())

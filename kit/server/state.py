@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
+from kit.engine.types import SamplingParams
 from kit.server.errors import APIError
 
 
@@ -16,16 +17,24 @@ class ServerState:
     """Attributes:
         engine: the engine that owns the model.
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
+        default_temperature, default_top_p: sampling for requests that set none.
         started: server start time (unix seconds).
     """
 
     engine: Engine
     api_key: str | None = None
+    default_temperature: float = 0.7
+    default_top_p: float = 1.0
     started: float = field(default_factory=time.time)
 
     @property
     def model_id(self) -> str:
         return self.engine.model_info.id
+
+    def sampling_defaults(self) -> SamplingParams:
+        """Sampling for fields a request leaves out (max_tokens: the model's output cap)."""
+        return SamplingParams(max_tokens=self.engine.model_info.max_output_tokens,
+                              temperature=self.default_temperature, top_p=self.default_top_p)
 
     def resolve(self, requested: str) -> str:
         """Map a requested model name to the served model's real id.

