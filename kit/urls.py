@@ -51,9 +51,13 @@ def parse_url(url: str | None = None) -> ServerURL:
     if parts.query or parts.fragment:
         raise ConfigError(f"server URL must not have a query or fragment: {raw!r}")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port
     except ValueError as e:
         raise ConfigError(f"bad port in server URL {raw!r}: {e}") from None
+    if port == 0:
+        raise ConfigError(f"bad port in server URL {raw!r}: 0")
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
     host = parts.hostname
     netloc_host = f"[{host}]" if ":" in host else host
     return ServerURL(root=f"{parts.scheme}://{netloc_host}:{port}", host=host, port=port)

@@ -49,7 +49,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``mlx-kit`` console script."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:  # typer.Exit(code) is returned, not raised, here
+            sys.exit(rc)
     except KitError as e:
         err_console.print(f"[bold red]error:[/] {e.message}", highlight=False)
         if e.hint:

@@ -120,6 +120,10 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
                 result.written.append(ch.path)
             files.append({"path": str(ch.path), "sha256": sha256_text(ch.new),
                           "created_dirs": created})
+        # Files recorded at other paths (the agent's config dir moved, e.g. through its env
+        # var) stay recorded while they exist, so `remove` still finds them.
+        paths = {f["path"] for f in files}
+        files += [f for p, f in recorded.items() if p not in paths and Path(p).is_file()]
         data["agents"][spec.name] = {"base_url": url.v1, "installed_at": time.time(),
                                      "files": files}
     return result

@@ -1,0 +1,249 @@
+"""The harness lifecycle on a throwaway HOME: install writes pi's extension (and only that),
+remove undoes exactly what install did and never touches the user's own files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.errors import HarnessError
+from kit.harness import install as hi
+from kit.harness import manifest
+from kit.harness.render import MARKER
+from kit.harness.spec import load_spec
+from kit.urls import parse_url
+from tests.conftest import clean_env
+
+USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
+
+
+@pytest.fixture
+def pi():
+    return load_spec("pi")
+
+
+@pytest.fixture
+def target(home) -> Path:
+    return home / ".pi" / "agent" / "extensions" / "mlx-kit.ts"
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for folders)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+# --- install ----------------------------------------------------------------------------
+
+def test_install_writes_the_extension_in_the_pi_agent_dir(pi, home, target, dead_url):
+    result = hi.install(pi, parse_url(dead_url + "/v1/"))
+
+    assert result.written == [target]
+    text = target.read_text()
+    assert MARKER in text.splitlines()[0]
+    assert f'const BASE_URL = "{dead_url}/v1";' in text
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+    [entry] = manifest.read()["agents"]["pi"]["files"]
+    assert entry["path"] == str(target)
+    assert hi.status(pi).installed
+
+
+def test_pi_coding_agent_dir_moves_the_extension(pi, home, tmp_path, dead_url, monkeypatch):
+    agent_dir = tmp_path / "elsewhere" / "agent"
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent_dir))
+
+    result = hi.install(pi, parse_url(dead_url))
+
+    assert result.written == [agent_dir / "extensions" / "mlx-kit.ts"]
+    assert (agent_dir / "extensions" / "mlx-kit.ts").is_file()
+    assert not (home / ".pi").exists()
+
+
+def test_dry_run_writes_nothing_and_the_diff_names_the_target(pi, home, target, dead_url):
+    before = snapshot(home)
+
+    result = hi.install(pi, parse_url(dead_url), dry_run=True)
+
+    assert result.written == []
+    assert snapshot(home) == before
+    [change] = result.changes
+    assert change.path == target and change.old is None
+    diff = change.diff().splitlines()
+    assert diff[:2] == ["--- /dev/null", f"+++ {target}"]
+    assert f"+// {MARKER}" in diff
+
+
+def test_reinstall_with_identical_content_writes_nothing(pi, home, target, dead_url):
+    hi.install(pi, parse_url(dead_url))
+    before = (target.read_bytes(), target.stat().st_mtime_ns)
+
+    again = hi.install(pi, parse_url(dead_url))
+
+    assert again.written == []
+    assert [c.changed for c in again.changes] == [False]
+    assert (target.read_bytes(), target.stat().st_mtime_ns) == before
+
+
+def test_install_refuses_to_overwrite_the_users_file_unless_forced(pi, home, target, dead_url):
+    target.parent.mkdir(parents=True)
+    target.write_text(USER_EXTENSION)
+
+    with pytest.raises(HarnessError) as exc:
+        hi.install(pi, parse_url(dead_url))
+    assert str(target) in exc.value.message
+    assert "--force" in exc.value.hint
+    assert target.read_text() == USER_EXTENSION
+    assert "pi" not in manifest.read()["agents"]
+
+    result = hi.install(pi, parse_url(dead_url), force=True)
+    assert result.written == [target]
+    assert MARKER in target.read_text().splitlines()[0]
+
+
+# --- remove -------------------------------------------------------------------------------
+
+def test_remove_deletes_the_folders_install_created(pi, home, target, dead_url):
+    assert not (home / ".pi").exists()
+    hi.install(pi, parse_url(dead_url))
+
+    removed = hi.remove(pi)
+
+    assert removed[0] == target
+    assert not target.parent.exists()
+    assert not (home / ".pi").exists()
+    assert "pi" not in manifest.read()["agents"]
+    assert not hi.status(pi).installed
+
+
+def test_remove_leaves_an_existing_extensions_folder_as_it_was(pi, home, target, dead_url):
+    folder = target.parent
+    folder.mkdir(parents=True)
+    (folder / "user-ext.ts").write_text(USER_EXTENSION)
+    before = snapshot(home / ".pi")
+
+    hi.install(pi, parse_url(dead_url))
+    assert sorted(p.name for p in folder.iterdir()) == ["mlx-kit.ts", "user-ext.ts"]
+    assert hi.remove(pi) == [target]
+
+    assert snapshot(home / ".pi") == before
+    assert (folder / "user-ext.ts").read_bytes() == USER_EXTENSION.encode()
+
+
+@pytest.mark.parametrize("edit", [
+    lambda text: text + "// my own tweak\n",
+    lambda text: text.split("\n", 1)[1],  # the marker line deleted
+], ids=["appended", "marker-removed"])
+def test_remove_refuses_an_edited_file_unless_forced(pi, home, target, dead_url, edit):
+    hi.install(pi, parse_url(dead_url))
+    edited = edit(target.read_text())
+    target.write_text(edited)
+
+    with pytest.raises(HarnessError) as exc:
+        hi.remove(pi)
+    assert str(target) in exc.value.message
+    assert "--force" in exc.value.hint
+    assert target.read_text() == edited
+    assert "pi" in manifest.read()["agents"]
+
+    assert target in hi.remove(pi, force=True)
+    assert not target.exists()
+
+
+def test_remove_without_manifest_deletes_only_a_file_with_the_marker(pi, home, target, dead_url):
+    hi.install(pi, parse_url(dead_url))
+    manifest.manifest_path().unlink()
+
+    assert hi.remove(pi) == [target]
+    assert not target.exists()
+
+    target.write_text(USER_EXTENSION)  # the user's own file at our path
+    manifest.manifest_path().unlink()
+    assert hi.remove(pi) == []
+    assert target.read_text() == USER_EXTENSION
+
+
+# --- through the real command line --------------------------------------------------------
+
+def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home), cwd=home,
+                          capture_output=True, text=True, timeout=60)
+
+
+def list_row(out: str, agent: str) -> list[str]:
+    """The cells of ``agent``'s row in the `harness list` table."""
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()]
+    [row] = [r for r in rows if r and r[0] == agent]
+    return row
+
+
+def test_cli_install_list_remove(home, target, dead_url):
+    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("wrote ")
+    assert "the server was not running" in r.stdout
+    assert f'const BASE_URL = "{dead_url}/v1";' in target.read_text()
+
+    r = kit(home, "harness", "list")
+    assert r.returncode == 0, r.stderr
+    assert list_row(r.stdout, "pi")[1] == "yes"
+
+    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("unchanged ")
+
+    r = kit(home, "harness", "remove", "pi")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("removed ")
+    assert not target.exists() and not (home / ".pi").exists()
+
+    r = kit(home, "harness", "list")
+    assert list_row(r.stdout, "pi")[1] == "no"
+    r = kit(home, "harness", "remove", "pi")
+    assert r.returncode == 0 and "nothing of mlx-kit's was installed for pi" in r.stdout
+
+
+def test_cli_install_refuses_users_file_without_traceback(home, target, dead_url):
+    target.parent.mkdir(parents=True)
+    target.write_text(USER_EXTENSION)
+
+    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+
+    assert r.returncode == 1
+    assert "was not written by mlx-kit" in r.stderr and "--force" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert target.read_text() == USER_EXTENSION
+
+
+def test_cli_dry_run_prints_the_exact_unified_diff(home, target, dead_url):
+    """The printed diff is usable as a diff: its '+' lines are exactly the file install then
+    writes (no line wrapped or folded to the terminal width), and '+++' names the target."""
+    r = kit(home, "harness", "install", "pi", "--url", dead_url, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert not target.exists()
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["--- /dev/null", f"+++ {target}"], lines[:4]
+
+    assert kit(home, "harness", "install", "pi", "--url", dead_url).returncode == 0
+    added = [line[1:] for line in lines[3:]]
+    assert all(line.startswith("+") for line in lines[3:]), [
+        line for line in lines[3:] if not line.startswith("+")][:3]
+    assert added == target.read_text().splitlines()
+
+
+def test_remove_after_agent_dir_moved_removes_both_installs(pi, home, target, tmp_path,
+                                                            dead_url, monkeypatch):
+    """Regression: installing again under another PI_CODING_AGENT_DIR used to replace the
+    manifest entry, so `remove` left the first extension behind for pi to keep loading."""
+    hi.install(pi, parse_url(dead_url))
+    moved = tmp_path / "other" / "agent"
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(moved))
+    hi.install(pi, parse_url(dead_url))
+
+    removed = hi.remove(pi)
+
+    assert target in removed and moved / "extensions" / "mlx-kit.ts" in removed
+    assert not target.exists() and not (home / ".pi").exists()
+    assert not (moved / "extensions" / "mlx-kit.ts").exists()

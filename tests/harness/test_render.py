@@ -1,0 +1,177 @@
+"""Rendering agent configs: hostile model names and URLs land in the generated file as
+inert literals, the file loads in the real pi, and malformed specs are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.errors import HarnessError
+from kit.harness import install as hi
+from kit.harness.render import MARKER, context, js_literal, render
+from kit.harness.spec import _parse, load_spec
+from kit.paths import harnesses_dir
+from kit.urls import parse_url
+from tests.conftest import clean_env, require_binary
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HOSTILE = [
+    'double "quotes" here',
+    "single 'quotes' here",
+    "back\\slash \\\" \\n",
+    "new\nline\r\nand carriage\rreturn",
+    "ends a comment */ starts one /*",
+    "</script><script>alert(1)</script>",
+    "${process.exit(7)} and `backticks`",
+    "line\u2028separator\u2029paragraph",
+    "nul\x00byte and escape\x1b[31m",
+    "emoji 🦙🚀 and é",
+]
+EVERYTHING = "".join(HOSTILE)
+LINE_BREAKS = ("\n", "\r", "\u2028", "\u2029")
+
+
+def _models(text: str) -> list[dict]:
+    caps = {"tools": True, "reasoning": False, "vision": False}
+    return [
+        {"id": "local", "name": text, "model": text, "context_window": 32768,
+         "max_tokens": 4096, "capabilities": caps},
+        {"id": text, "name": text, "model": text, "context_window": 32768,
+         "max_tokens": 4096, "capabilities": caps},
+    ]
+
+
+def _const(text: str, prefix: str) -> str:
+    """The literal of the one line ``<prefix><literal>;`` in a rendered file."""
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"expected one line starting with {prefix!r}, got {lines}"
+    assert lines[0].endswith(";")
+    return lines[0][len(prefix):-1]
+
+
+def _render_pi(base_url: str, models: list[dict], source: str = "test") -> str:
+    spec = load_spec("pi")
+    out = render(spec, context(base_url, models, source))
+    assert list(out) == [f.path for f in spec.files]
+    return out[spec.files[0].path]
+
+
+# --- js_literal -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", HOSTILE + [EVERYTHING], ids=range(len(HOSTILE) + 1))
+def test_js_literal_round_trips_hostile_strings(value):
+    literal = js_literal(value)
+    assert json.loads(literal) == value
+    for ch in LINE_BREAKS + ("\x00",):
+        assert ch not in literal
+    assert literal.isascii()
+    assert "</" not in literal  # cannot close a <script> block either
+
+
+def test_js_literal_round_trips_nested_values():
+    value = {"models": _models(EVERYTHING), EVERYTHING: [EVERYTHING, None, True, 1.5]}
+    literal = js_literal(value)
+    assert json.loads(literal) == value
+    assert "\n" not in literal and "\u2028" not in literal
+
+
+# --- the pi template ----------------------------------------------------------------------
+
+def test_rendered_pi_extension_keeps_hostile_models_as_data():
+    models = _models(EVERYTHING)
+    text = _render_pi("http://127.0.0.1:8090/v1", models)
+
+    assert MARKER in text.splitlines()[0]
+    baked = _const(text, "const BAKED_MODELS: ServerModel[] = ")
+    assert json.loads(baked) == models
+    assert json.loads(_const(text, "const BASE_URL = ")) == "http://127.0.0.1:8090/v1"
+    assert json.loads(_const(text, "const PROVIDER = ")) == "mlx-kit"
+    for ch in LINE_BREAKS[1:] + ("\x00",):
+        assert ch not in text
+    # A hostile name adds no line: the file has the same shape as with a plain name.
+    plain = _render_pi("http://127.0.0.1:8090/v1", _models("plain"))
+    assert len(text.splitlines()) == len(plain.splitlines())
+
+
+def test_rendered_base_url_round_trips():
+    url = parse_url("http://[::1]:9123/v1/").v1
+    assert json.loads(_const(_render_pi(url, _models("m")), "const BASE_URL = ")) == url
+    nasty = 'http://127.0.0.1:1/v1"; process.exit(1); //\n`${x}`'
+    assert json.loads(_const(_render_pi(nasty, _models("m")), "const BASE_URL = ")) == nasty
+
+
+@pytest.mark.slow
+def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_url, monkeypatch):
+    """pi starts, with nothing listening at the URL, and lists mlx-kit/local from the baked
+    list even though model names and ids hold quotes, newlines, U+2028 and template syntax."""
+    pi = require_binary("pi")
+    models = _models(EVERYTHING)
+    monkeypatch.setattr(hi, "baked_models", lambda url: (models, "hostile test entries"))
+
+    result = hi.install(load_spec("pi"), parse_url(dead_url))
+    target = home / ".pi" / "agent" / "extensions" / "mlx-kit.ts"
+    assert result.written == [target]
+    on_disk = target.read_text(encoding="utf-8")
+    assert json.loads(_const(on_disk, "const BAKED_MODELS: ServerModel[] = ")) == models
+
+    r = subprocess.run([pi, "--list-models"], env=clean_env(home), cwd=home,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stderr.splitlines()]
+    local = [row for row in rows if row[:2] == ["mlx-kit", "local"]]
+    assert len(local) == 1, r.stderr
+    assert "32.8K" in local[0]  # the baked context window, not a default
+
+
+# --- spec validation ------------------------------------------------------------------
+
+def _spec_data(tmp_path: Path, edit) -> tuple[dict, str]:
+    """pi.toml's text, edited, written to a temp spec file and parsed back as TOML."""
+    text = edit((harnesses_dir() / "pi.toml").read_text())
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return tomllib.loads(path.read_text()), path.name
+
+
+def test_the_shipped_pi_spec_parses(tmp_path):
+    spec = _parse(*_spec_data(tmp_path, lambda t: t))
+    assert (spec.name, spec.binary) == ("pi", "pi")
+    assert [f.template for f in spec.files] == ["pi/mlx-kit.ts.j2"]
+    assert spec.launch_args == ("--provider", "mlx-kit", "--model", "local")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: 'colour = "blue"\n' + t, "unknown keys ['colour']"),
+    (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"', 'template = "pi/nope.ts.j2"'),
+     "template 'pi/nope.ts.j2' not found"),
+    (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"\n', ""), "'template' must be a str"),
+    (lambda t: t.replace('mode = "drop-in"', 'mode = "drop-in"\ncolour = "blue"'),
+     "expected a table with path, template, mode"),
+    (lambda t: t.replace('mode = "drop-in"', 'mode = "merge"'), "mode must be one of"),
+    (lambda t: t.replace('binary = "pi"\n', ""), "'binary' must be a str"),
+], ids=["unknown-top-key", "template-file-missing", "template-key-missing",
+        "unknown-file-key", "bad-mode", "binary-missing"])
+def test_malformed_spec_is_refused(tmp_path, edit, message):
+    data, where = _spec_data(tmp_path, edit)
+    with pytest.raises(HarnessError) as exc:
+        _parse(data, where)
+    assert message in exc.value.message
+    assert exc.value.message.startswith("agent.toml")
+
+
+def test_baked_source_with_line_separators_stays_inside_a_string():
+    """Regression: the bake source used to go into a // comment, where U+2028 or \\r would
+    end the comment and turn the rest of the line into code."""
+    source = "probe of x\u2028globalThis.pwned = 1;\r// y\n"
+    text = render(load_spec("pi"), context("http://127.0.0.1:1/v1", [], source))["extensions/mlx-kit.ts"]
+    line = next(ln for ln in text.splitlines() if ln.startswith("const BAKED_FROM = "))
+    assert json.loads(line.removeprefix("const BAKED_FROM = ").removesuffix(";")) == source
+    assert "\u2028" not in text and "\r" not in text

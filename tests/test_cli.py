@@ -1,0 +1,209 @@
+"""The `mlx-kit` command line as a user runs it: exit codes, one-line errors with hints and
+never a traceback, URL handling, and a cheap import."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit.errors import ConfigError
+from kit.urls import DEFAULT_URL, parse_url
+from tests.conftest import clean_env, free_port
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+def kit(home: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """Run ``python -m kit ARGS`` with a throwaway HOME (and ``env`` on top)."""
+    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home, **env),
+                          cwd=home, capture_output=True, text=True, timeout=timeout)
+
+
+def flat(text: str) -> str:
+    """Text with its whitespace runs collapsed (rich wraps long lines at 80 columns)."""
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def other_http_server(tmp_path):
+    """``python -m http.server`` on loopback: an HTTP server that is not mlx-kit."""
+    port = free_port()
+    docroot = tmp_path / "www"
+    docroot.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                             "127.0.0.1"], cwd=docroot, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"http.server did not start on port {port}")
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def fake_pi(tmp_path) -> tuple[Path, Path]:
+    """A folder holding only a `pi` script that records that it ran; (folder, record)."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    ran = tmp_path / "pi-ran"
+    script = bindir / "pi"
+    script.write_text(f"#!/bin/sh\necho \"$@\" > '{ran}'\n")
+    script.chmod(0o755)
+    return bindir, ran
+
+
+# --- basics --------------------------------------------------------------------------
+
+def test_help_lists_the_commands(home):
+    r = kit(home, "--help")
+    assert r.returncode == 0, r.stderr
+    for command in ("serve", "launch", "status", "stop", "harness"):
+        assert command in r.stdout
+
+
+def test_version(home):
+    r = kit(home, "--version")
+    assert r.returncode == 0
+    assert r.stdout.strip() == "mlx-kit 0.1.0"
+
+
+def test_importing_the_cli_does_not_import_heavy_packages(home):
+    code = ("import json, sys, kit.cli; heavy = {'mlx', 'mlx_lm', 'fastapi', 'transformers'}; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))")
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(home), cwd=home,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
+
+
+# --- URLs ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [
+    "http://127.0.0.1:8090", "http://127.0.0.1:8090/", "http://127.0.0.1:8090/v1",
+    "http://127.0.0.1:8090/v1/", "  http://127.0.0.1:8090/v1/ ",
+])
+def test_parse_url_with_or_without_v1_gives_one_root(raw):
+    u = parse_url(raw)
+    assert (u.root, u.v1, u.host, u.port) == (
+        "http://127.0.0.1:8090", "http://127.0.0.1:8090/v1", "127.0.0.1", 8090)
+
+
+@pytest.mark.parametrize("raw, root", [
+    ("http://localhost", "http://localhost:80"),
+    ("https://example.test/v1", "https://example.test:443"),
+    ("http://[::1]:9000/v1", "http://[::1]:9000"),
+])
+def test_parse_url_default_ports_and_ipv6(raw, root):
+    assert parse_url(raw).root == root
+
+
+@pytest.mark.parametrize("raw", [
+    "ftp://127.0.0.1:8090", "127.0.0.1:8090", "http://:8090", "http://127.0.0.1:8090/api",
+    "http://127.0.0.1:8090/v1/v1", "http://127.0.0.1:8090/v1?x=1", "http://127.0.0.1:8090#x",
+    "http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://127.0.0.1:0",
+])
+def test_parse_url_rejects_bad_urls(raw):
+    with pytest.raises(ConfigError):
+        parse_url(raw)
+
+
+def test_parse_url_honours_the_env_var(monkeypatch):
+    monkeypatch.setenv("MLX_KIT_URL", "http://127.0.0.1:9911/v1/")
+    assert parse_url().root == "http://127.0.0.1:9911"
+    assert parse_url("http://127.0.0.1:9922").root == "http://127.0.0.1:9922"  # flag wins
+    monkeypatch.delenv("MLX_KIT_URL")
+    assert parse_url().root == DEFAULT_URL
+
+
+def test_cli_bad_url_is_a_clean_error(home):
+    r = kit(home, "status", "--url", "ftp://127.0.0.1:1")
+    assert r.returncode == 1
+    assert "not a server URL" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- launch / harness / status errors --------------------------------------------------
+
+def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    r = kit(home, "launch", "pi", PATH=str(empty))
+    assert r.returncode == 1
+    assert "npm install -g @mariozechner/pi-coding-agent" in r.stderr
+    assert "not installed" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_install_of_an_unknown_agent_is_a_clean_error(home):
+    r = kit(home, "harness", "install", "nosuchagent")
+    assert r.returncode == 1
+    assert "unknown agent 'nosuchagent'" in r.stderr
+    assert "known agents: pi" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_status_with_no_server_exits_3(home):
+    url = f"http://127.0.0.1:{free_port()}"
+    r = kit(home, "status", "--url", url)
+    assert f"no server at {url}" in r.stdout
+    assert r.returncode == 3
+
+
+def test_status_reads_the_url_from_the_env(home):
+    url = f"http://127.0.0.1:{free_port()}"
+    r = kit(home, "status", MLX_KIT_URL=url + "/v1")
+    assert f"no server at {url}" in r.stdout
+
+
+def test_status_against_another_http_server_says_not_mlx_kit(home, other_http_server):
+    r = kit(home, "status", "--url", other_http_server)
+    assert r.returncode == 1
+    assert "not mlx-kit" in flat(r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_launch_against_another_http_server_stops_before_pi(home, other_http_server, fake_pi):
+    bindir, ran = fake_pi
+    r = kit(home, "launch", "pi", "--url", other_http_server, "--timeout", "10",
+            PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert r.returncode == 1
+    assert "not mlx-kit" in flat(r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not ran.exists(), "pi was run although the server check failed"
+    assert not (home / ".pi").exists(), "the extension was installed for a foreign server"
+
+
+def test_serve_on_all_interfaces_without_api_key_is_refused(home, tmp_path):
+    hf = tmp_path / "hf"
+    started = time.monotonic()
+    r = kit(home, "serve", "--host", "0.0.0.0", "--port", str(free_port()),
+            HF_HOME=str(hf))
+    assert r.returncode == 1
+    assert "refusing to listen on 0.0.0.0 without an API key" in flat(r.stderr)
+    assert "--api-key" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not hf.exists(), "a model was looked up before the refusal"
+    assert time.monotonic() - started < 30
