@@ -52,12 +52,17 @@ def read_pid_file(url: ServerURL) -> dict | None:
         return None
 
 
+#: start_detached writes this before each start, so a tail can show the current run only.
+RUN_SEPARATOR = "\n--- "
+
+
 def tail(path: Path, lines: int = 20) -> str:
-    """The last ``lines`` lines of a text file ('' if unreadable)."""
+    """The last ``lines`` lines of the log's latest run ('' if unreadable)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace")
     except OSError:
         return ""
+    return "\n".join(text.rsplit(RUN_SEPARATOR, 1)[-1].splitlines()[-lines:])
 
 
 def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = None
@@ -70,7 +75,8 @@ def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = 
         cmd += ["--model", model]
     cmd += extra or []
     with open(log, "ab") as out:
-        out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        out.write(f"{RUN_SEPARATOR}{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n"
+                  .encode())
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True, close_fds=True)
     return proc, log

@@ -37,6 +37,9 @@ def launch(
         probe, started = ensure_server(u, model, timeout,
                                        on_wait=lambda line: spinner.update(f"server: {line}"))
     health = probe.health or {}
+    if model and not started and health.get("model") != model:
+        err_console.print(f"[yellow]warning:[/] the running server serves {health.get('model')}, "
+                          f"not {model}; `mlx-kit stop` first to start it with {model}")
     err_console.print(f"{'started' if started else 'reusing'} mlx-kit server {u.v1} "
                       f"(pid {health.get('pid')}): local -> {health.get('model')}")
     result = hi.install(spec, u)
