@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+from filelock import FileLock
+from filelock import Timeout as FileLockTimeout
 
 from kit.errors import PortInUseError, ServerError
 from kit.paths import log_dir, state_dir
@@ -127,6 +129,21 @@ def ensure_server(url: ServerURL, model: str | None, timeout: float,
     p = probe(url)
     if p.ready:
         return p, False
+    # One launcher at a time may start a server for this port: a second one waits here,
+    # then finds the first one's server and reuses it.
+    try:
+        with FileLock(str(state_dir() / f"server-{url.port}.lock"), timeout=timeout):
+            p = probe(url)
+            if p.ready:
+                return p, False
+            return _start_or_wait(url, p, model, timeout, on_wait)
+    except FileLockTimeout:
+        raise ServerError(f"another mlx-kit launch is still starting the server at {url.root}",
+                          hint=f"wait for it, or see {log_file(url)}") from None
+
+
+def _start_or_wait(url: ServerURL, p: Probe, model: str | None, timeout: float,
+                   on_wait: Callable[[str], None]) -> tuple[Probe, bool]:
     if p.kind == "other":
         raise PortInUseError(f"{url.root} is in use by something that is not mlx-kit "
                              f"({p.detail})", hint="stop it, or use --url with another port")

