@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psutil
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
@@ -32,11 +33,17 @@ def log_file(url: ServerURL) -> Path:
     return log_dir() / f"server-{url.port}.log"
 
 
-def write_pid_file(url: ServerURL, model: str, log: Path | None) -> Path:
-    """Record this process as the server for ``url`` (called by ``serve``)."""
+def write_pid_file(url: ServerURL, model: str, log: Path | None, admin_token: str) -> Path:
+    """Record this process as the server for ``url`` (called by ``serve``). The file holds
+    the admin token, so it is readable by this user only (0600)."""
     path = pid_file(url)
-    path.write_text(json.dumps({"pid": os.getpid(), "url": url.root, "model": model,
-                                "log": str(log) if log else None, "started": time.time()}))
+    text = json.dumps({"pid": os.getpid(), "url": url.root, "model": model,
+                       "log": str(log) if log else None, "started": time.time(),
+                       "admin_token": admin_token})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
     return path
 
 
@@ -151,6 +158,33 @@ def _start_or_wait(url: ServerURL, p: Probe, model: str | None, timeout: float,
         return wait_ready(url, None, log_file(url), timeout, on_wait), False
     proc, log = start_detached(url, model)
     return wait_ready(url, proc, log, timeout, on_wait), True
+
+
+def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
+    """Ask the server at ``url`` to swap to ``model`` through its admin API.
+
+    Raises:
+        ServerError: no admin token (the server was not started by this user here), or
+            the server refused the swap (its message, e.g. not found / does not fit).
+    """
+    info = read_pid_file(url)
+    if not info or not info.get("admin_token"):
+        raise ServerError(f"no admin token for the server at {url.root}",
+                          hint="swap works with a server started by `mlx-kit serve`/`launch` "
+                               "as this user on this machine")
+    try:
+        r = httpx.post(url.root + "/admin/swap", json={"model": model}, timeout=timeout,
+                       headers={"Authorization": f"Bearer {info['admin_token']}"})
+    except httpx.HTTPError as e:
+        raise ServerError(f"the server at {url.root} did not answer the swap: {e}") from None
+    try:
+        body = r.json()
+    except ValueError:
+        body = {}
+    if r.status_code != 200:
+        message = (body.get("error") or {}).get("message") or f"HTTP {r.status_code}"
+        raise ServerError(f"swap to {model} failed: {message}")
+    return body
 
 
 def server_pid(url: ServerURL) -> int | None:

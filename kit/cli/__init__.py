@@ -15,7 +15,7 @@ import click
 import typer
 
 from kit import __version__
-from kit.cli import harness, launch, serve, server_cmds
+from kit.cli import harness, launch, models_cmds, serve, server_cmds
 from kit.cli.console import err_console
 from kit.errors import KitError
 
@@ -31,6 +31,10 @@ app.command("launch", context_settings={"allow_extra_args": True,
                                         "ignore_unknown_options": True})(launch.launch)
 app.command("status")(server_cmds.status)
 app.command("stop")(server_cmds.stop)
+app.command("models")(models_cmds.models)
+app.command("swap")(models_cmds.swap)
+app.command("fit")(models_cmds.fit)
+app.command("pull")(models_cmds.pull)
 app.add_typer(harness.app, name="harness")
 
 

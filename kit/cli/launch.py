@@ -18,7 +18,8 @@ def launch(
     agent: str = typer.Argument(..., help="Agent to run, e.g. pi."),
     url: Optional[str] = URL,
     model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Model for a server we start (default: starter)."),
+                                        help="Model behind 'local': a server we start "
+                                             "loads it, a running one swaps to it."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent."""
@@ -37,9 +38,12 @@ def launch(
         probe, started = ensure_server(u, model, timeout,
                                        on_wait=lambda line: spinner.update(f"server: {line}"))
     health = probe.health or {}
-    if model and not started and health.get("model") != model:
-        err_console.print(f"[yellow]warning:[/] the running server serves {health.get('model')}, "
-                          f"not {model}; `mlx-kit stop` first to start it with {model}")
+    if model and not started and model not in (health.get("model"), str(health.get("model"))):
+        from kit.daemon import admin_swap
+
+        with err_console.status(f"swapping the server to {model}"):
+            result = admin_swap(u, model)
+        health["model"] = result["model"]
     err_console.print(f"{'started' if started else 'reusing'} mlx-kit server {u.v1} "
                       f"(pid {health.get('pid')}): local -> {health.get('model')}")
     result = hi.install(spec, u)

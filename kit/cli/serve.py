@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import secrets
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -43,13 +44,24 @@ def serve(
     port: int = typer.Option(8090, "--port", help="TCP port."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MLX_KIT_API_KEY",
                                           help="Require this key (Bearer or x-api-key) on /v1."),
+    ttl: float = typer.Option(0, "--ttl", min=0, help="Unload the model after this many idle "
+                              "seconds; the next request reloads it (0: never)."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Most memory a "
+                                                "model may need, e.g. 8GB (default: what is "
+                                                "available)."),
+    swap_on_request: bool = typer.Option(False, "--swap-on-request", help="A request naming "
+                                         "another cached model swaps to it (default: 404)."),
+    alias: Optional[List[str]] = typer.Option(None, "--alias", help="PATTERN=TARGET: serve "
+                                              "model names matching PATTERN with TARGET "
+                                              "(local or a model id). Repeatable; claude-*, "
+                                              "gpt-* -> local are built in."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
-    log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     temperature: float = typer.Option(0.7, "--temperature", min=0, max=2,
                                       help="Sampling temperature for requests that set none."),
     top_p: float = typer.Option(1.0, "--top-p", min=0, max=1,
                                 help="Nucleus sampling mass for requests that set none."),
+    log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: str = typer.Option("info", "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                   help="debug also logs each generated text."),
 ) -> None:
@@ -60,6 +72,11 @@ def serve(
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
+    from kit.models.aliases import AliasTable
+    from kit.models.memory import parse_size
+
+    aliases = AliasTable.parse(alias or [])
+    budget = parse_size(memory_budget) if memory_budget else None
     _check_port_free(host, port)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -77,20 +94,25 @@ def serve(
 
     url = parse_url(f"http://{'[' + host + ']' if ':' in host else host}:{port}")
     log.info("BLAS: %s", blas or "bundled")
+
     def progress(line: str) -> None:
         log.info(line)
         if not log_file:  # in the foreground, also show it plainly
             err_console.print(line)
 
     info = resolve_model(model, progress=progress)
-    engine = Engine(info, prompt_cache_size=prompt_cache_size)
+    engine = Engine(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
+                    memory_budget=budget)
     engine.start()
-    write_pid_file(url, info.id, Path(log_file) if log_file else None)
+    admin_token = secrets.token_urlsafe(24)
+    write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
     log.info("serving %s as 'local' on %s/v1", info.id, url.root)
+    state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
+                        swap_on_request=swap_on_request, default_temperature=temperature,
+                        default_top_p=top_p)
     try:
-        uvicorn.run(create_app(ServerState(engine, api_key=api_key,
-                                                 default_temperature=temperature, default_top_p=top_p)), host=host, port=port,
-                    log_config=None, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+        uvicorn.run(create_app(state), host=host, port=port, log_config=None,
+                    log_level=log_level.lower(), timeout_graceful_shutdown=5)
     finally:
         engine.stop()
         remove_pid_file(url)

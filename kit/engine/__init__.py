@@ -13,7 +13,9 @@ from kit.engine.types import (
     Event,
     Finished,
     InvalidRequest,
+    ModelUnavailable,
     SamplingParams,
+    Started,
     TextDelta,
     Usage,
 )
@@ -24,7 +26,9 @@ __all__ = [
     "Event",
     "Finished",
     "InvalidRequest",
+    "ModelUnavailable",
     "SamplingParams",
+    "Started",
     "TextDelta",
     "Usage",
 ]

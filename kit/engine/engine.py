@@ -1,12 +1,17 @@
-"""The single-process engine: one worker thread owns the model and runs requests in order.
+"""The single-process engine: one worker thread owns the model and runs work in order.
 
 Design (the seam a batched or distributed engine will replace):
 - ``Engine.start()`` loads the model on the worker thread; ``state`` tells ``loading``,
-  ``ready`` or ``failed``.
-- ``Engine.generate(request)`` is an async iterator of events. Requests wait in a FIFO
+  ``ready``, ``unloaded`` (idle past the TTL; reloaded on the next request) or ``failed``.
+- ``Engine.generate(request)`` is an async iterator of events. Requests wait in one FIFO
   queue; the worker applies the chat template, fetches the longest cached prefix from
   mlx-lm's ``LRUPromptCache``, runs ``mlx_lm.stream_generate`` on the rest, and posts
   events back to the caller's event loop.
+- ``Engine.swap(model)`` queues a swap in the same FIFO: requests queued before it finish on
+  the old model, requests queued after it wait for the load and run on the new one, so a
+  swap fails no request. The new model loads while the old one still serves its queue
+  position; the old one is released only once the new one is loaded, so a failed load
+  leaves the old model serving.
 - Closing the iterator early (client disconnect) sets the request's cancel flag; the worker
   stops generating at the next token.
 """
@@ -14,16 +19,29 @@ Design (the seam a batched or distributed engine will replace):
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.engine.types import ChatRequest, EngineError, Event, Finished, InvalidRequest, TextDelta, Usage
+from kit.engine.types import (
+    ChatRequest,
+    EngineError,
+    Event,
+    Finished,
+    InvalidRequest,
+    ModelUnavailable,
+    Started,
+    TextDelta,
+    Usage,
+)
+from kit.errors import KitError, ModelError
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -31,36 +49,89 @@ log = logging.getLogger("mlx_kit.engine")
 _END = object()
 
 
+class _Reply:
+    """A way back to the asyncio caller from the worker thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def _call(self, fn: Any, *args: Any) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            return False
+
+
 @dataclass
-class _Job:
+class _Job(_Reply):
     request: ChatRequest
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening
+        if not self._call(self.events.put_nowait, item):
             self.cancelled.set()
 
 
+@dataclass
+class _Swap(_Reply):
+    spec: str
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+    def done(self, result: Any = None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if not self.future.done():
+                if error is not None:
+                    self.future.set_exception(error)
+                else:
+                    self.future.set_result(result)
+        self._call(settle)
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    """What a swap did: the model now behind ``local``, the one before, and how long the
+    load took (seconds, resolve + fit check + load + warm-up)."""
+
+    model: str
+    previous: str
+    load_seconds: float
+    changed: bool
+
+
 class Engine:
-    """Owns one loaded model and serves chat requests from a queue.
+    """Owns one loaded model and serves chat requests and swaps from one queue.
 
     Args:
-        model: what to load (see :func:`kit.models.resolve.resolve_model`).
+        model: what to load first (see :func:`kit.models.resolve.resolve_model`).
         prompt_cache_size: how many prompt caches (KV of earlier requests) to keep.
+        ttl: unload the model after this many idle seconds (None: never).
+        memory_budget: bytes a model may need at most (None: the memory available now
+            plus what the replaced model frees).
     """
 
-    def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4) -> None:
+    def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
+                 ttl: float | None = None, memory_budget: int | None = None) -> None:
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
+        self.swaps = 0
+        self.reloads = 0
+        self.unloads = 0
         self.load_seconds: float | None = None
+        self.ttl = ttl
+        self.memory_budget = memory_budget
         self._prompt_cache_size = prompt_cache_size
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._weights_bytes = 0
+        self._pending_weights = 0
+        self._prompt_cache: Any = None
+        self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlx-kit-engine", daemon=True)
         self._ready = threading.Event()
         self._ids = itertools.count(1)
@@ -72,24 +143,36 @@ class Engine:
         self._thread.start()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Block until the model is loaded (or failed). Returns True when ready."""
+        """Block until the first load finished (or failed). Returns True when ready."""
         self._ready.wait(timeout)
         return self.state == "ready"
 
     def stop(self) -> None:
-        """Ask the worker to finish after the current request."""
+        """Ask the worker to finish after the queued work."""
         self._jobs.put(None)
+
+    def memory(self) -> dict[str, int | None]:
+        """mlx's allocator: bytes in live arrays now and at peak, and the loaded weights'
+        size (all None before mlx is imported)."""
+        if "mlx.core" not in sys.modules:
+            return {"active_bytes": None, "peak_bytes": None, "weights_bytes": None}
+        import mlx.core as mx
+
+        return {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
+                "weights_bytes": self._weights_bytes if self._model is not None else 0}
 
     # -- API -------------------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
-        """Queue ``request`` and yield its events: ``TextDelta``s then one ``Finished``.
+        """Queue ``request`` and yield its events: one ``Started``, ``TextDelta``s, then one
+        ``Finished``.
 
         Raises:
-            InvalidRequest: the chat template rejects the messages (before any event).
-            EngineError: the model is not loaded, or generation failed.
+            InvalidRequest: the request cannot run as given (before any event).
+            ModelUnavailable: ``request.model`` is not the loaded model.
+            EngineError: the model failed to load, or generation failed.
         """
-        if self.state != "ready":
+        if self.state in ("loading", "failed"):
             raise EngineError(f"model is {self.state}" + (f": {self.error}" if self.error else ""))
         if not request.request_id:
             request.request_id = f"req-{next(self._ids)}"
@@ -106,11 +189,26 @@ class Engine:
         finally:
             job.cancelled.set()
 
+    async def swap(self, spec: str) -> SwapResult:
+        """Make ``spec`` (a cache id or folder) the model behind ``local``.
+
+        Waits for the requests queued before it, then loads. Raises the load's error
+        (:class:`kit.errors.ModelNotFoundError`, :class:`kit.errors.ModelError` for a model
+        that does not fit or does not load) with the old model still serving.
+        """
+        loop = asyncio.get_running_loop()
+        item = _Swap(spec, loop, loop.create_future())
+        self._jobs.put(item)
+        return await item.future
+
     # -- worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._load()
+            t0 = time.perf_counter()
+            self._model, self._tokenizer = self._load(self.model_info, replacing=0)
+            self._weights_bytes = self._pending_weights
+            self.load_seconds = time.perf_counter() - t0
         except Exception as e:  # reported through state/error and /health
             log.exception("model load failed")
             self.state, self.error = "failed", str(e)
@@ -119,46 +217,133 @@ class Engine:
         self.state = "ready"
         self._ready.set()
         while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if job.cancelled.is_set():
-                job.post(_END)
-                continue
+            timeout = self.ttl if self.ttl and self._model is not None else None
             try:
-                self._generate(job)
-            except InvalidRequest as e:
-                job.post(e)
-            except Exception as e:
-                log.exception("generation failed for %s", job.request.request_id)
-                job.post(EngineError(f"generation failed: {e}"))
-            else:
-                self.requests_served += 1
-            job.post(_END)
+                item = self._jobs.get(timeout=timeout)
+            except queue.Empty:
+                self._unload()
+                continue
+            if item is None:
+                return
+            if isinstance(item, _Swap):
+                self._swap(item)
+                continue
+            self._serve(item)
 
-    def _load(self) -> None:
+    def _serve(self, job: _Job) -> None:
+        if job.cancelled.is_set():
+            job.post(_END)
+            return
+        try:
+            if job.request.model and job.request.model != self.model_info.id:
+                raise ModelUnavailable(f"model {job.request.model!r} is not loaded; "
+                                       f"{self.model_info.id!r} is")
+            if self._model is None:
+                self._reload()
+            self._generate(job)
+        except EngineError as e:
+            job.post(e)
+        except Exception as e:
+            log.exception("generation failed for %s", job.request.request_id)
+            job.post(EngineError(f"generation failed: {e}"))
+        else:
+            self.requests_served += 1
+        job.post(_END)
+
+    def _load(self, info: ModelInfo, replacing: int) -> tuple[Any, Any]:
+        """Check the model fits, load it and warm it up. ``replacing``: bytes of weights
+        that will be freed once this load succeeds."""
         from kit.engine.blas import preload_blas
 
         blas = preload_blas()
+        self._check_fit(info, replacing)
         t0 = time.perf_counter()
-        from mlx_lm import load
-        from mlx_lm.models.cache import LRUPromptCache
+        from mlx_lm import load, stream_generate
 
-        self._model, self._tokenizer = load(str(self.model_info.path))
-        self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
-        self._warm_up()
-        self.load_seconds = time.perf_counter() - t0
-        log.info("loaded %s in %.2f s (BLAS: %s)", self.model_info.id, self.load_seconds,
-                 blas or "bundled")
-
-    def _warm_up(self) -> None:
-        """One tiny generation so the first real request does not pay for first-use setup
-        (kernel compilation, allocator growth, lazy imports inside mlx-lm)."""
-        from mlx_lm import stream_generate
-
-        for _ in stream_generate(self._model, self._tokenizer, self._tokenizer.encode("Hi"),
-                                 max_tokens=2):
+        try:
+            model, tokenizer = load(str(info.path))
+        except Exception as e:
+            raise ModelError(f"cannot load {info.id}: {e}") from None
+        # One tiny generation so the first real request does not pay first-use costs
+        # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
+        for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
             pass
+        log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
+                 blas or "bundled")
+        return model, tokenizer
+
+    def _check_fit(self, info: ModelInfo, replacing: int) -> None:
+        from kit.models.memory import available_bytes, estimate, human
+
+        self._pending_weights = 0
+        try:
+            est = estimate(info.path, info.context_window)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("cannot estimate the memory of %s: %s", info.id, e)
+            return
+        budget = self.memory_budget or (available_bytes() + replacing)
+        if est.total > budget:
+            raise ModelError(
+                f"{info.id} does not fit: it needs ~{human(est.total)} ({human(est.weights)} "
+                f"weights + {human(est.kv)} KV cache for {est.context} tokens) but the budget "
+                f"is {human(budget)}",
+                hint="free memory, pick a smaller or more quantized model, or raise "
+                     "--memory-budget")
+        self._pending_weights = est.weights
+
+    def _release(self) -> None:
+        import mlx.core as mx
+
+        self._model = self._tokenizer = None
+        self._prompt_cache = None
+        gc.collect()
+        mx.clear_cache()
+
+    def _unload(self) -> None:
+        self._release()
+        self.state = "unloaded"
+        self.unloads += 1
+        log.info("unloaded %s after %.0f s idle", self.model_info.id, self.ttl or 0)
+
+    def _reload(self) -> None:
+        t0 = time.perf_counter()
+        self.state = "loading"
+        try:
+            self._model, self._tokenizer = self._load(self.model_info, replacing=0)
+            self._weights_bytes = self._pending_weights
+        except KitError as e:
+            self.state = "unloaded"
+            raise EngineError(f"reloading {self.model_info.id} failed: {e.message}") from None
+        self.state = "ready"
+        self.reloads += 1
+        log.info("reloaded %s in %.2f s", self.model_info.id, time.perf_counter() - t0)
+
+    def _swap(self, item: _Swap) -> None:
+        from kit.models.resolve import resolve_model
+
+        t0 = time.perf_counter()
+        previous = self.model_info.id
+        try:
+            info = resolve_model(item.spec, progress=log.info)
+            if info.id == previous and self._model is not None:
+                item.done(SwapResult(info.id, previous, 0.0, False))
+                return
+            log.info("swapping %s -> %s", previous, info.id)
+            model, tokenizer = self._load(info, replacing=self._weights_bytes
+                                          if self._model is not None else 0)
+        except Exception as e:
+            log.warning("swap to %s failed, %s keeps serving: %s", item.spec, previous, e)
+            item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))
+            return
+        weights = self._pending_weights
+        self._release()  # drop every reference to the old model before taking the new one
+        self._model, self._tokenizer, self.model_info = model, tokenizer, info
+        self._weights_bytes = weights
+        self.state = "ready"
+        self.swaps += 1
+        took = time.perf_counter() - t0
+        log.info("swapped %s -> %s in %.2f s", previous, info.id, took)
+        item.done(SwapResult(info.id, previous, took, True))
 
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         from jinja2 import TemplateError
@@ -174,20 +359,45 @@ class Engine:
             tokens = tokens["input_ids"]
         return list(tokens)
 
+    def _max_tokens(self, n_prompt: int, requested: int | None) -> int:
+        """Tokens to generate within the context window.
+
+        Raises:
+            InvalidRequest: ``context_length_exceeded`` (OpenAI's wording, which agents
+                such as pi recognise and answer by compacting).
+        """
+        window = self.model_info.context_window
+        if requested is not None and n_prompt + requested > window:
+            raise InvalidRequest(
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {n_prompt + requested} tokens ({n_prompt} in the messages, "
+                f"{requested} in the completion). Please reduce the length of the messages "
+                "or completion.", code="context_length_exceeded")
+        if requested is None and n_prompt >= window:
+            raise InvalidRequest(
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {n_prompt} tokens. Please reduce the length of the "
+                "messages.", code="context_length_exceeded")
+        return requested if requested is not None else min(
+            self.model_info.max_output_tokens, window - n_prompt)
+
     def _generate(self, job: _Job) -> None:
         import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.generate import TextStateMachine
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
         from mlx_lm.sample_utils import make_sampler
 
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         prompt = self._prompt_tokens(req)
+        max_tokens = self._max_tokens(len(prompt), params.max_tokens)
         if params.seed is not None:
             mx.random.seed(params.seed)
         sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
 
+        if self._prompt_cache is None:
+            self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
         key = self.model_info.id
         cache, rest = self._prompt_cache.fetch_nearest_cache(key, prompt)
         if cache is None:
@@ -196,6 +406,7 @@ class Engine:
             trim_prompt_cache(cache, 1)
             rest = prompt[-1:]
         cached = len(prompt) - len(rest)
+        job.post(Started(key, len(prompt), cached))
 
         # Stop strings end generation (destination state None); the text before a possible
         # partial match is held back until it is known not to be a stop string.
@@ -204,9 +415,8 @@ class Engine:
         cache_key = list(prompt)
         texts: list[str] = []
         finish_reason, n_generated, ttft, tps = "stop", 0, 0.0, 0.0
-        for gen in stream_generate(self._model, self._tokenizer, rest,
-                                   max_tokens=params.max_tokens, sampler=sampler,
-                                   prompt_cache=cache):
+        for gen in stream_generate(self._model, self._tokenizer, rest, max_tokens=max_tokens,
+                                   sampler=sampler, prompt_cache=cache):
             if n_generated == 0:
                 ttft = time.perf_counter() - t0
             n_generated = gen.generation_tokens
@@ -231,8 +441,8 @@ class Engine:
                 break
         self._prompt_cache.insert_cache(key, cache_key, cache)
         usage = Usage(len(prompt), n_generated, cached)
-        log.info("%s: prompt %d tokens (%d cached), generated %d, ttft %.3f s, %.1f tok/s, %s",
-                 req.request_id, usage.prompt_tokens, cached, n_generated, ttft, tps,
-                 finish_reason)
+        log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
+                 "%.1f tok/s, %s", req.request_id, key, usage.prompt_tokens, cached,
+                 n_generated, ttft, tps, finish_reason)
         log.debug("%s: text %r", req.request_id, "".join(texts))
-        job.post(Finished(finish_reason, usage, ttft, tps))
+        job.post(Finished(finish_reason, usage, key, ttft, tps))

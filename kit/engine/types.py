@@ -15,14 +15,15 @@ class SamplingParams:
     """How to sample.
 
     Attributes:
-        max_tokens: most tokens to generate (>= 1).
+        max_tokens: most tokens to generate (>= 1), or None for "as many as the model's
+            output cap and the context window allow".
         temperature: 0 means greedy.
         top_p: nucleus mass in (0, 1]; 1 disables it.
         stop: strings that end generation; the matched string is not returned.
         seed: seed for mlx's random generator, or None.
     """
 
-    max_tokens: int = 512
+    max_tokens: int | None = None
     temperature: float = 0.7
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
@@ -39,12 +40,15 @@ class ChatRequest:
             kept as given), ready for the model's chat template.
         params: sampling parameters.
         tools: OpenAI-style function tool schemas handed to the chat template, or None.
+        model: the real model id the request must run on, or None for whatever is
+            behind ``local`` when its turn comes.
         request_id: an id for logs.
     """
 
     messages: list[dict[str, Any]]
     params: SamplingParams = field(default_factory=SamplingParams)
     tools: list[dict[str, Any]] | None = None
+    model: str | None = None
     request_id: str = ""
 
 
@@ -63,6 +67,16 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The first event of every generation: the request passed validation and runs on
+    ``model`` (the real id, which a swap may have changed since the request was queued)."""
+
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
 class TextDelta:
     """The next piece of generated text (never contains a matched stop string)."""
 
@@ -77,12 +91,14 @@ class Finished:
         finish_reason: ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens hit) or
             ``"cancelled"`` (the client went away).
         usage: token counts.
+        model: the real model id that generated the text.
         ttft_s: seconds from the start of this request's work to its first token.
         decode_tps: decode speed in tokens per second.
     """
 
     finish_reason: str
     usage: Usage
+    model: str = ""
     ttft_s: float = 0.0
     decode_tps: float = 0.0
 
@@ -92,8 +108,20 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError):
-    """The request cannot be run as given (e.g. the chat template rejects the messages);
-    adapters report it as a 400."""
+    """The request cannot be run as given; adapters report it as a 400.
+
+    Attributes:
+        code: machine-readable code, e.g. ``context_length_exceeded``.
+        param: the request field at fault, if any.
+    """
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = "messages"):
+        super().__init__(message)
+        self.code, self.param = code, param
 
 
-Event = Union[TextDelta, Finished]
+class ModelUnavailable(EngineError):
+    """The request names a model that is not loaded (a 404 ``model_not_found``)."""
+
+
+Event = Union[Started, TextDelta, Finished]

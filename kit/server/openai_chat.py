@@ -13,7 +13,16 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from kit.engine.types import ChatRequest, EngineError, Finished, InvalidRequest, SamplingParams, TextDelta
+from kit.engine.types import (
+    ChatRequest,
+    EngineError,
+    Finished,
+    InvalidRequest,
+    ModelUnavailable,
+    SamplingParams,
+    Started,
+    TextDelta,
+)
 from kit.server.errors import APIError
 from kit.server.state import ServerState
 
@@ -94,7 +103,8 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
 
 def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams) -> ChatRequest:
     """Translate a Chat Completions request into the engine's :class:`ChatRequest`;
-    ``defaults`` fills max_tokens, temperature and top_p when the request omits them.
+    ``defaults`` fills temperature and top_p when the request omits them (an omitted
+    max_tokens stays None: the engine fits it to the model and context window).
 
     Raises:
         APIError: 400 for what this server cannot honour (n > 1, non-text content).
@@ -103,7 +113,7 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams) -> 
         raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
-        max_tokens=body.max_completion_tokens or body.max_tokens or defaults.max_tokens,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
         stop=tuple(s for s in stop if s),
@@ -122,30 +132,35 @@ def _usage(fin: Finished) -> dict[str, Any]:
 
 def _engine_error(e: EngineError) -> APIError:
     if isinstance(e, InvalidRequest):
-        return APIError(400, str(e), param="messages")
+        return APIError(400, str(e), param=e.param, code=e.code)
+    if isinstance(e, ModelUnavailable):
+        return APIError(404, str(e), type="not_found_error", param="model",
+                        code="model_not_found")
     return APIError(503 if "model is" in str(e) else 500, str(e), type="server_error")
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.kit
-    state.resolve(body.model)
+    model = await state.resolve(body.model)
     req = to_engine_request(body, state.sampling_defaults())
+    req.model = model
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     req.request_id = completion_id
     created = int(time.time())
     events = state.engine.generate(req)
-    # Wait for the first event before answering, so that a rejected request (bad template,
-    # model not loaded) gets a real 4xx/5xx status instead of a broken stream.
+    # Wait for the Started event before answering, so that a rejected request (bad
+    # template, context exceeded, model not loaded) gets a real 4xx/5xx status instead of a
+    # broken stream.
     try:
-        first = await anext(events)
+        started = await anext(events)
     except EngineError as e:
         raise _engine_error(e) from None
-    except StopAsyncIteration:
-        first = None
-
+    if not isinstance(started, Started):  # the engine's contract: Started comes first
+        raise APIError(500, "engine protocol error", type="server_error")
+    # Like OpenAI, "model" names the model that actually answered (the real id).
     base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-            "model": body.model, "system_fingerprint": "mlx-kit"}
+            "model": started.model, "system_fingerprint": "mlx-kit"}
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -155,38 +170,31 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})}
 
         async def sse():
-            async with aclosing(events):
-                yield chunk({"role": "assistant", "content": ""})
-                ev = first
-                while ev is not None:
-                    if isinstance(ev, TextDelta):
-                        yield chunk({"content": ev.text})
-                    elif isinstance(ev, Finished):
-                        yield chunk({}, ev.finish_reason)
-                        if include_usage:
-                            yield {"data": json.dumps({**base, "choices": [],
-                                                       "usage": _usage(ev)})}
-                    try:
-                        ev = await anext(events)
-                    except StopAsyncIteration:
-                        ev = None
-                    except EngineError as e:
-                        yield {"data": json.dumps(_engine_error(e).body())}
-                        ev = None
-                yield {"data": "[DONE]"}
+            yield chunk({"role": "assistant", "content": ""})
+            try:
+                async with aclosing(events):
+                    async for ev in events:
+                        if isinstance(ev, TextDelta):
+                            yield chunk({"content": ev.text})
+                        elif isinstance(ev, Finished):
+                            yield chunk({}, ev.finish_reason)
+                            if include_usage:
+                                yield {"data": json.dumps({**base, "choices": [],
+                                                           "usage": _usage(ev)})}
+            except EngineError as e:  # after the headers: an error object in the stream
+                yield {"data": json.dumps(_engine_error(e).body())}
+            yield {"data": "[DONE]"}
 
         return EventSourceResponse(sse(), ping=15)
 
     async def collect() -> tuple[str, Finished | None]:
         parts, fin = [], None
         async with aclosing(events):
-            ev = first
-            while ev is not None:
+            async for ev in events:
                 if isinstance(ev, TextDelta):
                     parts.append(ev.text)
                 elif isinstance(ev, Finished):
                     fin = ev
-                ev = await anext(events, None)
         return "".join(parts), fin
 
     task = asyncio.ensure_future(collect())

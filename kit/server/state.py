@@ -1,4 +1,5 @@
-"""What the routers share: the engine, the served model's metadata, the API key."""
+"""What the routers share: the engine, model naming policy (aliases, swap on request), the
+model catalog for /v1/models, the API key and the admin token."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from dataclasses import dataclass, field
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
 from kit.engine.types import SamplingParams
+from kit.errors import KitError, ModelError, ModelNotFoundError
+from kit.models.aliases import AliasTable
 from kit.server.errors import APIError
+
+_CATALOG_TTL_S = 10.0
 
 
 @dataclass
@@ -17,54 +22,131 @@ class ServerState:
     """Attributes:
         engine: the engine that owns the model.
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
+        admin_token: required bearer on /admin routes (written to the pid file, 0600).
+        aliases: model names served by ``local`` or another model.
+        swap_on_request: a request naming another cached model swaps to it (else 404).
         default_temperature, default_top_p: sampling for requests that set none.
         started: server start time (unix seconds).
     """
 
     engine: Engine
     api_key: str | None = None
+    admin_token: str | None = None
+    aliases: AliasTable = field(default_factory=AliasTable)
+    swap_on_request: bool = False
     default_temperature: float = 0.7
     default_top_p: float = 1.0
     started: float = field(default_factory=time.time)
+    _catalog: tuple[float, list] = (0.0, [])
 
     @property
     def model_id(self) -> str:
         return self.engine.model_info.id
 
     def sampling_defaults(self) -> SamplingParams:
-        """Sampling for fields a request leaves out (max_tokens: the model's output cap)."""
-        return SamplingParams(max_tokens=self.engine.model_info.max_output_tokens,
-                              temperature=self.default_temperature, top_p=self.default_top_p)
+        """Sampling for fields a request leaves out."""
+        return SamplingParams(temperature=self.default_temperature, top_p=self.default_top_p)
 
-    def resolve(self, requested: str) -> str:
-        """Map a requested model name to the served model's real id.
+    def catalog(self) -> list:
+        """The model catalog (:func:`kit.models.catalog.scan`), re-read every 10 s."""
+        at, entries = self._catalog
+        if time.monotonic() - at > _CATALOG_TTL_S:
+            from kit.models.catalog import scan
+
+            entries = scan()
+            self._catalog = (time.monotonic(), entries)
+        return entries
+
+    def available_ids(self) -> list[str]:
+        return [STABLE_MODEL_ID, self.model_id] + [
+            e.id for e in self.catalog() if e.loadable and e.id != self.model_id]
+
+    def _not_found(self, requested: str) -> APIError:
+        return APIError(404, f"model {requested!r} not found; available: "
+                        + ", ".join(self.available_ids()), type="not_found_error",
+                        param="model", code="model_not_found")
+
+    async def resolve(self, requested: str) -> str | None:
+        """Map a requested model name to the real id the request must run on (None: whatever
+        is behind ``local``). Swaps first when ``swap_on_request`` allows it.
 
         Raises:
-            APIError: 404 ``model_not_found`` listing the ids that exist.
+            APIError: 404 ``model_not_found`` listing the ids that exist, or the swap's error.
         """
-        if requested in (STABLE_MODEL_ID, self.model_id):
-            return self.model_id
-        raise APIError(404, f"model {requested!r} not found; available: "
-                       f"{STABLE_MODEL_ID}, {self.model_id}", type="not_found_error",
-                       param="model", code="model_not_found")
+        if requested == STABLE_MODEL_ID:
+            return None
+        if requested == self.model_id:
+            return requested
+        target = self.aliases.target(requested)
+        if target is not None:
+            return None if target == STABLE_MODEL_ID else await self.resolve(target)
+        known = {e.id for e in self.catalog() if e.loadable}
+        if requested not in known:  # never a download: only what is on this machine
+            raise self._not_found(requested)
+        if not self.swap_on_request:
+            raise APIError(404, f"model {requested!r} is not loaded ({self.model_id!r} is); "
+                           "swap with `mlx-kit swap` or start the server with "
+                           "--swap-on-request", type="not_found_error", param="model",
+                           code="model_not_found")
+        await self.swap(requested)
+        return requested
+
+    async def swap(self, spec: str) -> dict:
+        """Swap the model behind ``local``; errors become API errors (404/507/500)."""
+        try:
+            result = await self.engine.swap(spec)
+        except ModelNotFoundError as e:
+            raise APIError(404, e.message + (f"; {e.hint}" if e.hint else ""),
+                           type="not_found_error", param="model", code="model_not_found") from None
+        except ModelError as e:
+            fits = "does not fit" in e.message
+            raise APIError(507 if fits else 500, e.message + (f" ({e.hint})" if e.hint else ""),
+                           type="server_error", param="model",
+                           code="insufficient_memory" if fits else "model_load_failed") from None
+        except KitError as e:
+            raise APIError(500, e.message, type="server_error") from None
+        self._catalog = (0.0, [])  # a starter may have been built
+        return {"model": result.model, "previous": result.previous,
+                "load_seconds": round(result.load_seconds, 3), "changed": result.changed}
 
     def model_entries(self) -> list[dict]:
-        """The /v1/models entries: ``local`` first (naming the real model), then the real id."""
+        """/v1/models entries: ``local`` first (naming the real model), the loaded model,
+        then every other model on this machine that can be served."""
         info = self.engine.model_info
-        meta = {"context_window": info.context_window, "max_tokens": info.max_output_tokens,
-                "capabilities": {"tools": False, "reasoning": False, "vision": False}}
         created = int(self.started)
-        return [
-            {"id": STABLE_MODEL_ID, "object": "model", "created": created,
-             "owned_by": "mlx-kit", "name": f"{info.id} (mlx-kit)", "model": info.id, **meta},
-            {"id": info.id, "object": "model", "created": created, "owned_by": "mlx-kit",
-             "name": info.id, "model": info.id, **meta},
+        by_id = {e.id: e for e in self.catalog()}
+
+        def meta(model_id: str, context: int | None, loaded: bool) -> dict:
+            e = by_id.get(model_id)
+            caps = e.capabilities if e else None
+            window = context or (e.context_window if e else None) or 4096
+            return {"object": "model", "created": created, "owned_by": "mlx-kit",
+                    "context_window": window,
+                    "max_tokens": max(256, min(8192, window // 4)),
+                    "capabilities": {"tools": bool(caps and caps.tools),
+                                     "reasoning": bool(caps and caps.reasoning),
+                                     "vision": bool(caps and caps.vision)},
+                    "quantization": e.quantization if e else None,
+                    "size_bytes": e.size_bytes if e else None, "loaded": loaded}
+
+        entries = [
+            {"id": STABLE_MODEL_ID, "name": f"{info.id} (mlx-kit)", "model": info.id,
+             **meta(info.id, info.context_window, self.engine.state == "ready")},
+            {"id": info.id, "name": info.id, "model": info.id,
+             **meta(info.id, info.context_window, self.engine.state == "ready")},
         ]
+        for e in self.catalog():
+            if e.loadable and e.id != info.id:
+                entries.append({"id": e.id, "name": e.id, "model": e.id,
+                                **meta(e.id, e.context_window, False)})
+        return entries
 
     def health(self) -> dict:
         e = self.engine
-        return {"service": "mlx-kit", "version": __version__, "status": "ok"
-                if e.state == "ready" else e.state, "model": self.model_id,
+        return {"service": "mlx-kit", "version": __version__,
+                "status": "ok" if e.state in ("ready", "unloaded") else e.state,
+                "model_state": e.state, "model": self.model_id,
                 "context_window": e.model_info.context_window, "pid": os.getpid(),
-                "requests_served": e.requests_served, "load_seconds": e.load_seconds,
-                "error": e.error}
+                "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
+                "unloads": e.unloads, "ttl": e.ttl, "load_seconds": e.load_seconds,
+                "memory": e.memory(), "error": e.error}

@@ -21,10 +21,15 @@ def client(server) -> openai.OpenAI:
 
 def test_models_lists_local_first_naming_the_real_model(server):
     data = httpx.get(server.v1 + "/models").json()["data"]
-    assert [m["id"] for m in data] == ["local", "mlx-kit/SmolLM2-135M-Instruct"]
+    assert [m["id"] for m in data][:2] == ["local", "mlx-kit/SmolLM2-135M-Instruct"]
     assert data[0]["model"] == "mlx-kit/SmolLM2-135M-Instruct"
     assert data[0]["context_window"] == 8192
     assert 0 < data[0]["max_tokens"] <= 8192
+    assert data[0]["loaded"] and data[0]["quantization"] == "float32"
+    assert data[0]["capabilities"] == {"tools": False, "reasoning": False, "vision": False}
+    # other models on this machine follow, not loaded (the 4-bit starter: built on first use)
+    others = {m["id"]: m for m in data[2:]}
+    assert others["mlx-kit/SmolLM2-135M-Instruct-4bit"]["loaded"] is False
 
 
 def test_health_identifies_the_server(server):
@@ -38,6 +43,7 @@ def test_non_streaming_answer(client):
     r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=30)
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
+    assert r.model == "mlx-kit/SmolLM2-135M-Instruct"  # like OpenAI: the model that answered
     assert r.usage.prompt_tokens > 10
     assert r.usage.completion_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -147,7 +153,7 @@ def test_malformed_json_gets_400(server):
 
 
 def test_unknown_model_gets_404_listing_available(server):
-    r = httpx.post(server.v1 + "/chat/completions", json={"model": "gpt-9", "messages": QUESTION})
+    r = httpx.post(server.v1 + "/chat/completions", json={"model": "no-such-model", "messages": QUESTION})
     assert r.status_code == 404
     err = _error(r)
     assert err["code"] == "model_not_found" and "local" in err["message"]

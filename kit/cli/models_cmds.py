@@ -1,0 +1,98 @@
+"""``mlx-kit models``, ``swap``, ``fit``, ``pull``: the models on this machine."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from kit.cli.console import console, err_console
+from kit.cli.options import URL
+
+
+def models(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    url: Optional[str] = URL,
+) -> None:
+    """List the models mlx-kit can serve (HF cache + starter); * marks the one behind local."""
+    from kit.models.catalog import scan
+    from kit.models.memory import human
+    from kit.probe import probe
+    from kit.urls import parse_url
+
+    p = probe(parse_url(url), timeout=1.0)
+    local = p.health.get("model") if p.kind == "ours" and p.health else None
+    entries = scan()
+    if as_json:
+        console.print_json(json.dumps({"local": local, "models": [
+            {**e.to_json(), "local": e.id == local} for e in entries]}))
+        return
+    from rich.table import Table
+
+    table = Table("", "model", "size", "quantization", "context", "tools", "reasoning",
+                  "vision", "status")
+    for column in table.columns:
+        column.overflow = "fold"
+    for e in entries:
+        caps = e.capabilities
+        status = ("ok" if e.loadable else f"not servable: {e.reason}") + (
+            f" ({e.note})" if e.note else "")
+        table.add_row("*" if e.id == local else "", e.id,
+                      human(e.size_bytes) if e.size_bytes else "-", e.quantization or "-",
+                      str(e.context_window or "-"), "yes" if caps.tools else "no",
+                      "yes" if caps.reasoning else "no", "yes" if caps.vision else "no", status)
+    console.print(table)
+    console.print("* = behind 'local' on " + (parse_url(url).root if local else
+                                                 "(no server running)"))
+
+
+def swap(
+    model: str = typer.Argument(..., help="Cache id (ORG/NAME) or model folder."),
+    url: Optional[str] = URL,
+) -> None:
+    """Make MODEL the model behind 'local' on the running server (no agent config changes)."""
+    from kit.daemon import admin_swap
+    from kit.urls import parse_url
+
+    u = parse_url(url)
+    with err_console.status(f"loading {model} on {u.root}"):
+        result = admin_swap(u, model)
+    if result.get("changed"):
+        console.print(f"local -> {result['model']} (was {result['previous']}; "
+                      f"loaded in {result['load_seconds']:.2f} s)")
+    else:
+        console.print(f"local -> {result['model']} (already loaded)")
+
+
+def fit(
+    model: str = typer.Argument(..., help="Cache id (ORG/NAME) or model folder."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context tokens (default: "
+                                      "the model's context window)."),
+) -> None:
+    """Estimate the memory MODEL needs (weights + KV cache) against what is available."""
+    from kit.models.memory import available_bytes, estimate, human
+    from kit.models.resolve import resolve_model
+
+    info = resolve_model(model, progress=lambda line: err_console.print(line))
+    est = estimate(info.path, ctx or info.context_window)
+    avail = available_bytes()
+    console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
+                  f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
+                  f"{est.context} tokens)\n  total:    {human(est.total)}\n"
+                  f"  available now: {human(avail)} -> "
+                  + ("fits" if est.total <= avail else "does NOT fit"))
+    if est.total > avail:
+        raise typer.Exit(2)
+
+
+def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub.")) -> None:
+    """Download a model into the Hugging Face cache (resumable)."""
+    from kit.models.catalog import describe
+    from kit.models.pull import pull as do_pull
+
+    path = do_pull(repo_id, progress=lambda line: err_console.print(line))
+    entry = describe(repo_id, path)
+    console.print(f"{repo_id}: {path}")
+    if not entry.loadable:
+        err_console.print(f"[yellow]warning:[/] mlx-kit cannot serve it: {entry.reason}")
