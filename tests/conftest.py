@@ -6,6 +6,7 @@ Everything here is real: the starter is converted from the GGUF shipped by llm-s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -64,11 +65,13 @@ def wait_health(root: str, proc: subprocess.Popen | None = None, timeout: float 
 
 @pytest.fixture(scope="session")
 def hf_home(tmp_path_factory) -> Path:
-    """A fresh Hugging Face home holding the converted starter (built once per session)."""
+    """A fresh Hugging Face home holding the two starter variants, dense float32 and
+    4-bit, converted once per session: two real models to swap between."""
     home = tmp_path_factory.mktemp("hf")
     env = clean_env(tmp_path_factory.mktemp("home-starter"), home)
     subprocess.run([sys.executable, "-c",
-                    "from kit.models.starter import ensure_starter; print(ensure_starter())"],
+                    "from kit.models.starter import STARTER_4BIT_ID, ensure_starter;"
+                    "ensure_starter(); ensure_starter(repo_id=STARTER_4BIT_ID)"],
                    env=env, check=True, capture_output=True, timeout=300)
     return home
 
@@ -86,6 +89,14 @@ class Server:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def admin_token(self) -> str:
+        pid_file = self.home / ".local" / "state" / "mlx-kit" / f"server-{self.port}.json"
+        return json.loads(pid_file.read_text())["admin_token"]
+
+    def swap(self, model: str, timeout: float = 120) -> httpx.Response:
+        return httpx.post(self.root + "/admin/swap", json={"model": model}, timeout=timeout,
+                          headers={"Authorization": f"Bearer {self.admin_token()}"})
 
 
 def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None) -> Server:

@@ -16,6 +16,8 @@ from tests.conftest import clean_env, free_port, require_binary
 
 pytestmark = pytest.mark.slow
 
+F32 = "mlx-kit/SmolLM2-135M-Instruct"
+Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
 
 
@@ -31,9 +33,10 @@ class Env:
         return subprocess.run([sys.executable, "-m", "kit", *args], env=self.env, cwd=self.home,
                               capture_output=True, text=True, timeout=timeout)
 
-    def pi(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def pi(self, *args: str, timeout: float = 120, input: str | None = None
+           ) -> subprocess.CompletedProcess:
         return subprocess.run([require_binary("pi"), *args], env=self.env, cwd=self.home,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, input=input)
 
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=5).json()
@@ -84,6 +87,29 @@ def test_second_launch_reuses_the_same_server_process(env):
     assert health["pid"] == env.first_pid
     assert health["requests_served"] == 2
     assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+
+
+def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env):
+    r = env.kit("swap", Q4)
+    assert r.returncode == 0, r.stderr
+    rpc = env.pi("--mode", "rpc", "--provider", "mlx-kit", "--model", "local", "--no-session",
+                 input='{"type": "get_state"}\n')
+    replies = [json.loads(ln) for ln in rpc.stdout.splitlines() if ln.startswith("{")]
+    state = next(m for m in replies if m.get("command") == "get_state")
+    assert state["data"]["model"]["id"] == "local"
+    assert state["data"]["model"]["name"] == f"local ({Q4})"  # the extension re-discovered
+    r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+    health = env.health()
+    assert health["model"] == Q4 and health["pid"] == env.first_pid
+
+
+def test_launch_with_model_swaps_the_running_server_back(env):
+    r = env.kit("launch", "pi", "--model", F32, "--", "-p", "Say hi.", "--no-session")
+    assert r.returncode == 0, r.stderr
+    health = env.health()
+    assert health["model"] == F32 and health["pid"] == env.first_pid and health["swaps"] == 2
 
 
 def test_pi_lists_local_with_the_real_model_name(env):
