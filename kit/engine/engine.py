@@ -167,13 +167,13 @@ class Engine:
         """Queue ``request`` and yield its events: one ``Started``, ``TextDelta``s, then one
         ``Finished``.
 
+        Requests sent while the model loads wait for it.
+
         Raises:
             InvalidRequest: the request cannot run as given (before any event).
             ModelUnavailable: ``request.model`` is not the loaded model.
             EngineError: the model failed to load, or generation failed.
         """
-        if self.state in ("loading", "failed"):
-            raise EngineError(f"model is {self.state}" + (f": {self.error}" if self.error else ""))
         if not request.request_id:
             request.request_id = f"req-{next(self._ids)}"
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
@@ -209,14 +209,13 @@ class Engine:
             self._model, self._tokenizer = self._load(self.model_info, replacing=0)
             self._weights_bytes = self._pending_weights
             self.load_seconds = time.perf_counter() - t0
-        except Exception as e:  # reported through state/error and /health
+            self.state = "ready"
+        except Exception as e:  # reported through state/error and /health; requests get it
             log.exception("model load failed")
             self.state, self.error = "failed", str(e)
+        finally:
             self._ready.set()
-            return
-        self.state = "ready"
-        self._ready.set()
-        while True:
+        while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self._model is not None else None
             try:
                 item = self._jobs.get(timeout=timeout)
@@ -239,6 +238,8 @@ class Engine:
                 raise ModelUnavailable(f"model {job.request.model!r} is not loaded; "
                                        f"{self.model_info.id!r} is")
             if self._model is None:
+                if self.state == "failed":  # a swap to a model that loads can fix this
+                    raise EngineError(f"the model failed to load: {self.error}")
                 self._reload()
             self._generate(job)
         except EngineError as e:
@@ -339,7 +340,7 @@ class Engine:
         self._release()  # drop every reference to the old model before taking the new one
         self._model, self._tokenizer, self.model_info = model, tokenizer, info
         self._weights_bytes = weights
-        self.state = "ready"
+        self.state, self.error = "ready", None
         self.swaps += 1
         took = time.perf_counter() - t0
         log.info("swapped %s -> %s in %.2f s", previous, info.id, took)

@@ -136,7 +136,7 @@ def _engine_error(e: EngineError) -> APIError:
     if isinstance(e, ModelUnavailable):
         return APIError(404, str(e), type="not_found_error", param="model",
                         code="model_not_found")
-    return APIError(503 if "model is" in str(e) else 500, str(e), type="server_error")
+    return APIError(503 if "failed to load" in str(e) else 500, str(e), type="server_error")
 
 
 @router.post("/v1/chat/completions")

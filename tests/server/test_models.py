@@ -242,3 +242,21 @@ def test_pull_of_a_starter_id_builds_it_locally(hf_home, tmp_path):
     r = run_kit("pull", Q4, env=clean_env(tmp_path, hf))
     assert r.returncode == 0, r.stderr
     assert "converting" in r.stderr and Q4 in r.stdout
+
+
+def test_swap_to_a_corrupt_model_fails_and_the_old_one_keeps_serving(f32_server, hf_home,
+                                                                      tmp_path):
+    import shutil
+
+    src = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct-4bit" /
+                "snapshots").iterdir())
+    corrupt = tmp_path / "corrupt-model"
+    shutil.copytree(src, corrupt)  # follows the snapshot's symlinks: real files
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])  # truncated download
+    r = f32_server.swap(str(corrupt))
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "model_load_failed"
+    ok = chat(f32_server)
+    assert ok.status_code == 200 and ok.json()["model"] == F32
+    assert f32_server.health()["model"] == F32
