@@ -46,10 +46,12 @@ def remove(
     from kit.harness import install as hi
     from kit.harness.spec import load_spec
 
-    removed = hi.remove(load_spec(agent), force=force)
-    for p in removed:
+    result = hi.remove(load_spec(agent), force=force)
+    for p in result.removed:
         console.print(f"removed {p}", markup=False)
-    if not removed:
+    for p in result.restored:
+        console.print(f"restored your own {p} (saved when install was forced)", markup=False)
+    if not result.removed:
         console.print(f"nothing of mlx-kit's was installed for {agent}")
 
 

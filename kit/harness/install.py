@@ -57,21 +57,33 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
     Returns:
         (entries shaped like /v1/models entries with ``local`` first, where they came from)
     """
+    keep = ("id", "name", "model", "context_window", "max_tokens", "capabilities")
     live = fetch_models(url, api_key=os.environ.get("MLX_KIT_API_KEY"))
     if live:  # keep what describes a model, not volatile fields like "created"
-        keep = ("id", "name", "model", "context_window", "max_tokens", "capabilities")
         return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
                 f"probe of {url.v1}/models")
-    from kit.models.resolve import read_context_window
-    from kit.models.starter import STARTER_ID, starter_path
+    from kit.models.catalog import api_entry, scan
+    from kit.models.starter import STARTER_ID
 
-    path = starter_path()
-    ctx = read_context_window(path, 8192) if path else 8192
-    entry = {"context_window": ctx, "max_tokens": max(256, min(8192, ctx // 4)),
-             "capabilities": {"tools": False, "reasoning": False, "vision": False}}
-    return ([{"id": STABLE_MODEL_ID, "name": f"{STARTER_ID} (mlx-kit)", "model": STARTER_ID,
-              **entry}, {"id": STARTER_ID, "name": STARTER_ID, "model": STARTER_ID, **entry}],
+    # What a server started now would offer: local -> the starter, then the rest.
+    catalog = {e.id: e for e in scan() if e.loadable}
+    entries = [api_entry(mid, catalog.get(STARTER_ID), real_id=STARTER_ID)
+               for mid in (STABLE_MODEL_ID, STARTER_ID)]
+    entries += [api_entry(e.id, e, real_id=e.id) for e in catalog.values() if e.id != STARTER_ID]
+    return ([{k: m[k] for k in keep} for m in entries],
             "local model cache; the server was not running")
+
+
+def _backup(agent: str, path: Path, text: str) -> Path:
+    """Save a user's file that a forced install replaces; ``remove`` puts it back."""
+    from kit.paths import data_dir
+
+    folder = data_dir() / "backups" / agent
+    folder.mkdir(parents=True, exist_ok=True)
+    backup = folder / f"{sha256_text(str(path))[:12]}-{path.name}"
+    atomic_write(backup, text)
+    shutil.copymode(path, backup)
+    return backup
 
 
 def _is_ours(text: str) -> bool:
@@ -95,7 +107,8 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
 
     Args:
         dry_run: compute the changes only (``Change.diff()`` shows them).
-        force: overwrite a file at our path that we did not write.
+        force: overwrite a file at our path that we did not write (it is backed up in
+            the data dir, and ``remove`` puts it back).
 
     Raises:
         HarnessError: a file we did not write is in the way (and not ``force``).
@@ -114,12 +127,15 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
         for ch in result.changes:
             prev = recorded.get(str(ch.path), {})
             created = prev.get("created_dirs", [])
+            backup = prev.get("backup")
+            if ch.old is not None and not _is_ours(ch.old):  # forced: keep the user's file
+                backup = str(_backup(spec.name, ch.path, ch.old))
             if ch.changed:
                 created = created + [str(p) for p in make_parents(ch.path)]
                 atomic_write(ch.path, ch.new)
                 result.written.append(ch.path)
             files.append({"path": str(ch.path), "sha256": sha256_text(ch.new),
-                          "created_dirs": created})
+                          "created_dirs": created, "backup": backup})
         # Files recorded at other paths (the agent's config dir moved, e.g. through its env
         # var) stay recorded while they exist, so `remove` still finds them.
         paths = {f["path"] for f in files}
@@ -129,16 +145,25 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
     return result
 
 
-def remove(spec: HarnessSpec, *, force: bool = False) -> list[Path]:
-    """Delete the files mlx-kit wrote for ``spec`` and the folders it created (if empty).
+@dataclass
+class Removal:
+    """What ``remove`` did: files and folders deleted, user files put back from backups."""
+
+    removed: list[Path] = field(default_factory=list)
+    restored: list[Path] = field(default_factory=list)
+
+
+def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
+    """Delete the files mlx-kit wrote for ``spec``, put back any user file a forced install
+    replaced, and delete the folders install created (if empty).
 
     Falls back to the spec's paths when the manifest has no entry, deleting only files that
-    carry our marker. Returns the paths removed (files, then folders).
+    carry our marker. Checks every file before deleting any.
 
     Raises:
         HarnessError: one of our files was edited since we wrote it (and not ``force``).
     """
-    removed: list[Path] = []
+    result = Removal()
     with manifest.editing() as data:
         entry = data["agents"].get(spec.name)
         if entry:
@@ -146,31 +171,38 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> list[Path]:
         else:
             files = [{"path": str(p), "sha256": None, "created_dirs": []}
                      for _, p in spec.file_paths()]
+        doomed = []
         for f in files:
             path = Path(f["path"])
             if not path.is_file():
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
             if not _is_ours(text):
-                if entry and not force:
+                if not entry:
+                    continue  # not ours and not recorded: never touch it
+                if not force:
                     raise HarnessError(f"{path} no longer carries mlx-kit's marker; not removing",
                                        hint="pass --force to delete it anyway")
-                if not entry:
-                    continue
             if f["sha256"] and sha256_text(text) != f["sha256"] and not force:
                 raise HarnessError(f"{path} was edited since mlx-kit wrote it",
                                    hint="pass --force to delete it anyway")
+            doomed.append((path, f))
+        for path, f in doomed:
             path.unlink()
-            removed.append(path)
+            result.removed.append(path)
         for f in files:
+            backup = Path(f["backup"]) if f.get("backup") else None
+            if backup and backup.is_file() and not Path(f["path"]).exists():
+                shutil.move(str(backup), f["path"])  # the user's own file, as it was
+                result.restored.append(Path(f["path"]))
             for folder in sorted(map(Path, f.get("created_dirs", [])), key=lambda p: -len(p.parts)):
                 try:
                     folder.rmdir()  # only if empty: never delete what the user put there
-                    removed.append(folder)
+                    result.removed.append(folder)
                 except OSError:
                     pass
         data["agents"].pop(spec.name, None)
-    return removed
+    return result
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,23 @@ def describe(model_id: str, folder: Path, size_bytes: int | None = None) -> Cata
     return CatalogEntry(**base)
 
 
+def api_entry(model_id: str, entry: CatalogEntry | None, *, real_id: str,
+              context_window: int | None = None, loaded: bool = False) -> dict[str, Any]:
+    """One /v1/models entry (also what harness templates bake): ``model_id`` is what
+    agents send (``local`` or a real id), ``real_id`` the model it names. Fields:
+    id, name, model, context_window, max_tokens (a suggested output cap: a quarter of the
+    window, 256..8192), capabilities, quantization, size_bytes, loaded."""
+    window = context_window or (entry.context_window if entry else None) or 4096
+    caps = entry.capabilities if entry else Capabilities()
+    return {"id": model_id, "name": f"{real_id} (mlx-kit)" if model_id != real_id else real_id,
+            "model": real_id, "context_window": window,
+            "max_tokens": max(256, min(8192, window // 4)),
+            "capabilities": {"tools": caps.tools, "reasoning": caps.reasoning,
+                             "vision": caps.vision},
+            "quantization": entry.quantization if entry else None,
+            "size_bytes": entry.size_bytes if entry else None, "loaded": loaded}
+
+
 def scan() -> list[CatalogEntry]:
     """The starter variants (built or not) and every model repo in the hub cache."""
     entries: dict[str, CatalogEntry] = {}

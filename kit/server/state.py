@@ -112,34 +112,18 @@ class ServerState:
     def model_entries(self) -> list[dict]:
         """/v1/models entries: ``local`` first (naming the real model), the loaded model,
         then every other model on this machine that can be served."""
+        from kit.models.catalog import api_entry
+
         info = self.engine.model_info
-        created = int(self.started)
         by_id = {e.id: e for e in self.catalog()}
-
-        def meta(model_id: str, context: int | None, loaded: bool) -> dict:
-            e = by_id.get(model_id)
-            caps = e.capabilities if e else None
-            window = context or (e.context_window if e else None) or 4096
-            return {"object": "model", "created": created, "owned_by": "mlx-kit",
-                    "context_window": window,
-                    "max_tokens": max(256, min(8192, window // 4)),
-                    "capabilities": {"tools": bool(caps and caps.tools),
-                                     "reasoning": bool(caps and caps.reasoning),
-                                     "vision": bool(caps and caps.vision)},
-                    "quantization": e.quantization if e else None,
-                    "size_bytes": e.size_bytes if e else None, "loaded": loaded}
-
-        entries = [
-            {"id": STABLE_MODEL_ID, "name": f"{info.id} (mlx-kit)", "model": info.id,
-             **meta(info.id, info.context_window, self.engine.state == "ready")},
-            {"id": info.id, "name": info.id, "model": info.id,
-             **meta(info.id, info.context_window, self.engine.state == "ready")},
-        ]
-        for e in self.catalog():
-            if e.loadable and e.id != info.id:
-                entries.append({"id": e.id, "name": e.id, "model": e.id,
-                                **meta(e.id, e.context_window, False)})
-        return entries
+        loaded = self.engine.state == "ready"
+        entries = [api_entry(mid, by_id.get(info.id), real_id=info.id,
+                             context_window=info.context_window, loaded=loaded)
+                   for mid in (STABLE_MODEL_ID, info.id)]
+        entries += [api_entry(e.id, e, real_id=e.id) for e in self.catalog()
+                    if e.loadable and e.id != info.id]
+        extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}
+        return [{**e, **extra} for e in entries]
 
     def health(self) -> dict:
         e = self.engine

@@ -103,13 +103,28 @@ def test_install_refuses_to_overwrite_the_users_file_unless_forced(pi, home, tar
     assert MARKER in target.read_text().splitlines()[0]
 
 
+def test_forced_install_backs_up_the_users_file_and_remove_restores_it(pi, home, target,
+                                                                        dead_url):
+    target.parent.mkdir(parents=True)
+    target.write_text(USER_EXTENSION)
+    target.chmod(0o600)
+    hi.install(pi, parse_url(dead_url), force=True)
+    hi.install(pi, parse_url(dead_url))  # a later install keeps the original backup
+
+    result = hi.remove(pi)
+
+    assert result.restored == [target]
+    assert target.read_text() == USER_EXTENSION
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
 # --- remove -------------------------------------------------------------------------------
 
 def test_remove_deletes_the_folders_install_created(pi, home, target, dead_url):
     assert not (home / ".pi").exists()
     hi.install(pi, parse_url(dead_url))
 
-    removed = hi.remove(pi)
+    removed = hi.remove(pi).removed
 
     assert removed[0] == target
     assert not target.parent.exists()
@@ -126,7 +141,7 @@ def test_remove_leaves_an_existing_extensions_folder_as_it_was(pi, home, target,
 
     hi.install(pi, parse_url(dead_url))
     assert sorted(p.name for p in folder.iterdir()) == ["mlx-kit.ts", "user-ext.ts"]
-    assert hi.remove(pi) == [target]
+    assert hi.remove(pi).removed == [target]
 
     assert snapshot(home / ".pi") == before
     assert (folder / "user-ext.ts").read_bytes() == USER_EXTENSION.encode()
@@ -148,7 +163,7 @@ def test_remove_refuses_an_edited_file_unless_forced(pi, home, target, dead_url,
     assert target.read_text() == edited
     assert "pi" in manifest.read()["agents"]
 
-    assert target in hi.remove(pi, force=True)
+    assert target in hi.remove(pi, force=True).removed
     assert not target.exists()
 
 
@@ -156,12 +171,12 @@ def test_remove_without_manifest_deletes_only_a_file_with_the_marker(pi, home, t
     hi.install(pi, parse_url(dead_url))
     manifest.manifest_path().unlink()
 
-    assert hi.remove(pi) == [target]
+    assert hi.remove(pi).removed == [target]
     assert not target.exists()
 
     target.write_text(USER_EXTENSION)  # the user's own file at our path
     manifest.manifest_path().unlink()
-    assert hi.remove(pi) == []
+    assert hi.remove(pi).removed == []
     assert target.read_text() == USER_EXTENSION
 
 
@@ -242,7 +257,7 @@ def test_remove_after_agent_dir_moved_removes_both_installs(pi, home, target, tm
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(moved))
     hi.install(pi, parse_url(dead_url))
 
-    removed = hi.remove(pi)
+    removed = hi.remove(pi).removed
 
     assert target in removed and moved / "extensions" / "mlx-kit.ts" in removed
     assert not target.exists() and not (home / ".pi").exists()
