@@ -58,6 +58,7 @@ def serve(
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
     temperature: float = typer.Option(0.7, "--temperature", min=0, max=2,
+                                      envvar="MLX_KIT_TEMPERATURE",
                                       help="Sampling temperature for requests that set none."),
     top_p: float = typer.Option(1.0, "--top-p", min=0, max=1,
                                 help="Nucleus sampling mass for requests that set none."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ from tests.conftest import clean_env, free_port, require_binary
 pytestmark = pytest.mark.slow
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
-Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
 
 
@@ -25,7 +25,9 @@ class Env:
     def __init__(self, home: Path, hf_home: Path, port: int):
         self.home, self.port = home, port
         self.url = f"http://127.0.0.1:{port}"
-        self.env = clean_env(home, hf_home, MLX_KIT_URL=self.url, MLX_KIT_LOG_LEVEL="debug")
+        # Greedy, so answers are short and repeatable (pi sends no temperature).
+        self.env = clean_env(home, hf_home, MLX_KIT_URL=self.url, MLX_KIT_LOG_LEVEL="debug",
+                             MLX_KIT_TEMPERATURE="0")
         self.agent_dir = home / ".pi" / "agent"
         self.server_log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
 
@@ -80,7 +82,7 @@ def test_launch_starts_the_server_and_pi_answers_through_it(env):
 
 
 def test_second_launch_reuses_the_same_server_process(env):
-    r = env.kit("launch", "pi", "--", "-p", "Say hello.", "--no-session")
+    r = env.kit("launch", "pi", "--", "-p", "What is 2 + 2?", "--no-session")
     assert r.returncode == 0, r.stderr
     assert "reusing mlx-kit server" in r.stderr
     health = env.health()
@@ -89,25 +91,35 @@ def test_second_launch_reuses_the_same_server_process(env):
     assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
 
 
-def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env):
-    r = env.kit("swap", Q4)
+def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env, hf_home):
+    # The second model is a copy of the f32 starter in a folder of its own (its id is the
+    # folder's path): the 4-bit starter's CPU prefill (~10 tok/s) would take a minute on
+    # pi's ~600-token prompt. Swapping between the two real variants is tested in
+    # tests/server/test_models.py.
+    snap = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct" / "snapshots").iterdir())
+    other = env.home / "models" / "SmolLM2-copy"
+    shutil.copytree(snap, other)
+    r = env.kit("swap", str(other))
     assert r.returncode == 0, r.stderr
     rpc = env.pi("--mode", "rpc", "--provider", "mlx-kit", "--model", "local", "--no-session",
                  input='{"type": "get_state"}\n')
     replies = [json.loads(ln) for ln in rpc.stdout.splitlines() if ln.startswith("{")]
     state = next(m for m in replies if m.get("command") == "get_state")
     assert state["data"]["model"]["id"] == "local"
-    assert state["data"]["model"]["name"] == f"local ({Q4})"  # the extension re-discovered
+    assert state["data"]["model"]["name"] == f"local ({other})"  # the extension re-discovered
     r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
     assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
     assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
     health = env.health()
-    assert health["model"] == Q4 and health["pid"] == env.first_pid
+    assert health["model"] == str(other) and health["pid"] == env.first_pid
 
 
 def test_launch_with_model_swaps_the_running_server_back(env):
-    r = env.kit("launch", "pi", "--model", F32, "--", "-p", "Say hi.", "--no-session")
+    r = env.kit("launch", "pi", "--model", F32, "--", "-p", "What is the capital of France?",
+                "--no-session")
     assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
     health = env.health()
     assert health["model"] == F32 and health["pid"] == env.first_pid and health["swaps"] == 2
 
