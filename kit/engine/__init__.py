@@ -14,9 +14,12 @@ from kit.engine.types import (
     Finished,
     InvalidRequest,
     ModelUnavailable,
+    ReasoningDelta,
     SamplingParams,
     Started,
     TextDelta,
+    TokenLogprob,
+    ToolCall,
     Usage,
 )
 
@@ -27,8 +30,11 @@ __all__ = [
     "Finished",
     "InvalidRequest",
     "ModelUnavailable",
+    "ReasoningDelta",
     "SamplingParams",
     "Started",
     "TextDelta",
+    "TokenLogprob",
+    "ToolCall",
     "Usage",
 ]

@@ -39,6 +39,7 @@ from kit.engine.types import (
     ModelUnavailable,
     Started,
     TextDelta,
+    TokenLogprob,
     Usage,
 )
 from kit.errors import KitError, ModelError
@@ -160,6 +161,14 @@ class Engine:
 
         return {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
                 "weights_bytes": self._weights_bytes if self._model is not None else 0}
+
+    def capabilities(self) -> dict[str, bool]:
+        """What the loaded model's chat template supports, as mlx-lm detected it:
+        ``tools`` (it renders tools and has a tool-call parser), ``reasoning`` (think
+        markers). All False while no model is loaded."""
+        tok = self._tokenizer
+        return {"tools": bool(tok is not None and getattr(tok, "has_tool_calling", False)),
+                "reasoning": bool(tok is not None and getattr(tok, "has_thinking", False))}
 
     # -- API -------------------------------------------------------------------------------
 
@@ -349,7 +358,7 @@ class Engine:
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         from jinja2 import TemplateError
 
-        kwargs: dict[str, Any] = {"add_generation_prompt": True}
+        kwargs: dict[str, Any] = {**request.template_kwargs, "add_generation_prompt": True}
         if request.tools:
             kwargs["tools"] = request.tools
         try:
@@ -382,12 +391,26 @@ class Engine:
         return requested if requested is not None else min(
             self.model_info.max_output_tokens, window - n_prompt)
 
+    def _logprob(self, gen: Any, top_n: int) -> TokenLogprob:
+        import mlx.core as mx
+
+        lp = gen.logprobs
+        top: tuple[tuple[str, float], ...] = ()
+        if top_n:
+            ids = mx.argpartition(-lp, kth=top_n - 1)[:top_n]
+            vals = lp[ids]
+            order = mx.argsort(-vals)
+            top = tuple((self._tokenizer.decode([int(i)]), float(v))
+                        for i, v in zip(ids[order].tolist(), vals[order].tolist()))
+        return TokenLogprob(self._tokenizer.decode([gen.token]), float(lp[gen.token].item()), top)
+
     def _generate(self, job: _Job) -> None:
         import mlx.core as mx
         from mlx_lm import stream_generate
-        from mlx_lm.generate import TextStateMachine
         from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
-        from mlx_lm.sample_utils import make_sampler
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        from kit.engine.output import OutputParser
 
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
@@ -395,7 +418,12 @@ class Engine:
         max_tokens = self._max_tokens(len(prompt), params.max_tokens)
         if params.seed is not None:
             mx.random.seed(params.seed)
-        sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
+        sampler = make_sampler(temp=params.temperature, top_p=params.top_p,
+                               min_p=params.min_p, top_k=params.top_k)
+        processors = make_logits_processors(
+            logit_bias=dict(params.logit_bias) or None,
+            presence_penalty=params.presence_penalty or None,
+            frequency_penalty=params.frequency_penalty or None)
 
         if self._prompt_cache is None:
             self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
@@ -409,25 +437,34 @@ class Engine:
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
 
-        # Stop strings end generation (destination state None); the text before a possible
-        # partial match is held back until it is known not to be a stop string.
-        stops = TextStateMachine({"normal": [(s, None) for s in params.stop if s]})
-        sm_state = stops.make_state()
+        parser = OutputParser.for_model(self._tokenizer, prompt, stops=params.stop,
+                                        tools=req.tools)
         cache_key = list(prompt)
         texts: list[str] = []
+        pending: list[TokenLogprob] = []
         finish_reason, n_generated, ttft, tps = "stop", 0, 0.0, 0.0
+
+        def emit(events: list[Any]) -> None:
+            for ev in events:
+                if isinstance(ev, TextDelta):
+                    texts.append(ev.text)
+                    if pending:
+                        ev = TextDelta(ev.text, tuple(pending))
+                        pending.clear()
+                job.post(ev)
+
         for gen in stream_generate(self._model, self._tokenizer, rest, max_tokens=max_tokens,
-                                   sampler=sampler, prompt_cache=cache):
+                                   sampler=sampler, logits_processors=processors,
+                                   prompt_cache=cache):
             if n_generated == 0:
                 ttft = time.perf_counter() - t0
             n_generated = gen.generation_tokens
             tps = gen.generation_tps
             cache_key.append(gen.token)
-            sm_state, text, where = TextStateMachine.step(sm_state, gen.text)
-            if text:
-                texts.append(text)
-                job.post(TextDelta(text))
-            if where is None:
+            if params.logprobs:
+                pending.append(self._logprob(gen, params.top_logprobs))
+            emit(parser.feed(gen.text))
+            if parser.stopped:
                 finish_reason = "stop"
                 break
             if job.cancelled.is_set():
@@ -435,11 +472,10 @@ class Engine:
                 break
             if gen.finish_reason is not None:
                 finish_reason = gen.finish_reason
-                sm_state, tail, _ = TextStateMachine.flush(sm_state)
-                if tail:
-                    texts.append(tail)
-                    job.post(TextDelta(tail))
                 break
+        emit(parser.finish(finish_reason))
+        if finish_reason == "stop" and parser.tool_calls:
+            finish_reason = "tool_calls"
         self._prompt_cache.insert_cache(key, cache_key, cache)
         usage = Usage(len(prompt), n_generated, cached)
         log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "

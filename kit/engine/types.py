@@ -12,22 +12,35 @@ from typing import Any, Union
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample.
+    """How to sample (mlx-lm's ``make_sampler`` / ``make_logits_processors``).
 
     Attributes:
         max_tokens: most tokens to generate (>= 1), or None for "as many as the model's
             output cap and the context window allow".
         temperature: 0 means greedy.
         top_p: nucleus mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; 0 disables it.
+        min_p: drop tokens below min_p x the top token's probability; 0 disables it.
+        presence_penalty, frequency_penalty: OpenAI-style additive penalties, or None.
+        logit_bias: token id -> bias added to its logit.
         stop: strings that end generation; the matched string is not returned.
         seed: seed for mlx's random generator, or None.
+        logprobs: return the log probability of each generated token.
+        top_logprobs: also return this many most likely alternatives per token (0-20).
     """
 
     max_tokens: int | None = None
     temperature: float = 0.7
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -42,6 +55,8 @@ class ChatRequest:
         tools: OpenAI-style function tool schemas handed to the chat template, or None.
         model: the real model id the request must run on, or None for whatever is
             behind ``local`` when its turn comes.
+        template_kwargs: extra variables for the chat template (``enable_thinking``,
+            ``reasoning_effort``...).
         request_id: an id for logs.
     """
 
@@ -49,6 +64,7 @@ class ChatRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     tools: list[dict[str, Any]] | None = None
     model: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""
 
 
@@ -77,10 +93,46 @@ class Started:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability and the most likely alternatives
+    (``top``: (token text, logprob) pairs, most likely first)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
-    """The next piece of generated text (never contains a matched stop string)."""
+    """The next piece of the answer text (never contains a matched stop string), with the
+    log probabilities of the tokens behind it when they were asked for."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """The next piece of the model's reasoning (text inside its think block)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One complete tool call parsed from the output.
+
+    Attributes:
+        id: call id (``call_...``), used by the tool result that answers it.
+        name: function name.
+        arguments: the arguments as a JSON string (OpenAI's shape).
+        index: position among this response's calls (0-based).
+    """
+
+    id: str
+    name: str
+    arguments: str
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,8 +140,9 @@ class Finished:
     """The last event of a successful generation.
 
     Attributes:
-        finish_reason: ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens hit) or
-            ``"cancelled"`` (the client went away).
+        finish_reason: ``"stop"`` (EOS or a stop string), ``"tool_calls"`` (the model
+            called tools), ``"length"`` (max_tokens hit) or ``"cancelled"`` (the client
+            went away).
         usage: token counts.
         model: the real model id that generated the text.
         ttft_s: seconds from the start of this request's work to its first token.
@@ -124,4 +177,4 @@ class ModelUnavailable(EngineError):
     """The request names a model that is not loaded (a 404 ``model_not_found``)."""
 
 
-Event = Union[Started, TextDelta, Finished]
+Event = Union[Started, TextDelta, ReasoningDelta, ToolCall, Finished]

@@ -19,9 +19,11 @@ from kit.engine.types import (
     Finished,
     InvalidRequest,
     ModelUnavailable,
+    ReasoningDelta,
     SamplingParams,
     Started,
     TextDelta,
+    ToolCall,
 )
 from kit.server.errors import APIError
 from kit.server.state import ServerState
@@ -62,8 +64,18 @@ class ChatCompletionRequest(_Open):
     stop: Union[str, list[str], None] = None
     seed: int | None = None
     n: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -101,26 +113,94 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams) -> ChatRequest:
+def _tools(body: ChatCompletionRequest, supports_tools: bool) -> list[dict] | None:
+    """The tools to hand the chat template, after ``tool_choice``.
+
+    ``none`` hides the tools; ``auto`` (default) and ``required`` pass them all (nothing
+    forces a call: a template/model decides); a named function passes only that one.
+    Tools sent to a model without tool support are passed to its template, which ignores
+    them: ``capabilities.tools`` in /v1/models says so. Forcing a call on such a model
+    (``required`` or a name) is a 400.
+    """
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        return None
+    if choice in (None, "auto"):
+        return body.tools
+    if not supports_tools:
+        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
+                       "template has no tool-call support", param="tool_choice",
+                       code="unsupported_value")
+    if choice == "required":
+        return body.tools
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    chosen = [t for t in body.tools if (t.get("function") or {}).get("name") == name]
+    if not chosen:
+        raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
+                       param="tool_choice", code="invalid_value")
+    return chosen
+
+
+def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
+                      supports_tools: bool = False) -> ChatRequest:
     """Translate a Chat Completions request into the engine's :class:`ChatRequest`;
     ``defaults`` fills temperature and top_p when the request omits them (an omitted
     max_tokens stays None: the engine fits it to the model and context window).
 
     Raises:
-        APIError: 400 for what this server cannot honour (n > 1, non-text content).
+        APIError: 400 for what this server cannot honour (n > 1, non-text content,
+            response_format json_object/json_schema, bad logit_bias keys, a forced tool
+            call on a model without tool support).
     """
     if body.n is not None and body.n > 1:
         raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise APIError(400, f"response_format {fmt!r} is not supported: this server has no "
+                       "constrained decoding", param="response_format",
+                       code="unsupported_value")
+    try:
+        bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias",
+                       code="invalid_value") from None
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=bias,
         stop=tuple(s for s in stop if s),
         seed=body.seed,
+        logprobs=bool(body.logprobs),
+        top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
     )
+    template_kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:
+        template_kwargs.setdefault("reasoning_effort", body.reasoning_effort)
+        template_kwargs.setdefault("enable_thinking", body.reasoning_effort not in ("none",
+                                                                                   "minimal"))
     messages = [_flatten(m, i) for i, m in enumerate(body.messages)]
-    return ChatRequest(messages=messages, params=params, tools=body.tools or None)
+    return ChatRequest(messages=messages, params=params, tools=_tools(body, supports_tools),
+                       template_kwargs=template_kwargs)
+
+
+def _logprobs(entries) -> list[dict[str, Any]]:
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+            for e in entries]
+
+
+def _tool_call(call: ToolCall, streaming: bool) -> dict[str, Any]:
+    out = {"id": call.id, "type": "function",
+           "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, **out} if streaming else out
 
 
 def _usage(fin: Finished) -> dict[str, Any]:
@@ -143,7 +223,8 @@ def _engine_error(e: EngineError) -> APIError:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.kit
     model = await state.resolve(body.model)
-    req = to_engine_request(body, state.sampling_defaults())
+    req = to_engine_request(body, state.sampling_defaults(),
+                            supports_tools=state.engine.capabilities()["tools"])
     req.model = model
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     req.request_id = completion_id
@@ -165,9 +246,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        def chunk(delta: dict, finish: str | None = None) -> dict:
+        def chunk(delta: dict, finish: str | None = None, logprobs: Any = None) -> dict:
             return {"data": json.dumps({**base, "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})}
+                {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})}
 
         async def sse():
             yield chunk({"role": "assistant", "content": ""})
@@ -175,7 +256,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                 async with aclosing(events):
                     async for ev in events:
                         if isinstance(ev, TextDelta):
-                            yield chunk({"content": ev.text})
+                            yield chunk({"content": ev.text}, logprobs={
+                                "content": _logprobs(ev.logprobs)} if ev.logprobs else None)
+                        elif isinstance(ev, ReasoningDelta):
+                            yield chunk({"reasoning_content": ev.text})
+                        elif isinstance(ev, ToolCall):
+                            yield chunk({"tool_calls": [_tool_call(ev, streaming=True)]})
                         elif isinstance(ev, Finished):
                             yield chunk({}, ev.finish_reason)
                             if include_usage:
@@ -187,15 +273,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
         return EventSourceResponse(sse(), ping=15)
 
-    async def collect() -> tuple[str, Finished | None]:
-        parts, fin = [], None
+    async def collect() -> tuple[list, Finished | None]:
+        got, fin = [], None
         async with aclosing(events):
             async for ev in events:
-                if isinstance(ev, TextDelta):
-                    parts.append(ev.text)
-                elif isinstance(ev, Finished):
+                if isinstance(ev, Finished):
                     fin = ev
-        return "".join(parts), fin
+                else:
+                    got.append(ev)
+        return got, fin
 
     task = asyncio.ensure_future(collect())
     while not task.done():  # a client that hangs up cancels its generation
@@ -204,10 +290,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             task.cancel()
             raise APIError(499, "client closed the request")
     try:
-        text, fin = task.result()
+        got, fin = task.result()
     except EngineError as e:
         raise _engine_error(e) from None
-    finish = fin.finish_reason if fin else "stop"
+    text = "".join(e.text for e in got if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in got if isinstance(e, ReasoningDelta))
+    calls = [_tool_call(e, streaming=False) for e in got if isinstance(e, ToolCall)]
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    logprobs = [lp for e in got if isinstance(e, TextDelta) for lp in e.logprobs]
     return {**base, "object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-         "finish_reason": finish}], "usage": _usage(fin) if fin else None}
+        {"index": 0, "message": message,
+         "logprobs": {"content": _logprobs(logprobs)} if body.logprobs else None,
+         "finish_reason": fin.finish_reason if fin else "stop"}],
+        "usage": _usage(fin) if fin else None}

@@ -213,3 +213,122 @@ def test_api_key_is_required_when_set(hf_home, tmp_path):
         assert httpx.get(s.root + "/health").status_code == 200  # probes need no key
     finally:
         stop(s)
+
+
+# --- sampling parameters, logprobs, formats, tools (through the SDK's own types) ----------
+
+def test_seed_makes_sampling_repeatable(client):
+    kw = dict(model="local", messages=QUESTION, max_tokens=12, temperature=1.0, seed=42)
+    a = client.chat.completions.create(**kw).choices[0].message.content
+    b = client.chat.completions.create(**kw).choices[0].message.content
+    assert a == b
+
+
+def test_top_k_one_is_greedy(client):
+    greedy = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=12,
+                                            temperature=0)
+    top1 = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=12,
+                                          temperature=1.5, extra_body={"top_k": 1})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_min_p_and_penalties_are_accepted(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=12,
+                                       presence_penalty=0.5, frequency_penalty=0.5,
+                                       extra_body={"min_p": 0.1})
+    assert r.choices[0].message.content
+
+
+def test_logit_bias_bans_a_token(client, hf_home):
+    from tokenizers import Tokenizer
+
+    snap = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct" / "snapshots").iterdir())
+    paris = Tokenizer.from_file(str(snap / "tokenizer.json")).token_to_id("\u0120Paris")
+    assert paris is not None
+    plain = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=10,
+                                           temperature=0)
+    assert " Paris" in plain.choices[0].message.content
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=10,
+                                       temperature=0, logit_bias={str(paris): -100})
+    assert " Paris" not in r.choices[0].message.content
+
+
+def test_logprobs_and_top_logprobs(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert t.token == t.top_logprobs[0].token  # greedy picks the most likely
+        assert bytes(t.bytes).decode() == t.token
+
+
+def test_logprobs_stream(client):
+    chunks = list(client.chat.completions.create(
+        model="local", messages=QUESTION, max_tokens=6, temperature=0, logprobs=True,
+        stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert tokens and "".join(t.token for t in tokens) == text
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_object"},
+                                 {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}])
+def test_response_format_json_is_refused_not_ignored(server, fmt):
+    r = httpx.post(server.v1 + "/chat/completions",
+                   json={"model": "local", "messages": QUESTION, "response_format": fmt})
+    assert r.status_code == 400 and _error(r)["param"] == "response_format"
+
+
+def test_response_format_text_is_fine(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=5,
+                                       response_format={"type": "text"})
+    assert r.choices[0].message.content
+
+
+TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def test_forcing_a_tool_call_on_a_model_without_tool_support_is_400(server):
+    for choice in ("required", {"type": "function", "function": {"name": "read"}}):
+        r = httpx.post(server.v1 + "/chat/completions", json={
+            "model": "local", "messages": QUESTION, "tools": TOOLS, "tool_choice": choice})
+        assert r.status_code == 400 and _error(r)["param"] == "tool_choice"
+
+
+def test_tool_choice_none_and_auto_answer_with_text(client):
+    for choice in ("none", "auto"):
+        r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=10,
+                                           tools=TOOLS, tool_choice=choice,
+                                           parallel_tool_calls=False)
+        assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_history_with_tool_calls_and_tool_results_renders(client):
+    msgs = [
+        {"role": "user", "content": "Read notes.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "read", "arguments": '{"path": "notes.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "The capital of France is Paris."},
+        {"role": "user", "content": "What does the file say is the capital of France?"},
+    ]
+    r = client.chat.completions.create(model="local", messages=msgs, max_tokens=20, tools=TOOLS)
+    assert r.choices[0].message.content
+
+
+def test_reasoning_effort_and_template_kwargs_are_accepted(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=10,
+                                       reasoning_effort="low",
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content
+
+
+def test_metadata_fields_are_accepted(client):
+    r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=5,
+                                       user="u1", store=False, metadata={"k": "v"})
+    assert r.choices[0].message.content
