@@ -358,6 +358,8 @@ class Engine:
     def _prompt_tokens(self, request: ChatRequest) -> list[int]:
         from jinja2 import TemplateError
 
+        if request.prompt is not None:
+            return list(self._tokenizer.encode(request.prompt))
         kwargs: dict[str, Any] = {**request.template_kwargs, "add_generation_prompt": True}
         if request.tools:
             kwargs["tools"] = request.tools
@@ -437,8 +439,8 @@ class Engine:
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
 
-        parser = OutputParser.for_model(self._tokenizer, prompt, stops=params.stop,
-                                        tools=req.tools)
+        parser = OutputParser(stops=params.stop) if req.prompt is not None else \
+            OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools)
         cache_key = list(prompt)
         texts: list[str] = []
         pending: list[TokenLogprob] = []

@@ -52,6 +52,8 @@ class ChatRequest:
             ...}`` with content already flattened to a string (tool_calls and tool_call_id
             kept as given), ready for the model's chat template.
         params: sampling parameters.
+        prompt: raw prompt text, used as is instead of ``messages`` and the chat template
+            (legacy completions); no reasoning or tool-call parsing then.
         tools: OpenAI-style function tool schemas handed to the chat template, or None.
         model: the real model id the request must run on, or None for whatever is
             behind ``local`` when its turn comes.
@@ -62,6 +64,7 @@ class ChatRequest:
 
     messages: list[dict[str, Any]]
     params: SamplingParams = field(default_factory=SamplingParams)
+    prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
     model: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)

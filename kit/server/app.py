@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from kit import __version__
-from kit.server import admin, openai_chat
+from kit.server import admin, openai_chat, openai_completions
 from kit.server.errors import APIError, install_error_handlers
 from kit.server.state import ServerState
 
@@ -17,7 +17,7 @@ def create_app(state: ServerState) -> FastAPI:
     """Build the app around a started engine.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
-    ``GET /v1/models``, ``POST /v1/chat/completions`` (API key if set), ``POST
+    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (API key if set), ``POST
     /admin/swap`` (admin token).
     """
     app = FastAPI(title="mlx-kit", version=__version__, docs_url=None, redoc_url=None)
@@ -55,5 +55,6 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": state.model_entries()}
 
     app.include_router(openai_chat.router)
+    app.include_router(openai_completions.router)
     app.include_router(admin.router)
     return app

@@ -2,45 +2,44 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from contextlib import aclosing
 from typing import Any, Literal, Union
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import (
     ChatRequest,
-    EngineError,
     Finished,
-    InvalidRequest,
-    ModelUnavailable,
     ReasoningDelta,
     SamplingParams,
-    Started,
     TextDelta,
     ToolCall,
 )
 from kit.server.errors import APIError
+from kit.server.openai_common import (
+    Open,
+    SamplingFields,
+    collect,
+    sampling,
+    start,
+    stream_events,
+    usage,
+)
 from kit.server.state import ServerState
 
 router = APIRouter()
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are accepted and ignored
-
-
-class ContentPart(_Open):
+class ContentPart(Open):
     type: str
     text: str | None = None
 
 
-class ChatMessage(_Open):
+class ChatMessage(Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
@@ -48,27 +47,9 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
 
 
-class StreamOptions(_Open):
-    include_usage: bool = False
-
-
-class ChatCompletionRequest(_Open):
-    model: str
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: Union[str, list[str], None] = None
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
@@ -152,33 +133,13 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
             response_format json_object/json_schema, bad logit_bias keys, a forced tool
             call on a model without tool support).
     """
-    if body.n is not None and body.n > 1:
-        raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
     fmt = (body.response_format or {}).get("type", "text")
     if fmt != "text":
         raise APIError(400, f"response_format {fmt!r} is not supported: this server has no "
                        "constrained decoding", param="response_format",
                        code="unsupported_value")
-    try:
-        bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
-    except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias",
-                       code="invalid_value") from None
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    params = SamplingParams(
-        max_tokens=body.max_completion_tokens or body.max_tokens,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        logit_bias=bias,
-        stop=tuple(s for s in stop if s),
-        seed=body.seed,
-        logprobs=bool(body.logprobs),
-        top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
-    )
+    params = sampling(body, defaults, max_tokens=body.max_completion_tokens or body.max_tokens,
+                      logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     template_kwargs = dict(body.chat_template_kwargs or {})
     if body.reasoning_effort is not None:
         template_kwargs.setdefault("reasoning_effort", body.reasoning_effort)
@@ -203,22 +164,6 @@ def _tool_call(call: ToolCall, streaming: bool) -> dict[str, Any]:
     return {"index": call.index, **out} if streaming else out
 
 
-def _usage(fin: Finished) -> dict[str, Any]:
-    u = fin.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
-
-
-def _engine_error(e: EngineError) -> APIError:
-    if isinstance(e, InvalidRequest):
-        return APIError(400, str(e), param=e.param, code=e.code)
-    if isinstance(e, ModelUnavailable):
-        return APIError(404, str(e), type="not_found_error", param="model",
-                        code="model_not_found")
-    return APIError(503 if "failed to load" in str(e) else 500, str(e), type="server_error")
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.kit
@@ -229,16 +174,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     req.request_id = completion_id
     created = int(time.time())
-    events = state.engine.generate(req)
-    # Wait for the Started event before answering, so that a rejected request (bad
-    # template, context exceeded, model not loaded) gets a real 4xx/5xx status instead of a
-    # broken stream.
-    try:
-        started = await anext(events)
-    except EngineError as e:
-        raise _engine_error(e) from None
-    if not isinstance(started, Started):  # the engine's contract: Started comes first
-        raise APIError(500, "engine protocol error", type="server_error")
+    started, events = await start(state, req)
     # Like OpenAI, "model" names the model that actually answered (the real id).
     base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
             "model": started.model, "system_fingerprint": "mlx-kit"}
@@ -252,47 +188,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
         async def sse():
             yield chunk({"role": "assistant", "content": ""})
-            try:
-                async with aclosing(events):
-                    async for ev in events:
-                        if isinstance(ev, TextDelta):
-                            yield chunk({"content": ev.text}, logprobs={
-                                "content": _logprobs(ev.logprobs)} if ev.logprobs else None)
-                        elif isinstance(ev, ReasoningDelta):
-                            yield chunk({"reasoning_content": ev.text})
-                        elif isinstance(ev, ToolCall):
-                            yield chunk({"tool_calls": [_tool_call(ev, streaming=True)]})
-                        elif isinstance(ev, Finished):
-                            yield chunk({}, ev.finish_reason)
-                            if include_usage:
-                                yield {"data": json.dumps({**base, "choices": [],
-                                                           "usage": _usage(ev)})}
-            except EngineError as e:  # after the headers: an error object in the stream
-                yield {"data": json.dumps(_engine_error(e).body())}
+            async for ev in stream_events(events):
+                if isinstance(ev, TextDelta):
+                    yield chunk({"content": ev.text}, logprobs={
+                        "content": _logprobs(ev.logprobs)} if ev.logprobs else None)
+                elif isinstance(ev, ReasoningDelta):
+                    yield chunk({"reasoning_content": ev.text})
+                elif isinstance(ev, ToolCall):
+                    yield chunk({"tool_calls": [_tool_call(ev, streaming=True)]})
+                elif isinstance(ev, Finished):
+                    yield chunk({}, ev.finish_reason)
+                    if include_usage:
+                        yield {"data": json.dumps({**base, "choices": [], "usage": usage(ev)})}
+                elif isinstance(ev, APIError):  # after the headers: an error in the stream
+                    yield {"data": json.dumps(ev.body())}
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(sse(), ping=15)
 
-    async def collect() -> tuple[list, Finished | None]:
-        got, fin = [], None
-        async with aclosing(events):
-            async for ev in events:
-                if isinstance(ev, Finished):
-                    fin = ev
-                else:
-                    got.append(ev)
-        return got, fin
-
-    task = asyncio.ensure_future(collect())
-    while not task.done():  # a client that hangs up cancels its generation
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if not done and await request.is_disconnected():
-            task.cancel()
-            raise APIError(499, "client closed the request")
-    try:
-        got, fin = task.result()
-    except EngineError as e:
-        raise _engine_error(e) from None
+    got, fin = await collect(request, events)
     text = "".join(e.text for e in got if isinstance(e, TextDelta))
     reasoning = "".join(e.text for e in got if isinstance(e, ReasoningDelta))
     calls = [_tool_call(e, streaming=False) for e in got if isinstance(e, ToolCall)]
@@ -306,4 +220,4 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         {"index": 0, "message": message,
          "logprobs": {"content": _logprobs(logprobs)} if body.logprobs else None,
          "finish_reason": fin.finish_reason if fin else "stop"}],
-        "usage": _usage(fin) if fin else None}
+        "usage": usage(fin)}

@@ -332,3 +332,45 @@ def test_metadata_fields_are_accepted(client):
     r = client.chat.completions.create(model="local", messages=QUESTION, max_tokens=5,
                                        user="u1", store=False, metadata={"k": "v"})
     assert r.choices[0].message.content
+
+
+# --- /v1/completions (legacy) -------------------------------------------------------------
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_legacy_completion(client):
+    r = client.completions.create(model="local", prompt=PROMPT, max_tokens=12, temperature=0)
+    assert "Paris" in r.choices[0].text
+    assert r.object == "text_completion" and r.model == "mlx-kit/SmolLM2-135M-Instruct"
+    assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
+
+
+def test_legacy_completion_default_max_tokens_is_16(client):
+    r = client.completions.create(model="local", prompt="Once upon a time", temperature=0)
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+
+
+def test_legacy_completion_stream_matches(client):
+    full = client.completions.create(model="local", prompt=PROMPT, max_tokens=12, temperature=0)
+    chunks = list(client.completions.create(model="local", prompt=PROMPT, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_legacy_completion_logprobs_and_stop(client):
+    r = client.completions.create(model="local", prompt=PROMPT, max_tokens=12, temperature=0,
+                                  logprobs=2, stop=["Paris"])
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens).startswith(r.choices[0].text)
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    assert "Paris" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+
+
+def test_legacy_completion_refuses_what_it_cannot_do(server):
+    for extra in ({"prompt": ["a", "b"]}, {"prompt": "a", "echo": True},
+                  {"prompt": "a", "suffix": "z"}):
+        r = httpx.post(server.v1 + "/completions", json={"model": "local", **extra})
+        assert r.status_code == 400 and _error(r)["code"] == "unsupported_value"

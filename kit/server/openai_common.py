@@ -1,0 +1,155 @@
+"""What the OpenAI routers (chat/completions, completions) share: the sampling fields,
+their translation to the engine, usage, error mapping, and running a request."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Union
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from kit.engine.types import (
+    ChatRequest,
+    EngineError,
+    Finished,
+    InvalidRequest,
+    ModelUnavailable,
+    SamplingParams,
+    Started,
+)
+from kit.server.errors import APIError
+from kit.server.state import ServerState
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are accepted and ignored
+
+
+class StreamOptions(Open):
+    include_usage: bool = False
+
+
+class SamplingFields(Open):
+    """Request fields both OpenAI text endpoints accept."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+
+
+def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int | None,
+             logprobs: bool, top_logprobs: int) -> SamplingParams:
+    """The engine's sampling parameters for ``body``; ``defaults`` fills temperature and
+    top_p (an omitted max_tokens stays None: the engine fits it to the context window).
+
+    Raises:
+        APIError: 400 for n > 1 or logit_bias keys that are not token ids.
+    """
+    if body.n is not None and body.n > 1:
+        raise APIError(400, "n > 1 is not supported", param="n", code="unsupported_value")
+    try:
+        bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias",
+                       code="invalid_value") from None
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=bias,
+        stop=tuple(s for s in stop if s),
+        seed=body.seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if logprobs else 0,
+    )
+
+
+def usage(fin: Finished | None) -> dict[str, Any] | None:
+    """OpenAI's usage object (with ``prompt_tokens_details.cached_tokens``)."""
+    if fin is None:
+        return None
+    u = fin.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def engine_error(e: EngineError) -> APIError:
+    """Map an engine error to the API error a client sees."""
+    if isinstance(e, InvalidRequest):
+        return APIError(400, str(e), param=e.param, code=e.code)
+    if isinstance(e, ModelUnavailable):
+        return APIError(404, str(e), type="not_found_error", param="model",
+                        code="model_not_found")
+    return APIError(503 if "failed to load" in str(e) else 500, str(e), type="server_error")
+
+
+async def start(state: ServerState, req: ChatRequest) -> tuple[Started, AsyncIterator]:
+    """Queue ``req`` and wait for its ``Started`` event, so that a request the engine
+    rejects (bad template, context exceeded, model not loaded) gets a real 4xx/5xx status
+    instead of a broken stream. Returns the event and the iterator of the rest."""
+    events = state.engine.generate(req)
+    try:
+        started = await anext(events)
+    except EngineError as e:
+        raise engine_error(e) from None
+    if not isinstance(started, Started):  # the engine's contract: Started comes first
+        raise APIError(500, "engine protocol error", type="server_error")
+    return started, events
+
+
+async def collect(request: Request, events: AsyncIterator) -> tuple[list, Finished | None]:
+    """All events of a non-streamed request, cancelling generation if the client hangs up.
+
+    Raises:
+        APIError: the engine's error, or 499 when the client went away.
+    """
+    async def run() -> tuple[list, Finished | None]:
+        got, fin = [], None
+        async with aclosing(events):
+            async for ev in events:
+                if isinstance(ev, Finished):
+                    fin = ev
+                else:
+                    got.append(ev)
+        return got, fin
+
+    task = asyncio.ensure_future(run())
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            raise APIError(499, "client closed the request")
+    try:
+        return task.result()
+    except EngineError as e:
+        raise engine_error(e) from None
+
+
+async def stream_events(events: AsyncIterator) -> AsyncIterator:
+    """The events of a streamed request; an engine error after the headers went out
+    becomes an ``APIError`` item for the router to render inside the stream."""
+    try:
+        async with aclosing(events):
+            async for ev in events:
+                yield ev
+    except EngineError as e:
+        yield engine_error(e)
