@@ -193,9 +193,20 @@ def server_pid(url: ServerURL) -> int | None:
     if p.kind == "ours" and p.health and p.health.get("pid"):
         return int(p.health["pid"])
     info = read_pid_file(url)
-    if info and psutil.pid_exists(int(info["pid"])):
+    if info and _is_our_server(int(info["pid"]), url):
         return int(info["pid"])
     return None
+
+
+def _is_our_server(pid: int, url: ServerURL) -> bool:
+    """Whether ``pid`` runs ``mlx-kit serve`` on ``url``'s port (a stale pid file may
+    name a pid the system has since given to another program)."""
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return "serve" in cmd and any("kit" in c for c in cmd[:3]) and (
+        str(url.port) in cmd if "--port" in cmd else url.port == 8090)
 
 
 def stop_server(url: ServerURL, timeout: float = 15.0) -> int | None:
@@ -206,7 +217,7 @@ def stop_server(url: ServerURL, timeout: float = 15.0) -> int | None:
     """
     pid = server_pid(url)
     if pid is None:
-        pid_file(url).unlink(missing_ok=True)
+        pid_file(url).unlink(missing_ok=True)  # stale, if any
         return None
     try:
         proc = psutil.Process(pid)

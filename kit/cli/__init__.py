@@ -11,7 +11,6 @@ import sys
 import tempfile
 import traceback
 
-import click
 import typer
 
 from kit import __version__
@@ -51,29 +50,22 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``mlx-kit`` console script."""
+    """Entry point of the ``mlx-kit`` console script.
+
+    Usage errors, ``--help`` and Ctrl-C are handled by typer/click's standalone mode (usage
+    message, exit 2; "Aborted!", exit 1); our expected errors print one line + hint."""
     try:
-        rc = app(args=argv, standalone_mode=False)
-        if isinstance(rc, int) and rc:  # typer.Exit(code) is returned, not raised, here
-            sys.exit(rc)
+        app(args=argv, prog_name="mlx-kit")
     except KitError as e:
         err_console.print(f"[bold red]error:[/] {e.message}", highlight=False)
         if e.hint:
             err_console.print(f"[bold]hint:[/] {e.hint}", highlight=False)
         sys.exit(1)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        err_console.print("interrupted")
-        sys.exit(130)
-    except SystemExit:
-        raise
     except Exception as e:
-        with tempfile.NamedTemporaryFile("w", prefix="mlx-kit-crash-", suffix=".log",
-                                         delete=False) as f:
+        from kit.paths import log_dir
+
+        with tempfile.NamedTemporaryFile("w", prefix="crash-", suffix=".log", delete=False,
+                                         dir=log_dir()) as f:
             traceback.print_exc(file=f)
         err_console.print(f"[bold red]unexpected error:[/] {type(e).__name__}: {e}\n"
                           f"details: {f.name}", highlight=False)

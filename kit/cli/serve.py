@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+from enum import Enum
 import logging
 import secrets
 import socket
@@ -13,6 +15,13 @@ import typer
 
 from kit.cli.console import err_console
 from kit.errors import ConfigError, PortInUseError
+
+
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 def _is_loopback(host: str) -> bool:
@@ -30,9 +39,15 @@ def _check_port_free(host: str, port: int) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as e:
+            raise ConfigError(f"cannot listen on {host}: {e.strerror}",
+                              hint="--host must be an address of this machine") from None
         except OSError as e:
-            raise PortInUseError(f"cannot listen on {host}:{port}: {e.strerror}",
-                                 hint="another server holds it; use --port") from None
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUseError(f"cannot listen on {host}:{port}: {e.strerror}",
+                                     hint="another server holds it; use --port") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}",
+                              hint="--host must be an address of this machine") from None
 
 
 def serve(
@@ -41,7 +56,7 @@ def serve(
                                              "Default: the embedded starter."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. Anything but "
                              "loopback needs --api-key."),
-    port: int = typer.Option(8090, "--port", help="TCP port."),
+    port: int = typer.Option(8090, "--port", min=1, max=65535, help="TCP port."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MLX_KIT_API_KEY",
                                           help="Require this key (Bearer or x-api-key) on /v1."),
     ttl: float = typer.Option(0, "--ttl", min=0, help="Unload the model after this many idle "
@@ -63,8 +78,9 @@ def serve(
     top_p: float = typer.Option(1.0, "--top-p", min=0, max=1,
                                 help="Nucleus sampling mass for requests that set none."),
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
-    log_level: str = typer.Option("info", "--log-level", envvar="MLX_KIT_LOG_LEVEL",
-                                  help="debug also logs each generated text."),
+    log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
+                                       case_sensitive=False,
+                                       help="debug also logs each generated text."),
 ) -> None:
     """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
     from kit.engine.blas import preload_blas
@@ -81,7 +97,7 @@ def serve(
     _check_port_free(host, port)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mlx_kit").setLevel(log_level.upper())
+    logging.getLogger("mlx_kit").setLevel(log_level.value.upper())
     log = logging.getLogger("mlx_kit.serve")
 
     import uvicorn
@@ -111,9 +127,12 @@ def serve(
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
                         swap_on_request=swap_on_request, default_temperature=temperature,
                         default_top_p=top_p)
-    try:
-        uvicorn.run(create_app(state), host=host, port=port, log_config=None,
-                    log_level=log_level.lower(), timeout_graceful_shutdown=5)
-    finally:
+    def shutdown() -> None:
         engine.stop()
         remove_pid_file(url)
+
+    try:
+        uvicorn.run(create_app(state, on_shutdown=shutdown), host=host, port=port,
+                    log_config=None, log_level=log_level.value, timeout_graceful_shutdown=5)
+    finally:
+        shutdown()

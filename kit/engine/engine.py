@@ -50,6 +50,10 @@ log = logging.getLogger("mlx_kit.engine")
 _END = object()
 
 
+class _Cancelled(Exception):
+    """Raised from mlx-lm's prefill progress callback to stop a cancelled request."""
+
+
 class _Reply:
     """A way back to the asyncio caller from the worker thread."""
 
@@ -393,6 +397,15 @@ class Engine:
         return requested if requested is not None else min(
             self.model_info.max_output_tokens, window - n_prompt)
 
+    @staticmethod
+    def _prefill_step_size() -> int:
+        """Prompt tokens per prefill chunk. On CPU, 512 prefills a 2000-token prompt ~30%
+        faster than mlx-lm's default 2048 (14.0 s vs 20.4 s here) and bounds how long a
+        cancelled request keeps the worker; GPUs keep the default."""
+        import mlx.core as mx
+
+        return 512 if mx.default_device().type == mx.DeviceType.cpu else 2048
+
     def _logprob(self, gen: Any, top_n: int) -> TokenLogprob:
         import mlx.core as mx
 
@@ -455,9 +468,21 @@ class Engine:
                         pending.clear()
                 job.post(ev)
 
-        for gen in stream_generate(self._model, self._tokenizer, rest, max_tokens=max_tokens,
-                                   sampler=sampler, logits_processors=processors,
-                                   prompt_cache=cache):
+        def check_cancelled(_done: int, _total: int) -> None:
+            if job.cancelled.is_set():  # the client left during prefill: stop it there
+                raise _Cancelled
+
+        stream = stream_generate(self._model, self._tokenizer, rest, max_tokens=max_tokens,
+                                 sampler=sampler, logits_processors=processors,
+                                 prompt_cache=cache, prompt_progress_callback=check_cancelled,
+                                 prefill_step_size=self._prefill_step_size())
+        try:
+            first = next(stream, None)
+        except _Cancelled:  # the KV cache is half-filled: do not keep it
+            log.info("%s: cancelled during prefill", req.request_id)
+            job.post(Finished("cancelled", Usage(len(prompt), 0, cached), key))
+            return
+        for gen in itertools.chain([first] if first is not None else [], stream):
             if n_generated == 0:
                 ttft = time.perf_counter() - t0
             n_generated = gen.generation_tokens

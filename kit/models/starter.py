@@ -168,10 +168,22 @@ def ensure_starter(progress: Progress = no_progress, repo_id: str = STARTER_ID) 
     existing = starter_path(repo_id)
     if existing is not None:
         return existing
+    from filelock import FileLock
+
+    cache = hub_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    # Several servers may start at once on a fresh machine: one builds, the others wait.
+    with FileLock(str(_repo_dir(cache, repo_id)) + ".mlx-kit.lock", timeout=600):
+        existing = starter_path(repo_id)
+        if existing is not None:
+            return existing
+        return _build(repo_id, variant, progress)
+
+
+def _build(repo_id: str, variant: str, progress: Progress) -> Path:
     gguf = find_gguf(progress)
     progress(f"converting {gguf.name} into an MLX model, {variant} (one time)")
     cache = hub_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".mlx-kit-starter-") as tmp:
         files = _convert(gguf, Path(tmp), quantized=variant == "q4")
         progress("verifying the converted model")

@@ -2,44 +2,40 @@
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Callable
+from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from kit import __version__
 from kit.server import admin, openai_chat, openai_completions
-from kit.server.errors import APIError, install_error_handlers
+from kit.server.auth import AuthMiddleware
+from kit.server.errors import install_error_handlers
 from kit.server.state import ServerState
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """Build the app around a started engine.
+
+    ``on_shutdown`` runs when the server shuts down gracefully.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
     ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (API key if set), ``POST
     /admin/swap`` (admin token).
     """
-    app = FastAPI(title="mlx-kit", version=__version__, docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if on_shutdown is not None:  # graceful shutdown (SIGINT/SIGTERM), before uvicorn
+            on_shutdown()            # re-raises the signal and the process ends
+
+    app = FastAPI(title="mlx-kit", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None, lifespan=lifespan)
     app.state.kit = state
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        path = request.url.path
-        needed = state.api_key if path.startswith("/v1") else \
-            state.admin_token if path.startswith("/admin") else None
-        if path.startswith("/admin") and not state.admin_token:
-            return APIError(403, "the admin API is disabled", type="permission_error").response()
-        if needed:
-            given = request.headers.get("x-api-key") or ""
-            auth = request.headers.get("authorization") or ""
-            if auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not hmac.compare_digest(given.encode(), needed.encode()):
-                return APIError(401, "invalid or missing API key", type="authentication_error",
-                                code="invalid_api_key").response()
-        return await call_next(request)
+    app.add_middleware(AuthMiddleware, state=state)
 
     @app.get("/")
     async def root() -> dict:

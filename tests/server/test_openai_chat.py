@@ -374,3 +374,32 @@ def test_legacy_completion_refuses_what_it_cannot_do(server):
                   {"prompt": "a", "suffix": "z"}):
         r = httpx.post(server.v1 + "/completions", json={"model": "local", **extra})
         assert r.status_code == 400 and _error(r)["code"] == "unsupported_value"
+
+
+def test_non_streaming_client_disconnect_stops_generation(server):
+    """Regression: a non-streamed request whose client hung up used to generate to the end
+    (the auth middleware wrapped the receive channel, hiding the disconnect)."""
+    msgs = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.v1 + "/chat/completions", timeout=2, json={
+            "model": "local", "messages": msgs, "max_tokens": 1500, "temperature": 1.0})
+    t0 = time.monotonic()
+    r = httpx.post(server.v1 + "/chat/completions", timeout=120,
+                   json={"model": "local", "messages": QUESTION, "max_tokens": 10})
+    assert r.status_code == 200
+    assert time.monotonic() - t0 < 20
+
+
+def test_client_leaving_during_prefill_stops_it(server):
+    """A ~6000-token prompt takes ~40 s to prefill here; a client that leaves after 2 s
+    frees the worker at the next 512-token chunk."""
+    long = [{"role": "user", "content": "word " * 6000 + "\nSummarise."}]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.v1 + "/chat/completions", timeout=2,
+                   json={"model": "local", "messages": long, "max_tokens": 5})
+    t0 = time.monotonic()
+    r = httpx.post(server.v1 + "/chat/completions", timeout=120,
+                   json={"model": "local", "messages": QUESTION, "max_tokens": 10})
+    assert r.status_code == 200
+    assert time.monotonic() - t0 < 20
+    assert "cancelled during prefill" in server.log_text()
