@@ -117,8 +117,9 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         if time.monotonic() > deadline:
             raise ServerError(f"the server was not ready after {timeout:.0f} s:\n{tail(log)}",
                               hint=f"full log: {log}; raise --timeout for big models")
-        last = tail(log, 1)
-        on_wait(last.split(": ", 1)[-1][:100] if last else "starting")
+        # Show what the server says about itself (conversion, loading), not access logs.
+        ours = [ln for ln in tail(log, 50).splitlines() if " mlx_kit." in ln]
+        on_wait(ours[-1].split(": ", 1)[-1][:100] if ours else "starting")
         time.sleep(0.25)
 
 
@@ -156,8 +157,20 @@ def _start_or_wait(url: ServerURL, p: Probe, model: str | None, timeout: float,
                              f"({p.detail})", hint="stop it, or use --url with another port")
     if p.kind == "ours":  # up, still loading
         return wait_ready(url, None, log_file(url), timeout, on_wait), False
+    if url.root.startswith("https:"):
+        raise ServerError(f"nothing answers at {url.root}, and mlx-kit serves plain HTTP",
+                          hint="use an http:// URL to start a local server")
     proc, log = start_detached(url, model)
-    return wait_ready(url, proc, log, timeout, on_wait), True
+    try:
+        return wait_ready(url, proc, log, timeout, on_wait), True
+    except BaseException:  # never leave behind a server the user did not get
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
 
 
 def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:

@@ -58,3 +58,12 @@ def fetch_models(url: ServerURL, timeout: float = 2.0, api_key: str | None = Non
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return data if isinstance(data, list) and data else None
+
+
+def fetch_status(url: ServerURL, api_key: str | None = None, timeout: float = 2.0) -> int | None:
+    """The HTTP status of GET /v1/models (e.g. 401 when a key is needed), None if no answer."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        return httpx.get(url.v1 + "/models", timeout=timeout, headers=headers).status_code
+    except httpx.HTTPError:
+        return None

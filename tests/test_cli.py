@@ -207,3 +207,52 @@ def test_serve_on_all_interfaces_without_api_key_is_refused(home, tmp_path):
     assert "Traceback" not in r.stderr + r.stdout
     assert not hf.exists(), "a model was looked up before the refusal"
     assert time.monotonic() - started < 30
+
+
+# --- regressions from a new-user session ----------------------------------------------------
+
+@pytest.mark.parametrize("args", [["launch"], ["serve", "--port", "abc"], ["bogus"],
+                                  ["status", "--bogus"], ["serve", "--port", "70000"],
+                                  ["serve", "--log-level", "loud"]])
+def test_usage_errors_are_usage_errors_not_crashes(args, tmp_path):
+    """Regression: typer bundles its own click, so usage errors escaped as 'unexpected
+    error' with a crash log."""
+    r = subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unexpected error" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stop_never_kills_a_process_named_by_a_stale_pid_file(tmp_path):
+    """Regression: a pid file left by a killed server, naming a pid since reused by another
+    program, made `stop` kill that program."""
+    port = free_port()
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        state = tmp_path / ".local" / "state" / "mlx-kit"
+        state.mkdir(parents=True)
+        (state / f"server-{port}.json").write_text(json.dumps({"pid": bystander.pid}))
+        r = subprocess.run([sys.executable, "-m", "kit", "stop", "--url",
+                            f"http://127.0.0.1:{port}"], env=clean_env(tmp_path),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "no mlx-kit server" in r.stdout
+        assert bystander.poll() is None  # still alive
+        assert not (state / f"server-{port}.json").exists()  # the stale file is gone
+    finally:
+        bystander.kill()
+
+
+def test_launch_with_https_url_says_why_and_starts_nothing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pi").write_text("#!/bin/sh\necho fake pi ran\n")
+    (bin_dir / "pi").chmod(0o755)
+    env = clean_env(tmp_path, PATH=f"{bin_dir}:{clean_env(tmp_path)['PATH']}")
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "kit", "launch", "pi", "--url",
+                        f"https://127.0.0.1:{port}", "--timeout", "5"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "plain HTTP" in r.stderr
+    assert "fake pi ran" not in r.stdout
+    with socket.socket() as s:  # nothing was left listening
+        assert s.connect_ex(("127.0.0.1", port)) != 0

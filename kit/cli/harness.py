@@ -29,7 +29,7 @@ def install(
     result = hi.install(spec, parse_url(base_url or url), dry_run=dry_run, force=force)
     if dry_run:
         diffs = [c.diff() for c in result.changes if c.changed]
-        console.print("".join(diffs) if diffs else "no changes", markup=False, end="")
+        console.print("".join(diffs) if diffs else "no changes\n", markup=False, end="")
         return
     for ch in result.changes:
         verb = "wrote" if ch.path in result.written else "unchanged"

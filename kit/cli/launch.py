@@ -10,7 +10,7 @@ import typer
 
 from kit.cli.console import err_console
 from kit.cli.options import URL
-from kit.errors import AgentNotInstalledError
+from kit.errors import AgentNotInstalledError, ConfigError
 
 
 def launch(
@@ -20,7 +20,8 @@ def launch(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Model behind 'local': a server we start "
                                              "loads it, a running one swaps to it."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1,
+                                  help="Seconds to wait for the server."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent."""
     from kit.daemon import ensure_server
@@ -46,9 +47,21 @@ def launch(
         health["model"] = result["model"]
     err_console.print(f"{'started' if started else 'reusing'} mlx-kit server {u.v1} "
                       f"(pid {health.get('pid')}): local -> {health.get('model')}")
-    result = hi.install(spec, u)
-    for path in result.written:
-        err_console.print(f"configured {spec.name}: {path}", markup=False)
+    if started:
+        err_console.print("the server keeps running in the background for the next launch; "
+                          "`mlx-kit stop` ends it")
+    from kit.probe import fetch_status
+
+    if fetch_status(u, os.environ.get("MLX_KIT_API_KEY")) == 401:
+        raise ConfigError(f"the server at {u.root} requires an API key",
+                          hint="export MLX_KIT_API_KEY=<the server's --api-key>")
+    try:
+        result = hi.install(spec, u)
+    except hi.EditedFileError as e:  # keep the user's edits; the agent still runs
+        err_console.print(f"[yellow]warning:[/] {e.message} ({e.hint})", highlight=False)
+    else:
+        for path in result.written:
+            err_console.print(f"configured {spec.name}: {path}", markup=False)
     argv = [binary, *spec.launch_args, *ctx.args]
     env = {**os.environ, **dict(spec.launch_env)}
     os.execvpe(binary, argv, env)

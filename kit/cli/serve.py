@@ -72,11 +72,13 @@ def serve(
                                               "gpt-* -> local are built in."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
-    temperature: float = typer.Option(0.7, "--temperature", min=0, max=2,
-                                      envvar="MLX_KIT_TEMPERATURE",
-                                      help="Sampling temperature for requests that set none."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0, max=1,
-                                help="Nucleus sampling mass for requests that set none."),
+    temperature: Optional[float] = typer.Option(
+        None, "--temperature", min=0, max=2, envvar="MLX_KIT_TEMPERATURE",
+        help="Sampling temperature for requests that set none (default: the model's "
+             "generation_config.json, else 0.7)."),
+    top_p: Optional[float] = typer.Option(
+        None, "--top-p", min=0, max=1,
+        help="Nucleus sampling mass for requests that set none (default: the model's, else 1)."),
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                        case_sensitive=False,

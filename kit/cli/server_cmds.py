@@ -13,7 +13,7 @@ from kit.errors import PortInUseError, ServerError
 
 def status(url: Optional[str] = URL) -> None:
     """Show whether an mlx-kit server answers, its pid and the model behind 'local'."""
-    from kit.daemon import log_file
+    from kit.daemon import read_pid_file
     from kit.probe import probe
     from kit.urls import parse_url
 
@@ -25,9 +25,13 @@ def status(url: Optional[str] = URL) -> None:
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
     h = p.health or {}
-    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')}\npid:     {h.get('pid')}\n"
+    info = read_pid_file(u) or {}
+    log = info.get("log") if info.get("pid") == h.get("pid") else None
+    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model {h.get('model_state')})"
+                  f"\npid:     {h.get('pid')}\n"
                   f"local -> {h.get('model')} (context window {h.get('context_window')})\n"
-                  f"served:  {h.get('requests_served')} requests\nlog:     {log_file(u)}")
+                  f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps\n"
+                  f"log:     {log or 'the terminal running `mlx-kit serve`'}", markup=False)
 
 
 def stop(url: Optional[str] = URL) -> None:

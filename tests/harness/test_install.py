@@ -198,7 +198,7 @@ def test_cli_install_list_remove(home, target, dead_url):
     r = kit(home, "harness", "install", "pi", "--url", dead_url)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("wrote ")
-    assert "the server was not running" in r.stdout
+    assert "no mlx-kit server answered at" in r.stdout
     assert f'const BASE_URL = "{dead_url}/v1";' in target.read_text()
 
     r = kit(home, "harness", "list")
@@ -262,3 +262,36 @@ def test_remove_after_agent_dir_moved_removes_both_installs(pi, home, target, tm
     assert target in removed and moved / "extensions" / "mlx-kit.ts" in removed
     assert not target.exists() and not (home / ".pi").exists()
     assert not (moved / "extensions" / "mlx-kit.ts").exists()
+
+
+def test_install_does_not_overwrite_an_edited_extension_unless_forced(pi, home, target,
+                                                                      dead_url, monkeypatch):
+    """Regression: remove refused to delete an edited file but install silently
+    overwrote the same edits."""
+    hi.install(pi, parse_url(dead_url))
+    edited = target.read_text() + "// my tweak\n"
+    target.write_text(edited)
+    monkeypatch.setattr(hi, "baked_models", lambda url: ([], "test"))  # content would change
+    with pytest.raises(hi.EditedFileError):
+        hi.install(pi, parse_url(dead_url))
+    assert target.read_text() == edited
+    hi.install(pi, parse_url(dead_url), force=True)
+    assert "// my tweak" not in target.read_text()
+
+
+def test_a_manifest_of_the_wrong_shape_is_a_clear_error(pi, home, dead_url):
+    path = manifest.manifest_path()
+    path.write_text('{"agents": {"pi": {"files": "oops"}}}')
+    with pytest.raises(HarnessError) as exc:
+        hi.install(pi, parse_url(dead_url))
+    assert "corrupt" in exc.value.message
+
+
+def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(blocker / "agent"))
+    with pytest.raises(HarnessError) as exc:
+        hi.install(pi, parse_url(dead_url))
+    assert "cannot write" in exc.value.message
+    assert blocker.read_text() == "not a folder"

@@ -260,3 +260,19 @@ def test_swap_to_a_corrupt_model_fails_and_the_old_one_keeps_serving(f32_server,
     ok = chat(f32_server)
     assert ok.status_code == 200 and ok.json()["model"] == F32
     assert f32_server.health()["model"] == F32
+
+
+def test_the_models_own_sampling_defaults_apply(hf_home, tmp_path):
+    """The starter ships SmolLM2's recommended sampling (temperature 0.2, top_p 0.9); a
+    server started without --temperature uses it, a flag overrides it."""
+    s = start_server(tmp_path, hf_home)
+    try:
+        assert s.health()["sampling_defaults"]["temperature"] == pytest.approx(0.2)
+        assert s.health()["sampling_defaults"]["top_p"] == pytest.approx(0.9)
+    finally:
+        stop(s)
+    s = start_server(tmp_path, hf_home, "--temperature", "0")
+    try:
+        assert s.health()["sampling_defaults"]["temperature"] == 0
+    finally:
+        stop(s)

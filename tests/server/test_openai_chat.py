@@ -403,3 +403,10 @@ def test_client_leaving_during_prefill_stops_it(server):
     assert r.status_code == 200
     assert time.monotonic() - t0 < 20
     assert "cancelled during prefill" in server.log_text()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_out_of_range_seed_is_400_not_500(server, seed):
+    r = httpx.post(server.v1 + "/chat/completions",
+                   json={"model": "local", "messages": QUESTION, "seed": seed})
+    assert r.status_code == 400 and _error(r)["param"] == "seed"
