@@ -70,6 +70,8 @@ def serve(
                                               "model names matching PATTERN with TARGET "
                                               "(local or a model id). Repeatable; claude-*, "
                                               "gpt-* -> local are built in."),
+    max_batch: int = typer.Option(8, "--max-batch", min=1, help="Most requests decoded "
+                                  "together (continuous batching); 1: one at a time."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
     temperature: Optional[float] = typer.Option(
@@ -121,7 +123,7 @@ def serve(
 
     info = resolve_model(model, progress=progress)
     engine = Engine(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
-                    memory_budget=budget)
+                    memory_budget=budget, max_batch=max_batch)
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)

@@ -23,6 +23,7 @@ import gc
 import itertools
 import logging
 import queue
+from collections import deque
 import sys
 import threading
 import time
@@ -96,6 +97,48 @@ class _Swap(_Reply):
         self._call(settle)
 
 
+@dataclass
+class _Run:
+    """A request being generated: what _prepare computed, plus progress."""
+
+    job: _Job
+    key: str
+    prompt: list[int]
+    rest: list[int]
+    cache: Any
+    cached: int
+    max_tokens: int
+    sampler: Any
+    processors: Any
+    parser: Any
+    t0: float
+    n: int = 0
+    ttft: float = 0.0
+    first_at: float = 0.0
+    texts: list[str] = field(default_factory=list)
+    pending: list[TokenLogprob] = field(default_factory=list)
+
+    def token(self, token: int, logprobs: Any, engine: Engine) -> None:
+        """Count a generated token (and keep its logprob when asked for)."""
+        if self.n == 0:
+            self.first_at = time.perf_counter()
+            self.ttft = self.first_at - self.t0
+        self.n += 1
+        if self.job.request.params.logprobs:
+            self.pending.append(engine._logprob(token, logprobs,
+                                                self.job.request.params.top_logprobs))
+
+    def emit(self, events: list[Any]) -> None:
+        """Post parser events; the first text delta carries the pending logprobs."""
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                self.texts.append(ev.text)
+                if self.pending:
+                    ev = TextDelta(ev.text, tuple(self.pending))
+                    self.pending.clear()
+            self.job.post(ev)
+
+
 @dataclass(frozen=True)
 class SwapResult:
     """What a swap did: the model now behind ``local``, the one before, and how long the
@@ -116,10 +159,13 @@ class Engine:
         ttl: unload the model after this many idle seconds (None: never).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
+        max_batch: most requests decoded together (continuous batching, mlx-lm's
+            ``BatchGenerator``); 1 runs requests one at a time with ``stream_generate``.
     """
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
-                 ttl: float | None = None, memory_budget: int | None = None) -> None:
+                 ttl: float | None = None, memory_budget: int | None = None,
+                 max_batch: int = 8) -> None:
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
@@ -130,6 +176,7 @@ class Engine:
         self.load_seconds: float | None = None
         self.ttl = ttl
         self.memory_budget = memory_budget
+        self.max_batch = max_batch
         self._prompt_cache_size = prompt_cache_size
         self._model: Any = None
         self._tokenizer: Any = None
@@ -228,10 +275,13 @@ class Engine:
             self.state, self.error = "failed", str(e)
         finally:
             self._ready.set()
+        from kit.engine.batch import run_batch
+
+        backlog: deque = deque()
         while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self._model is not None else None
             try:
-                item = self._jobs.get(timeout=timeout)
+                item = backlog.popleft() if backlog else self._jobs.get(timeout=timeout)
             except queue.Empty:
                 self._unload()
                 continue
@@ -239,13 +289,14 @@ class Engine:
                 return
             if isinstance(item, _Swap):
                 self._swap(item)
-                continue
-            self._serve(item)
+            elif self.max_batch > 1 and self._check_servable(item):
+                backlog.extend(run_batch(self, item, self._jobs))
+            elif self.max_batch <= 1:
+                self._serve(item)
 
-    def _serve(self, job: _Job) -> None:
-        if job.cancelled.is_set():
-            job.post(_END)
-            return
+    def _check_servable(self, job: _Job) -> bool:
+        """Get the model ready for ``job`` (reload after an idle unload); on failure post
+        the error and end the job. Returns whether it can run."""
         try:
             if job.request.model and job.request.model != self.model_info.id:
                 raise ModelUnavailable(f"model {job.request.model!r} is not loaded; "
@@ -254,6 +305,19 @@ class Engine:
                 if self.state == "failed":  # a swap to a model that loads can fix this
                     raise EngineError(f"the model failed to load: {self.error}")
                 self._reload()
+        except EngineError as e:
+            job.post(e)
+            job.post(_END)
+            return False
+        return True
+
+    def _serve(self, job: _Job) -> None:
+        if job.cancelled.is_set():
+            job.post(_END)
+            return
+        if not self._check_servable(job):
+            return
+        try:
             self._generate(job)
         except EngineError as e:
             job.post(e)
@@ -406,10 +470,9 @@ class Engine:
 
         return 512 if mx.default_device().type == mx.DeviceType.cpu else 2048
 
-    def _logprob(self, gen: Any, top_n: int) -> TokenLogprob:
+    def _logprob(self, token: int, lp: Any, top_n: int) -> TokenLogprob:
         import mlx.core as mx
 
-        lp = gen.logprobs
         top: tuple[tuple[str, float], ...] = ()
         if top_n:
             ids = mx.argpartition(-lp, kth=top_n - 1)[:top_n]
@@ -417,11 +480,16 @@ class Engine:
             order = mx.argsort(-vals)
             top = tuple((self._tokenizer.decode([int(i)]), float(v))
                         for i, v in zip(ids[order].tolist(), vals[order].tolist()))
-        return TokenLogprob(self._tokenizer.decode([gen.token]), float(lp[gen.token].item()), top)
+        return TokenLogprob(self._tokenizer.decode([token]), float(lp[token].item()), top)
 
-    def _generate(self, job: _Job) -> None:
+    def _prepare(self, job: _Job) -> _Run:
+        """Everything before the first token, shared by the sequential and batched paths:
+        chat template, context check, sampler, prompt-cache lookup; posts ``Started``.
+
+        Raises:
+            InvalidRequest: the template rejects the messages, or the context is exceeded.
+        """
         import mlx.core as mx
-        from mlx_lm import stream_generate
         from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
@@ -439,7 +507,6 @@ class Engine:
             logit_bias=dict(params.logit_bias) or None,
             presence_penalty=params.presence_penalty or None,
             frequency_penalty=params.frequency_penalty or None)
-
         if self._prompt_cache is None:
             self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
         key = self.model_info.id
@@ -451,48 +518,55 @@ class Engine:
             rest = prompt[-1:]
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
-
         parser = OutputParser(stops=params.stop) if req.prompt is not None else \
             OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools)
-        cache_key = list(prompt)
-        texts: list[str] = []
-        pending: list[TokenLogprob] = []
-        finish_reason, n_generated, ttft, tps = "stop", 0, 0.0, 0.0
+        return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
+                    parser, t0)
 
-        def emit(events: list[Any]) -> None:
-            for ev in events:
-                if isinstance(ev, TextDelta):
-                    texts.append(ev.text)
-                    if pending:
-                        ev = TextDelta(ev.text, tuple(pending))
-                        pending.clear()
-                job.post(ev)
+    def _complete(self, run: _Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
+        """After the last token: flush the parser, store the prompt cache (``tokens`` is
+        what ``cache`` holds; None: nothing worth keeping), post ``Finished``."""
+        run.emit(run.parser.finish(finish_reason))
+        if finish_reason == "stop" and run.parser.tool_calls:
+            finish_reason = "tool_calls"
+        if cache is not None:
+            self._prompt_cache.insert_cache(run.key, tokens, cache)
+        usage = Usage(len(run.prompt), run.n, run.cached)
+        tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
+        log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
+                 "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
+                 run.cached, run.n, run.ttft, tps, finish_reason)
+        log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
+        run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps))
+
+    def _generate(self, job: _Job) -> None:
+        """Run one request alone (``max_batch`` 1): ``mlx_lm.stream_generate``."""
+        from mlx_lm import stream_generate
+
+        run = self._prepare(job)
 
         def check_cancelled(_done: int, _total: int) -> None:
             if job.cancelled.is_set():  # the client left during prefill: stop it there
                 raise _Cancelled
 
-        stream = stream_generate(self._model, self._tokenizer, rest, max_tokens=max_tokens,
-                                 sampler=sampler, logits_processors=processors,
-                                 prompt_cache=cache, prompt_progress_callback=check_cancelled,
+        stream = stream_generate(self._model, self._tokenizer, run.rest,
+                                 max_tokens=run.max_tokens, sampler=run.sampler,
+                                 logits_processors=run.processors, prompt_cache=run.cache,
+                                 prompt_progress_callback=check_cancelled,
                                  prefill_step_size=self._prefill_step_size())
         try:
             first = next(stream, None)
         except _Cancelled:  # the KV cache is half-filled: do not keep it
-            log.info("%s: cancelled during prefill", req.request_id)
-            job.post(Finished("cancelled", Usage(len(prompt), 0, cached), key))
+            log.info("%s: cancelled during prefill", job.request.request_id)
+            self._complete(run, "cancelled", [], None)
             return
+        tokens = list(run.prompt)
+        finish_reason = "stop"
         for gen in itertools.chain([first] if first is not None else [], stream):
-            if n_generated == 0:
-                ttft = time.perf_counter() - t0
-            n_generated = gen.generation_tokens
-            tps = gen.generation_tps
-            cache_key.append(gen.token)
-            if params.logprobs:
-                pending.append(self._logprob(gen, params.top_logprobs))
-            emit(parser.feed(gen.text))
-            if parser.stopped:
-                finish_reason = "stop"
+            run.token(gen.token, gen.logprobs, self)
+            tokens.append(gen.token)
+            run.emit(run.parser.feed(gen.text))
+            if run.parser.stopped:
                 break
             if job.cancelled.is_set():
                 finish_reason = "cancelled"
@@ -500,13 +574,4 @@ class Engine:
             if gen.finish_reason is not None:
                 finish_reason = gen.finish_reason
                 break
-        emit(parser.finish(finish_reason))
-        if finish_reason == "stop" and parser.tool_calls:
-            finish_reason = "tool_calls"
-        self._prompt_cache.insert_cache(key, cache_key, cache)
-        usage = Usage(len(prompt), n_generated, cached)
-        log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
-                 "%.1f tok/s, %s", req.request_id, key, usage.prompt_tokens, cached,
-                 n_generated, ttft, tps, finish_reason)
-        log.debug("%s: text %r", req.request_id, "".join(texts))
-        job.post(Finished(finish_reason, usage, key, ttft, tps))
+        self._complete(run, finish_reason, tokens, run.cache)

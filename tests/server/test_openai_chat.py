@@ -3,6 +3,7 @@ through the official openai SDK (parsed by its own types) and raw HTTP for error
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -410,3 +411,37 @@ def test_out_of_range_seed_is_400_not_500(server, seed):
     r = httpx.post(server.v1 + "/chat/completions",
                    json={"model": "local", "messages": QUESTION, "seed": seed})
     assert r.status_code == 400 and _error(r)["param"] == "seed"
+
+
+# --- continuous batching --------------------------------------------------------------------
+
+def test_concurrent_requests_are_decoded_together(server):
+    """4 streams sent at once all start before any of them ends (they share the batch),
+    and greedy decoding gives each the same text."""
+    import threading
+
+    spans: list = [None] * 4
+
+    def one(i: int) -> None:
+        first = last = None
+        text = ""
+        with httpx.stream("POST", server.v1 + "/chat/completions", timeout=180, json={
+                "model": "local", "messages": [{"role": "user", "content": "Tell me about cats."}],
+                "max_tokens": 40, "temperature": 0, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for c in json.loads(line[6:])["choices"]:
+                        if c["delta"].get("content"):
+                            first = first or time.monotonic()
+                            last = time.monotonic()
+                            text += c["delta"]["content"]
+        spans[i] = (first, last, text)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert all(spans)
+    assert max(s[0] for s in spans) < min(s[1] for s in spans)  # overlapping in time
+    assert len({s[2] for s in spans}) == 1 and spans[0][2]

@@ -1,0 +1,117 @@
+"""Continuous batching: several requests decode together on mlx-lm's ``BatchGenerator``.
+
+The engine's worker calls :func:`run_batch` when a request arrives and ``max_batch > 1``.
+It admits every request already queued and keeps admitting new ones while the batch runs
+(each is prepared like a sequential one: template, context check, prompt-cache lookup),
+and returns when no request is left, or when a swap or shutdown is next in the queue (a
+barrier: the batch finishes first, so a swap still fails no request).
+
+Per request: a streaming detokenizer, the output parser (stop strings, reasoning, tool
+calls), cancellation (the sequence is removed from the batch at once, in prefill too),
+and at the end its KV cache goes to the prompt cache. The batch structure follows how
+``mlx_lm.server`` drives ``BatchGenerator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from kit.engine.types import EngineError
+
+if TYPE_CHECKING:
+    from kit.engine.engine import Engine, _Job, _Run
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
+    """Serve ``first`` and every request that joins while the batch runs.
+
+    Returns:
+        Queue items taken but not served here (a swap or the shutdown marker, and what
+        followed them), for the worker to handle next, in order.
+    """
+    from mlx_lm.generate import BatchGenerator, make_stop_sequences
+
+    from kit.engine.engine import _END
+
+    backlog: deque = deque([first])
+    active: dict[int, tuple[_Run, Any]] = {}
+    stops = make_stop_sequences(engine._tokenizer)  # EOS; stop strings are text-level
+    bg = BatchGenerator(engine._model, completion_batch_size=engine.max_batch,
+                        prefill_batch_size=min(engine.max_batch, 8),
+                        prefill_step_size=engine._prefill_step_size())
+
+    def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
+        run, _ = active.pop(uid)
+        try:
+            engine._complete(run, reason, tokens or [], cache if tokens else None)
+            engine.requests_served += 1
+        finally:
+            run.job.post(_END)
+
+    try:
+        while True:
+            while True:  # admit what is queued, up to a barrier
+                try:
+                    backlog.append(jobs.get_nowait())
+                except queue.Empty:
+                    break
+            while backlog and backlog[0] is not None and hasattr(backlog[0], "request"):
+                job = backlog.popleft()
+                if job.cancelled.is_set():
+                    job.post(_END)
+                    continue
+                if not engine._check_servable(job):
+                    continue
+                try:
+                    run = engine._prepare(job)
+                except EngineError as e:
+                    job.post(e)
+                    job.post(_END)
+                    continue
+                (uid,) = bg.insert([run.rest], max_tokens=[run.max_tokens], caches=[run.cache],
+                                   all_tokens=[run.prompt[:run.cached]], samplers=[run.sampler],
+                                   logits_processors=[run.processors], stop_sequences=[stops])
+                active[uid] = (run, engine._tokenizer.detokenizer)
+                run.cache = None  # the batch owns it now
+            if not active:
+                return backlog
+            prompt_responses, gen_responses = bg.next()
+            gone = [r.uid for r in prompt_responses
+                    if r.uid in active and active[r.uid][0].job.cancelled.is_set()]
+            if gone:
+                bg.remove(gone)
+                for uid in gone:
+                    log.info("%s: cancelled during prefill", active[uid][0].job.request.request_id)
+                    finish(uid, "cancelled", None, None)
+            for r in gen_responses:
+                if r.uid not in active:
+                    continue
+                run, detok = active[r.uid]
+                run.token(r.token, r.logprobs, engine)
+                if r.finish_reason == "stop":  # EOS: not part of the text
+                    detok.finalize()
+                else:
+                    detok.add_token(r.token)
+                    if r.finish_reason is not None:
+                        detok.finalize()
+                run.emit(run.parser.feed(detok.last_segment))
+                if r.finish_reason is not None:
+                    finish(r.uid, r.finish_reason, r.all_tokens, r.prompt_cache)
+                elif run.parser.stopped or run.job.cancelled.is_set():
+                    reason = "stop" if run.parser.stopped else "cancelled"
+                    cache, key = bg.remove([r.uid], return_prompt_caches=True)[r.uid]
+                    finish(r.uid, reason, list(key), cache)
+    except Exception as e:
+        log.exception("batched generation failed")
+        for uid in list(active):
+            run, _ = active.pop(uid)
+            run.job.post(EngineError(f"generation failed: {e}"))
+            run.job.post(_END)
+        return backlog
+    finally:
+        bg.close()
