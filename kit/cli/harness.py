@@ -51,7 +51,9 @@ def remove(
         console.print(f"removed {p}", markup=False)
     for p in result.restored:
         console.print(f"restored your own {p} (saved when install was forced)", markup=False)
-    if not result.removed:
+    for p in result.unmerged:
+        console.print(f"removed mlx-kit's entries from {p}", markup=False)
+    if not (result.removed or result.restored or result.unmerged):
         console.print(f"nothing of mlx-kit's was installed for {agent}")
 
 

@@ -21,7 +21,9 @@ from kit.errors import HarnessError
 from kit.harness import manifest
 from kit.harness.files import atomic_write, make_parents, sha256_text
 from kit.harness.render import MARKER, context, render
-from kit.harness.spec import HarnessSpec
+from kit.harness.formats import loads
+from kit.harness.merge import fingerprint, merge, unmerge
+from kit.harness.spec import FileSpec, HarnessSpec
 from kit.probe import fetch_models
 from kit.urls import ServerURL
 
@@ -37,6 +39,8 @@ class Change:
     path: Path
     new: str
     old: str | None
+    spec: FileSpec | None = None
+    owned: dict | None = None  # merge mode: what we own in the file (merge.merge's record)
 
     @property
     def changed(self) -> bool:
@@ -102,7 +106,11 @@ def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
     changes = []
     for fspec, path in spec.file_paths():
         old = path.read_text(encoding="utf-8") if path.is_file() else None
-        changes.append(Change(path, rendered[fspec.path], old))
+        if fspec.merge is not None:
+            new, owned = merge(fspec.merge, old, rendered[fspec.path], str(path))
+            changes.append(Change(path, new, old, fspec, owned))
+        else:
+            changes.append(Change(path, rendered[fspec.path], old, fspec))
     return InstallResult(changes, source)
 
 
@@ -136,6 +144,8 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
     recorded_sha = {f["path"]: f.get("sha256") for f in
                     (manifest.read()["agents"].get(spec.name) or {}).get("files", [])}
     for ch in result.changes:
+        if ch.owned is not None:  # merge: the file is the user's; only our entries change
+            continue
         if ch.old is not None and not _is_ours(ch.old) and not force:
             raise HarnessError(f"{ch.path} exists and was not written by mlx-kit",
                                hint="move it away, or pass --force to overwrite it")
@@ -152,14 +162,23 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
             prev = recorded.get(str(ch.path), {})
             created = prev.get("created_dirs", [])
             backup = prev.get("backup")
-            if ch.old is not None and not _is_ours(ch.old):  # forced: keep the user's file
+            entry: dict[str, Any] = {}
+            if ch.owned is not None:  # merge: remember the user's original file once
+                entry = {"mode": "merge", "owned": ch.owned,
+                         "created_file": prev.get("created_file", ch.old is None),
+                         "original_fp": prev.get("original_fp")}
+                if not prev and ch.old is not None:
+                    backup = str(_backup(spec.name, ch.path, ch.old))
+                    entry["original_fp"] = fingerprint(
+                        loads(ch.spec.merge.format, ch.old, str(ch.path)))
+            elif ch.old is not None and not _is_ours(ch.old):  # forced: keep the user's file
                 backup = str(_backup(spec.name, ch.path, ch.old))
             if ch.changed:
                 created = created + [str(p) for p in make_parents(ch.path)]
                 atomic_write(ch.path, ch.new)
                 result.written.append(ch.path)
             files.append({"path": str(ch.path), "sha256": sha256_text(ch.new),
-                          "created_dirs": created, "backup": backup})
+                          "created_dirs": created, "backup": backup, **entry})
         # Files recorded at other paths (the agent's config dir moved, e.g. through its env
         # var) stay recorded while they exist, so `remove` still finds them.
         paths = {f["path"] for f in files}
@@ -175,6 +194,7 @@ class Removal:
 
     removed: list[Path] = field(default_factory=list)
     restored: list[Path] = field(default_factory=list)
+    unmerged: list[Path] = field(default_factory=list)  # shared files our entries left
 
 
 def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
@@ -195,6 +215,10 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
         else:
             files = [{"path": str(p), "sha256": None, "created_dirs": []}
                      for _, p in spec.file_paths()]
+        merged = [f for f in files if f.get("mode") == "merge"]
+        files = [f for f in files if f.get("mode") != "merge"]
+        fspecs = {str(p): fs for fs, p in spec.file_paths()}
+        undone = [(f, _unmerged(f, fspecs.get(f["path"]), force)) for f in merged]
         doomed = []
         for f in files:
             path = Path(f["path"])
@@ -214,7 +238,9 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
         for path, f in doomed:
             path.unlink()
             result.removed.append(path)
-        for f in files:
+        for f, outcome in undone:  # checked above, before anything was changed
+            _apply_unmerge(f, outcome, result)
+        for f in files + merged:
             backup = Path(f["backup"]) if f.get("backup") else None
             if backup and backup.is_file() and not Path(f["path"]).exists():
                 shutil.move(str(backup), f["path"])  # the user's own file, as it was
@@ -229,6 +255,42 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
     return result
 
 
+def _unmerged(f: dict, fspec: FileSpec | None, force: bool) -> tuple[str, str | None]:
+    """What removing our entries from a merged file means: ("gone", None) when there is
+    nothing to do, ("delete", None), ("restore", None) or ("write", text).
+
+    Raises:
+        HarnessError: our entry was edited (and not ``force``), or the file no longer parses.
+    """
+    path = Path(f["path"])
+    if not path.is_file() or fspec is None or fspec.merge is None:
+        return "gone", None
+    current = path.read_text(encoding="utf-8")
+    text, is_empty = unmerge(fspec.merge, current, f["owned"], str(path), force=force)
+    if is_empty and f.get("created_file"):
+        return "delete", None
+    backup = Path(f["backup"]) if f.get("backup") else None
+    if backup and backup.is_file() and f.get("original_fp") == fingerprint(
+            loads(fspec.merge.format, text, str(path))):
+        return "restore", None  # same content as before install: put the exact bytes back
+    return "write", text
+
+
+def _apply_unmerge(f: dict, outcome: tuple[str, str | None], result: Removal) -> None:
+    action, text = outcome
+    path = Path(f["path"])
+    if action == "delete":
+        path.unlink()
+        result.removed.append(path)
+    elif action == "restore":
+        shutil.copyfile(f["backup"], path)  # copyfile keeps the file's own mode
+        Path(f["backup"]).unlink()
+        result.unmerged.append(path)
+    elif action == "write":
+        atomic_write(path, text)
+        result.unmerged.append(path)
+
+
 @dataclass(frozen=True)
 class AgentStatus:
     name: str
@@ -240,5 +302,15 @@ class AgentStatus:
 def status(spec: HarnessSpec) -> AgentStatus:
     """Is the agent configured (our files present), where, and is its binary on PATH?"""
     paths = tuple(p for _, p in spec.file_paths())
-    installed = all(p.is_file() and _is_ours(p.read_text(errors="replace")) for p in paths)
+    recorded = {f["path"]: f for f in
+                (manifest.read()["agents"].get(spec.name) or {}).get("files", [])}
+
+    def configured(fspec: FileSpec, p: Path) -> bool:
+        if not p.is_file():
+            return False
+        if fspec.merge is None:
+            return _is_ours(p.read_text(errors="replace"))
+        return str(p) in recorded  # our entries were merged in
+
+    installed = all(configured(fs, p) for fs, p in spec.file_paths())
     return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary))

@@ -10,10 +10,15 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     [config_dir]                      # the agent's config folder
     env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional)
     default = "~/.pi/agent"           #   else this
+    darwin = "~/Library/..."          #   else this on macOS (optional)
     [[files]]                         # one per generated file
     path = "extensions/mlx-kit.ts"    #   relative to config_dir
     template = "pi/mlx-kit.ts.j2"     #   relative to templates/
-    mode = "drop-in"                  #   a whole file we own
+    mode = "drop-in"                  #   a whole file we own, or "merge": our entries go
+    format = "yaml"                   #     into the user's file (yaml | toml | json),
+    strategy = "list-by-key"          #     as list entries identified by `key`, or
+    key = "model_id"                  #     ("keys") at the dotted paths in `owns`
+    owns = ["provider.mlx-kit"]       #     (see kit/harness/merge.py)
     [launch]
     args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
     env = {}                          # extra environment for the agent's process
@@ -28,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import HarnessError
+from kit.harness.formats import FORMATS
+from kit.harness.merge import MergeSpec
 from kit.paths import harnesses_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -35,17 +42,20 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-MODES = ("drop-in",)
+MODES = ("drop-in", "merge")
+STRATEGIES = ("list-by-key", "keys")
 _TOP_KEYS = {"name", "description", "binary", "install", "api", "config_dir", "files", "launch"}
 
 
 @dataclass(frozen=True)
 class FileSpec:
-    """One generated file: where it goes (relative to the config dir), from which template."""
+    """One generated file: where it goes (relative to the config dir), from which template,
+    and, for ``mode = "merge"``, how our fragment goes into the user's file."""
 
     path: str
     template: str
     mode: str = "drop-in"
+    merge: MergeSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class HarnessSpec:
     api: str
     config_dir_env: str | None
     config_dir_default: str
+    config_dir_darwin: str | None
     files: tuple[FileSpec, ...]
     launch_args: tuple[str, ...]
     launch_env: tuple[tuple[str, str], ...]
@@ -66,8 +77,9 @@ class HarnessSpec:
     def config_dir(self, environ: dict[str, str] | None = None) -> Path:
         """The agent's config folder, honouring its own env var (then ``~`` expanded)."""
         env = os.environ if environ is None else environ
-        raw = (env.get(self.config_dir_env) if self.config_dir_env else None) \
-            or self.config_dir_default
+        default = self.config_dir_darwin if sys.platform == "darwin" and \
+            self.config_dir_darwin else self.config_dir_default
+        raw = (env.get(self.config_dir_env) if self.config_dir_env else None) or default
         return Path(os.path.expanduser(raw))
 
     def file_paths(self) -> list[tuple[FileSpec, Path]]:
@@ -91,15 +103,27 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
     files = []
     for i, f in enumerate(_require(data, "files", list, where)):
         fw = f"{where}: files[{i}]"
-        if not isinstance(f, dict) or set(f) - {"path", "template", "mode"}:
-            raise HarnessError(f"{fw}: expected a table with path, template, mode")
+        if not isinstance(f, dict) or set(f) - {"path", "template", "mode", "format",
+                                                "strategy", "key", "owns"}:
+            raise HarnessError(f"{fw}: expected a table with path, template, mode "
+                               "(+ format, strategy, key, owns for merge)")
         mode = f.get("mode", "drop-in")
         if mode not in MODES:
             raise HarnessError(f"{fw}: mode must be one of {MODES}")
         template = _require(f, "template", str, fw)
         if not (templates_dir() / template).is_file():
             raise HarnessError(f"{fw}: template {template!r} not found")
-        files.append(FileSpec(_require(f, "path", str, fw), template, mode))
+        merge = None
+        if mode == "merge":
+            if f.get("format") not in FORMATS or f.get("strategy") not in STRATEGIES:
+                raise HarnessError(f"{fw}: merge needs format in {FORMATS} and strategy in "
+                                   f"{STRATEGIES}")
+            if f["strategy"] == "list-by-key" and not isinstance(f.get("key"), str):
+                raise HarnessError(f"{fw}: strategy list-by-key needs key")
+            if f["strategy"] == "keys" and not f.get("owns"):
+                raise HarnessError(f"{fw}: strategy keys needs owns (dotted key paths)")
+            merge = MergeSpec(f["format"], f["strategy"], f.get("key"), tuple(f.get("owns", ())))
+        files.append(FileSpec(_require(f, "path", str, fw), template, mode, merge))
     launch = data.get("launch", {})
     return HarnessSpec(
         name=_require(data, "name", str, where),
@@ -109,6 +133,7 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
         api=_require(data, "api", str, where),
         config_dir_env=cfg.get("env"),
         config_dir_default=_require(cfg, "default", str, f"{where}: config_dir"),
+        config_dir_darwin=cfg.get("darwin"),
         files=tuple(files),
         launch_args=tuple(launch.get("args", ())),
         launch_env=tuple(sorted(launch.get("env", {}).items())),

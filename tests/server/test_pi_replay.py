@@ -50,7 +50,7 @@ def test_pi_replay_reuses_the_prompt_cache(server):
         results.append(stream_turn(server, body))
     (t1, _, u1), (t2, _, u2), (t3, _, u3) = results
     assert u1["prompt_tokens"] > 400
-    assert u1["prompt_tokens_details"]["cached_tokens"] == 0
+    assert u1["prompt_tokens_details"]["cached_tokens"] < 20  # at most the template opening
     assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] - 1
     assert u3["prompt_tokens_details"]["cached_tokens"] >= u2["prompt_tokens"] - 1
     assert t2 < t1 and t3 < t1
