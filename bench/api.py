@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,26 +23,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_env, free_port, openblas, starter, wait_ready  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(url: str, proc: subprocess.Popen) -> None:
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited")
-        time.sleep(0.1)
 
 
 def stream(base: str, model: str, body_extra: dict, messages=PROMPT) -> dict:
@@ -52,19 +35,21 @@ def stream(base: str, model: str, body_extra: dict, messages=PROMPT) -> dict:
     body = {"model": model, "messages": messages, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}, **body_extra}
     t0 = time.perf_counter()
-    times, usage = [], {}
+    times, usage, text = [], {}, ""
     with httpx.stream("POST", base + "/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-                if any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                piece = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+                if piece:
                     times.append(time.perf_counter())
+                    text += piece
     n = usage.get("completion_tokens", len(times))
     decode = (n - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
     return {"ttft": times[0] - t0, "tps": decode, "tokens": n, "usage": usage,
-            "wall": time.perf_counter() - t0}
+            "wall": time.perf_counter() - t0, "text": text}
 
 
 def in_process(model_path: str, tokens: int) -> dict:
@@ -91,25 +76,20 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlx-kit-bench-api-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MLX_KIT_"))}
-    env.update(HOME=str(work))
-    model_path = subprocess.run(
-        [sys.executable, "-c", "from kit.models.starter import ensure_starter; print(ensure_starter())"],
-        env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    env = bench_env(work)
+    model_path = starter(env)
     kp, rp = free_port(), free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(kp),
                                "--temperature", "0", "--log-file", str(work / "kit.log")],
                               env=env, stdout=open(work / "kit.log", "w"), stderr=subprocess.STDOUT)]
-    from kit.engine.blas import _CANDIDATES
-
-    blas = next((p for p in _CANDIDATES if Path(p).exists()), None)
+    blas = openblas()
     procs.append(subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", model_path,
                                    "--port", str(rp)], env={**env, **({"LD_PRELOAD": blas} if blas else {})},
                                   stdout=open(work / "ref.log", "w"), stderr=subprocess.STDOUT))
     kit, ref = f"http://127.0.0.1:{kp}/v1", f"http://127.0.0.1:{rp}/v1"
     try:
-        wait(f"http://127.0.0.1:{kp}/health", procs[0])
-        wait(ref + "/models", procs[1])
+        wait_ready(f"http://127.0.0.1:{kp}/health", procs[0])
+        wait_ready(ref + "/models", procs[1])
         n = {"max_tokens": args.tokens}
         stream(ref, model_path, {"max_tokens": 4})  # mlx_lm.server loads on first use
         ip = in_process(model_path, args.tokens)
@@ -128,12 +108,12 @@ def main() -> None:
         msgs = body["messages"]
         print("| pi replay turn | prompt tokens | cached tokens | TTFT s |")
         print("|---|---|---|---|")
+        res: dict = {}
         for i, q in enumerate(["What is the capital of France?", "And of Spain?", "And of Italy?"]):
             if i:
-                msgs += [{"role": "assistant", "content": answer},
+                msgs += [{"role": "assistant", "content": res["text"]},
                          {"role": "user", "content": [{"type": "text", "text": q}]}]
             res = stream(kit, "local", {"max_completion_tokens": 24, "tools": body["tools"]}, msgs)
-            answer = "x"
             u = res["usage"]
             print(f"| {i + 1} | {u['prompt_tokens']} | "
                   f"{u['prompt_tokens_details']['cached_tokens']} | {res['ttft']:.2f} |")

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,29 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_env, free_port, openblas, wait_ready  # noqa: E402
 
 PROMPT = "What is the capital of France? Answer in one sentence."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.args}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return time.perf_counter() - t0
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(url)
 
 
 def main() -> None:
@@ -56,14 +35,12 @@ def main() -> None:
     if not pi:
         sys.exit("pi is not on PATH (npm install -g @mariozechner/pi-coding-agent)")
 
-    from kit.engine.blas import _CANDIDATES
-
-    blas = next((p for p in _CANDIDATES if Path(p).exists()), None)
+    blas = openblas()
     work = Path(tempfile.mkdtemp(prefix="mlx-kit-bench-"))
     home, hf = work / "home", work / "hf"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MLX_KIT_", "HF_"))}
-    env.update(HOME=str(home), HF_HOME=str(hf), PI_OFFLINE="1")
+    env = {k: v for k, v in bench_env(home).items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf), PI_OFFLINE="1")
 
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", "from kit.models.starter import ensure_starter;"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,14 +25,11 @@ from pathlib import Path
 import httpx
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -46,15 +41,7 @@ class Server:
                                       str(self.port), "--model", model, "--temperature", "0",
                                       "--log-file", str(log)], env=env,
                                      stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        while True:
-            try:
-                if httpx.get(self.root + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(log.read_text())
-            time.sleep(0.05)
+        wait_ready(self.root + "/health", self.proc)
         pid_file = home / ".local" / "state" / "mlx-kit" / f"server-{self.port}.json"
         self.token = json.loads(pid_file.read_text())["admin_token"]
 
@@ -103,11 +90,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlx-kit-bench-swap-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MLX_KIT_"))}
-    env.update(HOME=str(work))
-    subprocess.run([sys.executable, "-c", "from kit.models.starter import STARTER_4BIT_ID, "
-                    "ensure_starter; ensure_starter(); ensure_starter(repo_id=STARTER_4BIT_ID)"],
-                   env=env, check=True)
+    env = bench_env(work)
+    starter(env, F32, Q4)
 
     plain: dict[str, list[float]] = {F32: [], Q4: []}
     bare: dict[str, list[float]] = {F32: [], Q4: []}

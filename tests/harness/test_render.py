@@ -155,7 +155,7 @@ def test_the_shipped_pi_spec_parses(tmp_path):
     (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"\n', ""), "'template' must be a str"),
     (lambda t: t.replace('mode = "drop-in"', 'mode = "drop-in"\ncolour = "blue"'),
      "expected a table with path, template, mode"),
-    (lambda t: t.replace('mode = "drop-in"', 'mode = "merge"'), "mode must be one of"),
+    (lambda t: t.replace('mode = "drop-in"', 'mode = "symlink"'), "mode must be one of"),
     (lambda t: t.replace('binary = "pi"\n', ""), "'binary' must be a str"),
 ], ids=["unknown-top-key", "template-file-missing", "template-key-missing",
         "unknown-file-key", "bad-mode", "binary-missing"])

@@ -1,0 +1,57 @@
+"""Helpers the benchmarks share: free ports, waiting for a server, a clean environment,
+the starter's folder, the OpenBLAS library mlx_lm.server gets through LD_PRELOAD."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> float:
+    """Poll ``url`` until it answers 200; returns the seconds it took."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.args}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def bench_env(home: Path) -> dict[str, str]:
+    """The environment with a throwaway HOME and no mlx-kit or XDG settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MLX_KIT_"))}
+    env["HOME"] = str(home)
+    return env
+
+
+def starter(env: dict[str, str], *variants: str) -> str:
+    """Build the starter variants (default: the f32 one) and return the first's folder."""
+    code = ("import sys; from kit.models.starter import ensure_starter, STARTER_ID;"
+            "ids = sys.argv[1:] or [STARTER_ID];"
+            "print([str(ensure_starter(repo_id=i)) for i in ids][0])")
+    out = subprocess.run([sys.executable, "-c", code, *variants], env=env, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def openblas() -> str | None:
+    from kit.engine.blas import _CANDIDATES
+
+    return next((p for p in _CANDIDATES if Path(p).exists()), None)
