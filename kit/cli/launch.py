@@ -62,6 +62,5 @@ def launch(
     else:
         for path in result.written:
             err_console.print(f"configured {spec.name}: {path}", markup=False)
-    argv = [binary, *spec.launch_args, *ctx.args]
-    env = {**os.environ, **dict(spec.launch_env)}
-    os.execvpe(binary, argv, env)
+    argv, extra_env = spec.launch_command(binary, ctx.args)
+    os.execvpe(binary, argv, {**os.environ, **extra_env})

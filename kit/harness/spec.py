@@ -22,6 +22,7 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     [launch]
     args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
     env = {}                          # extra environment for the agent's process
+                                      # ({file0}: our first file's path, {config_dir})
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ class HarnessSpec:
         """Each generated file with its absolute target path."""
         base = self.config_dir()
         return [(f, base / f.path) for f in self.files]
+
+    def launch_command(self, binary: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The agent's argv and the extra environment for its process. Values may name
+        ``{file0}``, ``{file1}``... (our files' paths) and ``{config_dir}``."""
+        values = {f"file{i}": str(p) for i, (_, p) in enumerate(self.file_paths())}
+        values["config_dir"] = str(self.config_dir())
+        argv = [binary, *(a.format(**values) for a in self.launch_args), *extra]
+        return argv, {k: v.format(**values) for k, v in self.launch_env}
 
 
 def _require(data: dict, key: str, kind: type, where: str) -> Any:
