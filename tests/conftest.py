@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,13 @@ def clean_env(home: Path, hf_home: Path | None = None, **extra: str) -> dict[str
         env["HF_HOME"] = str(hf_home)
     env.update(extra)
     return env
+
+
+def generated_texts(log: str) -> list[str]:
+    """The texts a server logged at debug level (``<id>: text '<repr>'``), oldest first."""
+    import ast
+
+    return [ast.literal_eval(m) for m in re.findall(r": text ('.*'|\".*\")$", log, re.M)]
 
 
 def require_binary(name: str) -> str:

@@ -96,7 +96,9 @@ def _backup(agent: str, path: Path, text: str) -> Path:
 
 
 def _is_ours(text: str) -> bool:
-    return MARKER in text.split("\n", 2)[0] if text else False
+    """Generated files carry the marker at their top (in a comment, or in a JSON key for
+    formats without comments)."""
+    return bool(text) and MARKER in text[:300]
 
 
 def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import clean_env, free_port, require_binary
+from tests.conftest import clean_env, free_port, generated_texts, require_binary
 
 pytestmark = pytest.mark.slow
 
@@ -62,10 +62,6 @@ def env(hf_home, tmp_path_factory):
     e.kit("stop")
 
 
-def _generated_texts(log: str) -> list[str]:
-    return [eval(m) for m in re.findall(r": text ('.*'|\".*\")$", log, re.M)]  # repr strings
-
-
 def test_launch_starts_the_server_and_pi_answers_through_it(env):
     r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
     assert r.returncode == 0, r.stderr
@@ -76,7 +72,7 @@ def test_launch_starts_the_server_and_pi_answers_through_it(env):
     # and generated the very text pi printed.
     health = env.health()
     assert health["requests_served"] == 1
-    assert answer in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+    assert answer in [t.strip() for t in generated_texts(env.server_log.read_text())]
     assert (env.agent_dir / "extensions" / "mlx-kit.ts").is_file()
     env.first_pid = health["pid"]
 
@@ -88,7 +84,7 @@ def test_second_launch_reuses_the_same_server_process(env):
     health = env.health()
     assert health["pid"] == env.first_pid
     assert health["requests_served"] == 2
-    assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+    assert r.stdout.strip() in [t.strip() for t in generated_texts(env.server_log.read_text())]
 
 
 def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env, hf_home):
@@ -110,7 +106,7 @@ def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env, hf_h
     r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
-    assert r.stdout.strip() in [t.strip() for t in _generated_texts(env.server_log.read_text())]
+    assert r.stdout.strip() in [t.strip() for t in generated_texts(env.server_log.read_text())]
     health = env.health()
     assert health["model"] == str(other) and health["pid"] == env.first_pid
 
