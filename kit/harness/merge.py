@@ -69,7 +69,8 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
 
     Returns:
         (the new file text, the record of what we own: ``{"entries": {id: fingerprint},
-        "created": [parent paths we added]}``)
+        "created": [parent paths we added], "previous": {id: the user's value we
+        replaced}}``)
 
     Raises:
         HarnessError: the file does not parse, or its shape is not what the agent uses.
@@ -81,6 +82,7 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
         doc = empty(spec.format, kind)
     owned: dict[str, str] = {}
     created: list[str] = []  # parent tables we had to add (removal drops them if empty)
+    previous: dict[str, Any] = {}  # the user's values we replaced (removal puts them back)
     if spec.strategy == "list-by-key":
         if not isinstance(doc, list):
             raise HarnessError(f"{where} should hold a list of entries; it does not")
@@ -91,6 +93,7 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
             if at is None:
                 doc.append(entry)
             else:
+                previous.setdefault(ident, _plain(doc[at]))
                 doc[at] = entry
             owned[ident] = fingerprint(entry)
     else:
@@ -107,9 +110,12 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
                     node[part] = {}
                     created.append(".".join(path[:depth]))
                 node = node[part]
+            if path[-1] in node:
+                previous.setdefault(dotted, _plain(node[path[-1]]))
             node[path[-1]] = value
             owned[dotted] = fingerprint(value)
-    return dumps(spec.format, doc), {"entries": owned, "created": created}
+    return dumps(spec.format, doc), {"entries": owned, "created": created,
+                                     "previous": previous}
 
 
 def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
@@ -125,20 +131,21 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
     doc = loads(spec.format, current, where)
     owned: dict[str, str] = record.get("entries", {})
     created = set(record.get("created", []))
+    previous: dict[str, Any] = record.get("previous", {})
     if doc is None:
         return current, True
     if spec.strategy == "list-by-key":
-        keep = []
-        for e in doc:
-            ident = str(e.get(spec.key)) if isinstance(e, dict) else None
-            if ident in owned:
-                if fingerprint(e) != owned[ident] and not force:
-                    raise HarnessError(f"the entry {spec.key}={ident} in {where} was edited "
-                                       "since mlx-kit wrote it", hint="pass --force to remove it")
-                continue
-            keep.append(e)
         for i in range(len(doc) - 1, -1, -1):  # in place, keeping comments on the rest
-            if doc[i] not in keep:
+            e = doc[i]
+            ident = str(e.get(spec.key)) if isinstance(e, dict) else None
+            if ident not in owned:
+                continue
+            if fingerprint(e) != owned[ident] and not force:
+                raise HarnessError(f"the entry {spec.key}={ident} in {where} was edited "
+                                   "since mlx-kit wrote it", hint="pass --force to remove it")
+            if ident in previous:
+                doc[i] = previous[ident]  # the user's own entry by that key, as it was
+            else:
                 del doc[i]
         is_empty = len(doc) == 0
     else:
@@ -150,6 +157,9 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
             if fingerprint(parent[path[-1]]) != fp and not force:
                 raise HarnessError(f"{dotted} in {where} was edited since mlx-kit wrote it",
                                    hint="pass --force to remove it")
+            if dotted in previous:
+                parent[path[-1]] = previous[dotted]  # the user's value, as it was
+                continue
             del parent[path[-1]]
             # drop the parents we created, once empty (never the user's own, even empty)
             for depth in range(len(path) - 1, 0, -1):

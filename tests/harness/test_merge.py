@@ -61,11 +61,9 @@ def test_merge_then_unmerge_keeps_everything_of_the_users(fmt, user):
     back, _ = unmerge(spec, merged, record, "f")
     before = loads(fmt, user, "f") if user.strip() else None
     after = loads(fmt, back, "f")
-    if fmt == "yaml":
-        expected = [e for e in (before or []) if e.get("model_id") != "local"]
-        assert fingerprint(after or []) == fingerprint(expected)
-    elif "mlx-kit" not in user:  # the user's keys come back exactly
-        assert fingerprint(after) == fingerprint(before or {})
+    empty_doc = [] if fmt == "yaml" else {}
+    # the user's document comes back: their entries, and their own values of ours
+    assert fingerprint(after or empty_doc) == fingerprint(before or empty_doc)
 
 
 def test_an_entry_the_user_edited_is_not_removed_without_force():
@@ -96,3 +94,22 @@ def test_emptied_parents_we_created_are_dropped_but_the_users_stay():
     merged, record = merge(JSON_KEYS, '{"theme": 1}', OURS["json"], "f")
     back, _ = unmerge(JSON_KEYS, merged, record, "f")
     assert loads("json", back, "f") == {"theme": 1}
+
+
+def test_a_value_of_the_users_that_we_replaced_comes_back_on_removal():
+    """Install over the user's own `local` entry / provider key, then the user edits
+    something else: removal restores their value, not just deletes ours."""
+    user = "- model_id: local\n  model_name: my-own-local\n- model_id: b\n  model_name: c\n"
+    merged, record = merge(YAML_LIST, user, OURS["yaml"], "f")
+    merged = merged.replace("model_name: c", "model_name: changed-later")
+    back, _ = unmerge(YAML_LIST, merged, record, "f")
+    doc = loads("yaml", back, "f")
+    assert [dict(e) for e in doc] == [{"model_id": "local", "model_name": "my-own-local"},
+                                      {"model_id": "b", "model_name": "changed-later"}]
+
+    user = '{"provider": {"mlx-kit": {"name": "hand-made"}}, "theme": "dark"}'
+    merged, record = merge(JSON_KEYS, user, OURS["json"], "f")
+    merged = merged.replace('"dark"', '"light"')
+    back, _ = unmerge(JSON_KEYS, merged, record, "f")
+    assert loads("json", back, "f") == {"provider": {"mlx-kit": {"name": "hand-made"}},
+                                        "theme": "light"}
