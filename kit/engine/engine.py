@@ -249,6 +249,19 @@ class Engine:
         finally:
             job.cancelled.set()
 
+    def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens ``request`` would take (chat template applied), without queueing.
+        Thread-safe: the tokenizer is only read.
+
+        Raises:
+            InvalidRequest: the template rejects the messages.
+            EngineError: no tokenizer is loaded (the model failed to load).
+        """
+        if self._tokenizer is None:
+            raise EngineError(f"the model failed to load: {self.error}" if self.state ==
+                              "failed" else "model is loading")
+        return len(self._prompt_tokens(request))
+
     async def swap(self, spec: str) -> SwapResult:
         """Make ``spec`` (a cache id or folder) the model behind ``local``.
 
@@ -369,16 +382,18 @@ class Engine:
                      "--memory-budget")
         self._pending_weights = est.weights
 
-    def _release(self) -> None:
+    def _release(self, keep_tokenizer: bool = False) -> None:
         import mlx.core as mx
 
-        self._model = self._tokenizer = None
+        self._model = None
+        if not keep_tokenizer:
+            self._tokenizer = None
         self._prompt_cache = None
         gc.collect()
         mx.clear_cache()
 
     def _unload(self) -> None:
-        self._release()
+        self._release(keep_tokenizer=True)  # small; count_tokens keeps working
         self.state = "unloaded"
         self.unloads += 1
         log.info("unloaded %s after %.0f s idle", self.model_info.id, self.ttl or 0)
@@ -537,7 +552,8 @@ class Engine:
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
                  run.cached, run.n, run.ttft, tps, finish_reason)
         log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
-        run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps))
+        run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps,
+                              run.parser.stop_string))
 
     def _generate(self, job: _Job) -> None:
         """Run one request alone (``max_batch`` 1): ``mlx_lm.stream_generate``."""

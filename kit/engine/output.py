@@ -60,8 +60,11 @@ class OutputParser:
         self._state = self._sm.make_state(initial if initial in transitions else "normal")
         self._tool_parser, self._tools = tool_parser, tools
         self._tool_text = ""
+        self._stops = tuple(s for s in stops if s)
+        self._raw = ""  # the last generated text, to tell which stop string matched
         self.tool_calls = 0
         self.stopped = False  # a stop string matched
+        self.stop_string: str | None = None
 
     @classmethod
     def for_model(cls, tokenizer: Any, prompt: list[int], *, stops: Sequence[str] = (),
@@ -128,8 +131,12 @@ class OutputParser:
         from mlx_lm.generate import TextStateMachine
 
         self._state, segments = TextStateMachine.split(self._state, text)
+        if self._stops:
+            self._raw = (self._raw + text)[-4096:]
         if self._state[0] is None:
             self.stopped = True
+            ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
+            self.stop_string = max(ends)[1] if ends else None
         return self._events(segments)
 
     def finish(self, reason: str) -> list[Any]:

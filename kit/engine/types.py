@@ -150,6 +150,7 @@ class Finished:
         model: the real model id that generated the text.
         ttft_s: seconds from the start of this request's work to its first token.
         decode_tps: decode speed in tokens per second.
+        stop_string: the stop string that ended generation, if one did.
     """
 
     finish_reason: str
@@ -157,6 +158,7 @@ class Finished:
     model: str = ""
     ttft_s: float = 0.0
     decode_tps: float = 0.0
+    stop_string: str | None = None
 
 
 class EngineError(Exception):

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from kit import __version__
-from kit.server import admin, openai_chat, openai_completions
+from kit.server import admin, anthropic, openai_chat, openai_completions
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import install_error_handlers
 from kit.server.state import ServerState
@@ -21,8 +21,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     ``on_shutdown`` runs when the server shuts down gracefully.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
-    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (API key if set), ``POST
-    /admin/swap`` (admin token).
+    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages`` (+ ``/count_tokens``) (API key if
+    set), ``POST /admin/swap`` (admin token).
     """
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -37,7 +37,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
 
     app.add_middleware(AuthMiddleware, state=state)
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])  # Claude Code probes HEAD / first
     async def root() -> dict:
         return {"service": "mlx-kit", "version": __version__}
 
@@ -52,5 +52,6 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
 
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
+    app.include_router(anthropic.router)
     app.include_router(admin.router)
     return app

@@ -29,7 +29,7 @@ class AuthMiddleware:
         if scope["type"] == "http":
             error = self._check(scope["path"], Headers(scope=scope))
             if error is not None:
-                await error.response()(scope, receive, send)
+                await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -1,8 +1,9 @@
-"""OpenAI-shaped error objects with honest status codes.
+"""Protocol-shaped error objects with honest status codes.
 
-Every error the server returns has the body
-``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``;
-no traceback ever reaches a client (unexpected errors are logged and reported as 500).
+Every error the server returns has OpenAI's body
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``, or
+under ``/v1/messages`` Anthropic's ``{"type": "error", "error": {"type", "message"}}``; no
+traceback ever reaches a client (unexpected errors are logged and reported as 500).
 """
 
 from __future__ import annotations
@@ -36,11 +37,25 @@ class APIError(Exception):
             status, message, type, param, code)
 
     def body(self) -> dict:
+        """OpenAI's error object."""
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def anthropic_body(self) -> dict:
+        """Anthropic's error object (``{"type": "error", "error": {"type", "message"}}``)."""
+        kind = {"invalid_request_error": "invalid_request_error",
+                "authentication_error": "authentication_error",
+                "permission_error": "permission_error", "not_found_error": "not_found_error",
+                "rate_limit_error": "rate_limit_error"}.get(self.type, "api_error")
+        if self.status == 507:
+            kind = "overloaded_error"
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as a response in the protocol of ``path`` (Anthropic under
+        /v1/messages, OpenAI elsewhere)."""
+        body = self.anthropic_body() if path.startswith("/v1/messages") else self.body()
+        return JSONResponse(body, status_code=self.status)
 
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -65,20 +80,20 @@ def install_error_handlers(app: FastAPI) -> None:
     """Make every error response of ``app`` an OpenAI error object."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response()
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _STATUS_TYPES.get(exc.status_code, "server_error")
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+        return APIError(exc.status_code, str(exc.detail), type=kind).response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
         return APIError(500, "internal server error; see the server log",
-                        type="server_error").response()
+                        type="server_error").response(request.url.path)
