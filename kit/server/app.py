@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from kit import __version__
-from kit.server import admin, anthropic, openai_chat, openai_completions
+from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import install_error_handlers
 from kit.server.state import ServerState
@@ -21,8 +21,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     ``on_shutdown`` runs when the server shuts down gracefully.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
-    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages`` (+ ``/count_tokens``) (API key if
-    set), ``POST /admin/swap`` (admin token).
+    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API
+    key if set), ``POST /admin/swap`` (admin token).
     """
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -53,5 +53,6 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
     app.include_router(anthropic.router)
+    app.include_router(openai_responses.router)
     app.include_router(admin.router)
     return app

@@ -1,0 +1,275 @@
+"""OpenAI Responses: POST /v1/responses (streaming and not) — what Codex speaks
+(``wire_api = "responses"``). A thin adapter over the engine's events.
+
+Input items become the engine's chat messages: ``instructions`` and system/developer
+messages -> system; ``function_call`` items -> assistant ``tool_calls``;
+``function_call_output`` -> ``tool`` messages; ``reasoning`` items are dropped. Nothing is
+stored (``store`` is accepted; ``previous_response_id`` is refused with 400). Codex's
+``include``, ``reasoning``, ``prompt_cache_key``, ``parallel_tool_calls`` are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Union
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+from sse_starlette.sse import EventSourceResponse
+
+from kit.engine.types import ChatRequest, Finished, ReasoningDelta, TextDelta, ToolCall
+from kit.server.errors import APIError
+from kit.server.openai_common import Open, collect, start, stream_events
+from kit.server.state import ServerState
+
+router = APIRouter()
+
+
+class ResponsesRequest(Open):
+    model: str
+    input: Union[str, list[dict[str, Any]]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool = False
+    previous_response_id: str | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for p in content or []:
+        kind = p.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            parts.append(str(p.get("text", "")))
+        elif kind in ("input_image", "input_file"):
+            raise APIError(400, f"{kind} is not supported by this text-only model",
+                           param="input", code="unsupported_content")
+    return "".join(parts)
+
+
+def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if body.instructions:
+        out.append({"role": "system", "content": body.instructions})
+    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role", "user")
+            out.append({"role": "system" if role in ("system", "developer") else role,
+                        "content": _text_of(item.get("content"))})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id", ""), "type": "function", "function": {
+                "name": item.get("name", ""), "arguments": _json(item.get("arguments"))}}
+            if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+                        "content": output if isinstance(output, str) else _text_of(output)})
+        # reasoning items and others: not re-sent to the model
+    return out
+
+
+def _json(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments or "{}")
+        except ValueError:
+            return arguments
+    return arguments or {}
+
+
+def _tools(body: ResponsesRequest, supports_tools: bool) -> list[dict] | None:
+    tools = [{"type": "function", "function": {"name": t["name"], "description":
+                                               t.get("description") or "",
+                                               "parameters": t.get("parameters") or {}}}
+             for t in body.tools or [] if t.get("type") == "function" and t.get("name")]
+    choice = body.tool_choice
+    if not tools or choice == "none":
+        return None
+    if choice in (None, "auto"):
+        return tools
+    if not supports_tools:
+        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
+                       "template has no tool-call support", param="tool_choice",
+                       code="unsupported_value")
+    if isinstance(choice, dict) and choice.get("name"):
+        tools = [t for t in tools if t["function"]["name"] == choice["name"]]
+    return tools
+
+
+class _Items:
+    """Builds the output items (and their stream events) from engine events."""
+
+    def __init__(self) -> None:
+        self.output: list[dict[str, Any]] = []
+        self.seq = 0
+
+    def event(self, kind: str, **data: Any) -> dict:
+        self.seq += 1
+        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.seq,
+                                                   **data})}
+
+    def _current(self, kind: str) -> dict | None:
+        last = self.output[-1] if self.output else None
+        return last if last and last["type"] == kind and last["status"] == "in_progress" else None
+
+    def close(self) -> list[dict]:
+        """Finish the open item; returns its done events."""
+        last = self.output[-1] if self.output else None
+        if not last or last["status"] != "in_progress":
+            return []
+        last["status"] = "completed"
+        i = len(self.output) - 1
+        if last["type"] == "message":
+            part = last["content"][0]
+            return [self.event("response.output_text.done", item_id=last["id"], output_index=i,
+                               content_index=0, text=part["text"]),
+                    self.event("response.content_part.done", item_id=last["id"],
+                               output_index=i, content_index=0, part=part),
+                    self.event("response.output_item.done", output_index=i, item=last)]
+        if last["type"] == "reasoning":
+            text = last["content"][0]["text"]
+            return [self.event("response.reasoning_text.done", item_id=last["id"],
+                               output_index=i, content_index=0, text=text),
+                    self.event("response.output_item.done", output_index=i, item=last)]
+        return [self.event("response.output_item.done", output_index=i, item=last)]
+
+    def add(self, ev: Any) -> list[dict]:
+        """Apply one engine event; returns the stream events it makes."""
+        events: list[dict] = []
+        if isinstance(ev, TextDelta):
+            item = self._current("message")
+            if item is None:
+                events += self.close()
+                item = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}",
+                        "status": "in_progress", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "", "annotations": []}]}
+                self.output.append(item)
+                i = len(self.output) - 1
+                events += [self.event("response.output_item.added", output_index=i,
+                                      item={**item, "content": []}),
+                           self.event("response.content_part.added", item_id=item["id"],
+                                      output_index=i, content_index=0,
+                                      part={"type": "output_text", "text": "",
+                                            "annotations": []})]
+            item["content"][0]["text"] += ev.text
+            events.append(self.event("response.output_text.delta", item_id=item["id"],
+                                     output_index=len(self.output) - 1, content_index=0,
+                                     delta=ev.text))
+        elif isinstance(ev, ReasoningDelta):
+            item = self._current("reasoning")
+            if item is None:
+                events += self.close()
+                item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}",
+                        "status": "in_progress", "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}]}
+                self.output.append(item)
+                events.append(self.event("response.output_item.added",
+                                         output_index=len(self.output) - 1, item=item))
+            item["content"][0]["text"] += ev.text
+            events.append(self.event("response.reasoning_text.delta", item_id=item["id"],
+                                     output_index=len(self.output) - 1, content_index=0,
+                                     delta=ev.text))
+        elif isinstance(ev, ToolCall):
+            events += self.close()
+            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "call_id": ev.id, "name": ev.name, "arguments": ev.arguments,
+                    "status": "in_progress"}
+            self.output.append(item)
+            i = len(self.output) - 1
+            events += [self.event("response.output_item.added", output_index=i,
+                                  item={**item, "arguments": ""}),
+                       self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                  output_index=i, delta=ev.arguments),
+                       self.event("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=i, arguments=ev.arguments)]
+            events += self.close()
+        return events
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    state: ServerState = request.app.state.kit
+    if body.previous_response_id:
+        raise APIError(400, "previous_response_id is not supported: this server stores no "
+                       "responses; send the whole input", param="previous_response_id",
+                       code="unsupported_value")
+    fmt = ((body.text or {}).get("format") or {}).get("type", "text")
+    if fmt != "text":
+        raise APIError(400, f"text.format {fmt!r} is not supported: this server has no "
+                       "constrained decoding", param="text.format", code="unsupported_value")
+    model = await state.resolve(body.model)
+    defaults = state.sampling_defaults()
+    params = type(defaults)(
+        max_tokens=body.max_output_tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=defaults.top_k, min_p=defaults.min_p)
+    effort = (body.reasoning or {}).get("effort")
+    resp_id = f"resp_{uuid.uuid4().hex[:24]}"
+    req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=resp_id,
+                      tools=_tools(body, state.engine.capabilities()["tools"]),
+                      template_kwargs={"reasoning_effort": effort,
+                                       "enable_thinking": effort not in ("none", "minimal")}
+                      if effort else {})
+    started, events = await start(state, req)
+    base = {"id": resp_id, "object": "response", "created_at": int(time.time()),
+            "model": started.model, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
+            "previous_response_id": None, "reasoning": body.reasoning or {},
+            "store": False, "temperature": params.temperature, "top_p": params.top_p,
+            "text": {"format": {"type": "text"}}, "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [], "truncation": "disabled", "metadata": {},
+            "error": None, "incomplete_details": None, "user": None}
+    items = _Items()
+
+    def final(fin: Finished | None) -> dict:
+        u = fin.usage if fin else None
+        incomplete = fin is not None and fin.finish_reason == "length"
+        return {**base, "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "output": items.output, "usage": {
+                    "input_tokens": u.prompt_tokens if u else 0,
+                    "input_tokens_details": {"cached_tokens": u.cached_tokens if u else 0},
+                    "output_tokens": u.completion_tokens if u else 0,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": u.total_tokens if u else 0}}
+
+    if body.stream:
+        async def sse():
+            pending = {**base, "status": "in_progress", "output": [], "usage": None}
+            yield items.event("response.created", response=pending)
+            yield items.event("response.in_progress", response=pending)
+            async for ev in stream_events(events):
+                if isinstance(ev, Finished):
+                    for e in items.close():
+                        yield e
+                    yield items.event("response.completed", response=final(ev))
+                elif isinstance(ev, APIError):
+                    yield items.event("response.failed", response={
+                        **base, "status": "failed", "output": items.output,
+                        "error": {"code": ev.code or "server_error", "message": ev.message}})
+                else:
+                    for e in items.add(ev):
+                        yield e
+
+        return EventSourceResponse(sse(), ping=15)
+
+    got, fin = await collect(request, events)
+    for ev in got:
+        items.add(ev)
+    items.close()
+    return final(fin)
