@@ -2,7 +2,8 @@
 /v1/messages/count_tokens — what Claude Code speaks. A thin adapter over the engine's
 events, like the OpenAI routers: no generation logic here.
 
-Requests become the engine's chat messages: ``system`` -> a system message;
+Requests become the engine's chat messages: ``system`` (and system-role turns) -> one
+leading system message;
 ``tool_result`` blocks -> ``tool`` messages; ``tool_use`` blocks -> assistant
 ``tool_calls``; ``thinking`` blocks in history are dropped (templates re-render history
 without them). Unknown fields and beta features (``thinking``, ``context_management``,
@@ -40,7 +41,8 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 
 
 class Message(Open):
-    role: Literal["user", "assistant"]
+    # Claude Code also puts "system" messages among the turns (e.g. its agent list)
+    role: Literal["user", "assistant", "system"]
     content: Union[str, list[dict[str, Any]]]
 
 
@@ -90,10 +92,17 @@ def _text(blocks: Any, where: str) -> str:
 
 def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    if body.system:
-        out.append({"role": "system", "content": _text(body.system, "system")})
+    # System text from `system` and from system-role turns goes first, as one message:
+    # many chat templates accept a system message only at the start.
+    system = [_text(body.system, "system")] if body.system else []
+    system += [_text(m.content, f"messages.{i}.content") for i, m in enumerate(body.messages)
+               if m.role == "system"]
+    if system:
+        out.append({"role": "system", "content": "\n\n".join(system)})
     for i, m in enumerate(body.messages):
         where = f"messages.{i}.content"
+        if m.role == "system":
+            continue
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
