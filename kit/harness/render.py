@@ -54,6 +54,7 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
         "provider_id": PROVIDER_ID,
         "model_id": STABLE_MODEL_ID,
         "base_url": base_url,
+        "root_url": base_url.removesuffix("/v1"),
         "api_key_env": API_KEY_ENV,
         "models": models,
         "baked_source": baked_source,

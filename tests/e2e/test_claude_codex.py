@@ -1,0 +1,50 @@
+"""Claude Code (Anthropic Messages) and Codex (OpenAI Responses), real binaries, through
+`mlx-kit launch`: each answers with text our server generated, and the server saw the
+request on the agent's own wire API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.conftest import clean_env, generated_texts, require_binary
+
+pytestmark = pytest.mark.slow
+
+
+def launch(server, tmp_path, agent: str, *args: str) -> subprocess.CompletedProcess:
+    env = clean_env(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "kit", "launch", agent, "--url", server.v1,
+                           "--", *args], env=env, cwd=project, capture_output=True, text=True,
+                          timeout=500, stdin=subprocess.DEVNULL)
+
+
+def served(server) -> int:
+    return httpx.get(server.root + "/health").json()["requests_served"]
+
+
+def test_claude_code_answers_through_messages(server, tmp_path):
+    require_binary("claude")
+    before = served(server)
+    r = launch(server, tmp_path, "claude", "-p", "What is the capital of France?")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert "Paris" in r.stdout
+    assert served(server) >= before + 1
+    assert "POST /v1/messages?beta=true" in server.log_text()
+    assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
+
+
+def test_codex_answers_through_responses(server, tmp_path):
+    require_binary("codex")
+    before = served(server)
+    r = launch(server, tmp_path, "codex", "exec", "--skip-git-repo-check",
+               "What is the capital of France?")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert "Paris" in r.stdout
+    assert served(server) >= before + 1
+    assert "POST /v1/responses" in server.log_text()
