@@ -137,3 +137,23 @@ def test_stream_event_payloads_are_well_formed(server):
     delta = next(d for d in datas if d["type"] == "message_delta")
     assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens")
     assert delta["usage"]["output_tokens"] > 0
+
+
+def test_tool_calls_become_tool_use_blocks():
+    """The adapter on a parsed tool call (the starter emits none): a tool_use block with the
+    arguments as an object, and tool_use history turned back into tool calls."""
+    from kit.engine.types import ToolCall
+    from kit.server.anthropic import MessagesRequest, _messages, _tool_block
+
+    block = _tool_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
+    assert block == {"type": "tool_use", "id": "toolu_abc", "name": "read",
+                     "input": {"path": "a.txt"}}
+    body = MessagesRequest(model="local", max_tokens=5, messages=[
+        {"role": "user", "content": "read a.txt"},
+        {"role": "assistant", "content": [block]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_abc",
+                                      "content": "hello"}]}])
+    msgs = _messages(body)
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "read",
+                                                    "arguments": {"path": "a.txt"}}
+    assert msgs[2] == {"role": "tool", "tool_call_id": "toolu_abc", "content": "hello"}

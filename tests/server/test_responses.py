@@ -88,3 +88,35 @@ def test_unsupported_inputs_are_400(server):
         body = {"model": "local", "input": "hi", **extra}
         r = httpx.post(server.v1 + "/responses", json=body)
         assert r.status_code == 400 and set(r.json()["error"]) >= {"message", "type"}
+
+
+def test_sdk_streaming_helper(client):
+    with client.responses.stream(model="local", input="What is the capital of France?",
+                                 max_output_tokens=30) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text and "Paris" in final.output_text
+
+
+def test_tool_calls_and_reasoning_become_output_items_and_events():
+    """The adapter's item builder on engine events a tool-calling reasoning model makes
+    (the starter emits neither): a reasoning item, a message, then a function call."""
+    from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
+    from kit.server.openai_responses import _Items
+
+    items = _Items()
+    events = []
+    for ev in [ReasoningDelta("Need the weather."), TextDelta("Checking."),
+               ToolCall("call_1", "get_weather", '{"city": "Paris"}', 0)]:
+        events += items.add(ev)
+    events += items.close()
+    kinds = [json.loads(e["data"])["type"] for e in events]
+    assert [i["type"] for i in items.output] == ["reasoning", "message", "function_call"]
+    assert all(i["status"] == "completed" for i in items.output)
+    fc = items.output[2]
+    assert (fc["call_id"], fc["name"], json.loads(fc["arguments"])) == \
+        ("call_1", "get_weather", {"city": "Paris"})
+    assert kinds.count("response.output_item.added") == 3
+    assert kinds.count("response.output_item.done") == 3
+    assert "response.function_call_arguments.done" in kinds
+    assert "response.reasoning_text.delta" in kinds
