@@ -39,22 +39,71 @@ def install(
 
 @app.command("remove")
 def remove(
-    agent: str = typer.Argument(..., help="Agent name."),
+    agent: Optional[str] = typer.Argument(None, help="Agent name."),
+    all_: bool = typer.Option(False, "--all", help="Remove every agent mlx-kit configured."),
     force: bool = typer.Option(False, "--force", help="Remove even if edited since written."),
 ) -> None:
-    """Remove exactly what mlx-kit wrote for the agent."""
+    """Remove exactly what mlx-kit wrote for the agent (or for all of them)."""
+    from kit.errors import ConfigError
     from kit.harness import install as hi
     from kit.harness.spec import load_spec
 
-    result = hi.remove(load_spec(agent), force=force)
-    for p in result.removed:
-        console.print(f"removed {p}", markup=False)
-    for p in result.restored:
-        console.print(f"restored your own {p} (saved when install was forced)", markup=False)
-    for p in result.unmerged:
-        console.print(f"removed mlx-kit's entries from {p}", markup=False)
-    if not (result.removed or result.restored or result.unmerged):
-        console.print(f"nothing of mlx-kit's was installed for {agent}")
+    if bool(agent) == all_:
+        raise ConfigError("name one agent, or pass --all")
+    for name in hi.installed_agents() if all_ else [agent]:
+        result = hi.remove(load_spec(name), force=force)
+        for p in result.removed:
+            console.print(f"removed {p}", markup=False)
+        for p in result.restored:
+            console.print(f"restored your own {p} (saved when install was forced)",
+                          markup=False)
+        for p in result.unmerged:
+            console.print(f"removed mlx-kit's entries from {p}", markup=False)
+        if not (result.removed or result.restored or result.unmerged):
+            console.print(f"nothing of mlx-kit's was installed for {name}")
+
+
+@app.command("show")
+def show(
+    agent: str = typer.Argument(..., help="Agent name."),
+    url: Optional[str] = URL,
+) -> None:
+    """Print what `harness install` would write for the agent (each file's full text)."""
+    from kit.harness import install as hi
+    from kit.harness.spec import load_spec
+    from kit.urls import parse_url
+
+    for ch in hi.plan(load_spec(agent), parse_url(url)).changes:
+        console.print(f"# {ch.path}" + (" (merged into your file)" if ch.owned is not None
+                                        else ""), markup=False)
+        console.print(ch.new, markup=False, end="" if ch.new.endswith("\n") else "\n")
+
+
+@app.command("status")
+def status_() -> None:
+    """Per agent: binary and version, configured?, drift since written, server reachable."""
+    from rich.table import Table
+
+    from kit.harness import install as hi
+    from kit.harness.spec import all_specs
+    from kit.probe import probe
+    from kit.urls import parse_url
+
+    table = Table("agent", "binary", "configured", "drift", "server")
+    for column in table.columns:
+        column.overflow = "fold"
+    for spec in all_specs().values():
+        st = hi.status(spec)
+        version = hi.binary_version(st.binary) if st.binary else None
+        server = "-"
+        if st.base_url:
+            p = probe(parse_url(st.base_url), timeout=1.0)
+            server = f"{st.base_url}: " + ("up" if p.ready else "down" if p.kind == "none"
+                                           else p.kind)
+        table.add_row(spec.name, f"{version or st.binary}" if st.binary else "not found",
+                      "yes" if st.installed else "no",
+                      ", ".join(map(str, st.drift)) or "-", server)
+    console.print(table)
 
 
 @app.command("list")

@@ -295,10 +295,49 @@ def _apply_unmerge(f: dict, outcome: tuple[str, str | None], result: Removal) ->
 
 @dataclass(frozen=True)
 class AgentStatus:
+    """One agent's state. ``drift`` lists our files (or merged entries) that changed since
+    mlx-kit wrote them; ``base_url`` is the server the installed config points at."""
+
     name: str
     installed: bool
     paths: tuple[Path, ...]
     binary: str | None
+    drift: tuple[Path, ...] = ()
+    base_url: str | None = None
+
+
+def binary_version(binary: str, timeout: float = 15) -> str | None:
+    """The first line ``<binary> --version`` prints, or None."""
+    import subprocess
+
+    try:
+        r = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (r.stdout or r.stderr).strip().splitlines()
+    return lines[0][:80] if lines else None
+
+
+def _drifted(fspec: FileSpec, path: Path, recorded: dict) -> bool:
+    if not path.is_file():
+        return True
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if fspec.merge is None:
+        return bool(recorded.get("sha256")) and sha256_text(text) != recorded["sha256"]
+    try:
+        doc = loads(fspec.merge.format, text, str(path))
+    except HarnessError:
+        return True
+    from kit.harness.merge import owned_fingerprints
+
+    return owned_fingerprints(fspec.merge, doc, recorded.get("owned", {})) != \
+        recorded.get("owned", {}).get("entries", {})
+
+
+def installed_agents() -> list[str]:
+    """The agents the manifest says mlx-kit configured."""
+    return sorted(manifest.read()["agents"])
 
 
 def status(spec: HarnessSpec) -> AgentStatus:
@@ -315,4 +354,8 @@ def status(spec: HarnessSpec) -> AgentStatus:
         return str(p) in recorded  # our entries were merged in
 
     installed = all(configured(fs, p) for fs, p in spec.file_paths())
-    return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary))
+    drift = tuple(p for fs, p in spec.file_paths()
+                  if str(p) in recorded and _drifted(fs, p, recorded[str(p)]))
+    entry = manifest.read()["agents"].get(spec.name) or {}
+    return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary), drift,
+                       entry.get("base_url"))

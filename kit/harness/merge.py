@@ -171,3 +171,18 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
                 del holder[path[depth - 1]]
         is_empty = len(doc) == 0
     return dumps(spec.format, doc), is_empty
+
+
+def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str]:
+    """The current fingerprints of the entries ``record`` says we own (missing ones are
+    left out): equal to ``record["entries"]`` when nobody changed them."""
+    current: dict[str, str] = {}
+    for ident in record.get("entries", {}):
+        if spec.strategy == "list-by-key":
+            found = next((e for e in doc or [] if isinstance(e, dict)
+                          and str(e.get(spec.key)) == ident), None)
+        else:
+            found = _get(doc, _path(ident))
+        if found is not None:
+            current[ident] = fingerprint(found)
+    return current

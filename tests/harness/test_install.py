@@ -295,3 +295,31 @@ def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url,
         hi.install(pi, parse_url(dead_url))
     assert "cannot write" in exc.value.message
     assert blocker.read_text() == "not a folder"
+
+
+def test_cli_status_show_and_remove_all(home, dead_url):
+    env = clean_env(home, COLUMNS="250")  # a wide table: one line per agent
+    run = lambda *a: subprocess.run([sys.executable, "-m", "kit", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    for agent in ("pi", "llm", "codex"):
+        assert run("harness", "install", agent, "--url", dead_url).returncode == 0
+    codex_profile = home / ".codex" / "mlx-kit.config.toml"
+    codex_profile.write_text(codex_profile.read_text() + "# my edit\n")
+
+    status = run("harness", "status")
+    assert status.returncode == 0
+    rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines()
+            if line.startswith("│")}
+    assert "yes" in rows["pi"] and "yes" in rows["llm"] and "no" in rows["aider"]
+    assert "mlx-kit.config.toml" in status.stdout  # codex drifted: shown in its row
+    assert "down" in rows["pi"]  # nothing listens at the URL the config points at
+
+    show = run("harness", "show", "codex", "--url", dead_url)
+    assert show.returncode == 0 and 'wire_api = "responses"' in show.stdout
+
+    assert run("harness", "remove", "--all").returncode == 1  # codex was edited
+    removed = run("harness", "remove", "--all", "--force")
+    assert removed.returncode == 0
+    assert not (home / ".pi").exists() and not (home / ".codex").exists()
+    assert not (home / ".config" / "io.datasette.llm").exists()
+    assert run("harness", "remove").returncode == 1  # neither an agent nor --all
