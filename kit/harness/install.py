@@ -342,9 +342,10 @@ def installed_agents() -> list[str]:
 
 def status(spec: HarnessSpec) -> AgentStatus:
     """Is the agent configured (our files present), where, and is its binary on PATH?"""
-    paths = tuple(p for _, p in spec.file_paths())
-    recorded = {f["path"]: f for f in
-                (manifest.read()["agents"].get(spec.name) or {}).get("files", [])}
+    files = spec.file_paths()
+    paths = tuple(p for _, p in files)
+    entry = manifest.read()["agents"].get(spec.name) or {}
+    recorded = {f["path"]: f for f in entry.get("files", [])}
 
     def configured(fspec: FileSpec, p: Path) -> bool:
         if not p.is_file():
@@ -353,9 +354,7 @@ def status(spec: HarnessSpec) -> AgentStatus:
             return _is_ours(p.read_text(errors="replace"))
         return str(p) in recorded  # our entries were merged in
 
-    installed = all(configured(fs, p) for fs, p in spec.file_paths())
-    drift = tuple(p for fs, p in spec.file_paths()
-                  if str(p) in recorded and _drifted(fs, p, recorded[str(p)]))
-    entry = manifest.read()["agents"].get(spec.name) or {}
+    installed = all(configured(fs, p) for fs, p in files)
+    drift = tuple(p for fs, p in files if str(p) in recorded and _drifted(fs, p, recorded[str(p)]))
     return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary), drift,
                        entry.get("base_url"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 import uuid
 from typing import Any, Literal, Union
 
@@ -26,12 +27,18 @@ from kit.engine.types import (
     EngineError,
     Finished,
     ReasoningDelta,
-    SamplingParams,
     TextDelta,
     ToolCall,
 )
 from kit.server.errors import APIError
-from kit.server.openai_common import Open, collect, engine_error, start, stream_events
+from kit.server.openai_common import (
+    Open,
+    choose_tools,
+    collect,
+    engine_error,
+    start,
+    stream_events,
+)
 from kit.server.state import ServerState
 
 router = APIRouter()
@@ -130,22 +137,15 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
 
 
 def _tools(body: MessagesRequest | CountTokensRequest, supports_tools: bool) -> list | None:
+    """Anthropic tools as function schemas, after ``tool_choice`` (auto / any / tool /
+    none; see :func:`choose_tools`)."""
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description
                                                or "", "parameters": t.input_schema}}
              for t in body.tools or []]
     choice = getattr(body, "tool_choice", None) or {"type": "auto"}
-    kind = choice.get("type", "auto")
-    if not tools or kind == "none":
-        return None
-    if kind in ("any", "tool") and not supports_tools:
-        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
-                       "template has no tool-call support", param="tool_choice")
-    if kind == "tool":
-        tools = [t for t in tools if t["function"]["name"] == choice.get("name")]
-        if not tools:
-            raise APIError(400, f"tool_choice names {choice.get('name')!r}, which is not in "
-                           "tools", param="tool_choice")
-    return tools
+    kind = {"any": "required", "tool": "named"}.get(choice.get("type", "auto"),
+                                                    choice.get("type", "auto"))
+    return choose_tools(tools, kind, choice.get("name"), supports_tools)
 
 
 def _usage(fin: Finished | None) -> dict[str, int]:
@@ -169,16 +169,15 @@ def _tool_block(call: ToolCall) -> dict[str, Any]:
 async def messages(body: MessagesRequest, request: Request):
     state: ServerState = request.app.state.kit
     model = await state.resolve(body.model)
-    defaults = state.sampling_defaults()
-    params = SamplingParams(
+    params = replace(
+        state.sampling_defaults(),
         # a cap, as in Anthropic's API: clients send large values (Claude Code: 32000);
         # the engine fits it to what is left of the context window
         max_tokens=None if body.max_tokens >= state.engine.model_info.context_window
         else body.max_tokens,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=defaults.top_k if body.top_k is None else body.top_k,
-        min_p=defaults.min_p, stop=tuple(s for s in body.stop_sequences or () if s))
+        stop=tuple(s for s in body.stop_sequences or () if s),
+        **{k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p),
+                             ("top_k", body.top_k)) if v is not None})
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
     req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=msg_id,
                       tools=_tools(body, state.engine.capabilities()["tools"]))

@@ -23,6 +23,7 @@ from kit.server.errors import APIError
 from kit.server.openai_common import (
     Open,
     SamplingFields,
+    choose_tools,
     collect,
     sampling,
     start,
@@ -95,31 +96,12 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
 
 
 def _tools(body: ChatCompletionRequest, supports_tools: bool) -> list[dict] | None:
-    """The tools to hand the chat template, after ``tool_choice``.
-
-    ``none`` hides the tools; ``auto`` (default) and ``required`` pass them all (nothing
-    forces a call: a template/model decides); a named function passes only that one.
-    Tools sent to a model without tool support are passed to its template, which ignores
-    them: ``capabilities.tools`` in /v1/models says so. Forcing a call on such a model
-    (``required`` or a name) is a 400.
-    """
+    """The tools after ``tool_choice`` (see :func:`choose_tools`)."""
     choice = body.tool_choice
-    if not body.tools or choice == "none":
-        return None
-    if choice in (None, "auto"):
-        return body.tools
-    if not supports_tools:
-        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
-                       "template has no tool-call support", param="tool_choice",
-                       code="unsupported_value")
-    if choice == "required":
-        return body.tools
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
-    chosen = [t for t in body.tools if (t.get("function") or {}).get("name") == name]
-    if not chosen:
-        raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
-                       param="tool_choice", code="invalid_value")
-    return chosen
+    if isinstance(choice, dict):
+        return choose_tools(body.tools or [], "named",
+                            (choice.get("function") or {}).get("name"), supports_tools)
+    return choose_tools(body.tools or [], choice or "auto", None, supports_tools)
 
 
 def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,

@@ -83,6 +83,33 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
     )
 
 
+def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
+                 supports_tools: bool) -> list[dict[str, Any]] | None:
+    """The tools to hand the chat template (OpenAI function schemas), for every protocol.
+
+    ``kind``: ``none`` hides the tools; ``auto`` and ``required`` pass them all (nothing
+    forces a call: the template and model decide); ``named`` passes only ``name``. Tools
+    sent to a model without tool support reach its template, which ignores them
+    (``capabilities.tools`` in /v1/models says so); forcing a call on such a model
+    (``required`` or ``named``) is a 400, and so is a name that is not among the tools.
+    """
+    if not tools or kind == "none":
+        return None
+    if kind == "auto":
+        return tools
+    if not supports_tools:
+        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
+                       "template has no tool-call support", param="tool_choice",
+                       code="unsupported_value")
+    if kind == "required":
+        return tools
+    chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
+    if not chosen:
+        raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
+                       param="tool_choice", code="invalid_value")
+    return chosen
+
+
 def usage(fin: Finished | None) -> dict[str, Any] | None:
     """OpenAI's usage object (with ``prompt_tokens_details.cached_tokens``)."""
     if fin is None:

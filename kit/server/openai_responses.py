@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 import uuid
 from typing import Any, Union
 
@@ -21,7 +22,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import ChatRequest, Finished, ReasoningDelta, TextDelta, ToolCall
 from kit.server.errors import APIError
-from kit.server.openai_common import Open, collect, start, stream_events
+from kit.server.openai_common import Open, choose_tools, collect, start, stream_events
 from kit.server.state import ServerState
 
 router = APIRouter()
@@ -92,22 +93,16 @@ def _json(arguments: Any) -> Any:
 
 
 def _tools(body: ResponsesRequest, supports_tools: bool) -> list[dict] | None:
+    """Responses function tools as chat-template schemas, after ``tool_choice`` (see
+    :func:`choose_tools`)."""
     tools = [{"type": "function", "function": {"name": t["name"], "description":
                                                t.get("description") or "",
                                                "parameters": t.get("parameters") or {}}}
              for t in body.tools or [] if t.get("type") == "function" and t.get("name")]
     choice = body.tool_choice
-    if not tools or choice == "none":
-        return None
-    if choice in (None, "auto"):
-        return tools
-    if not supports_tools:
-        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
-                       "template has no tool-call support", param="tool_choice",
-                       code="unsupported_value")
-    if isinstance(choice, dict) and choice.get("name"):
-        tools = [t for t in tools if t["function"]["name"] == choice["name"]]
-    return tools
+    if isinstance(choice, dict):
+        return choose_tools(tools, "named", choice.get("name"), supports_tools)
+    return choose_tools(tools, choice or "auto", None, supports_tools)
 
 
 class _Items:
@@ -212,12 +207,9 @@ async def responses(body: ResponsesRequest, request: Request):
         raise APIError(400, f"text.format {fmt!r} is not supported: this server has no "
                        "constrained decoding", param="text.format", code="unsupported_value")
     model = await state.resolve(body.model)
-    defaults = state.sampling_defaults()
-    params = type(defaults)(
-        max_tokens=body.max_output_tokens,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=defaults.top_k, min_p=defaults.min_p)
+    params = replace(state.sampling_defaults(), max_tokens=body.max_output_tokens,
+                     **{k: v for k, v in (("temperature", body.temperature),
+                                          ("top_p", body.top_p)) if v is not None})
     effort = (body.reasoning or {}).get("effort")
     resp_id = f"resp_{uuid.uuid4().hex[:24]}"
     req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=resp_id,
