@@ -22,7 +22,7 @@ from kit.harness import manifest
 from kit.harness.files import atomic_write, make_parents, sha256_text
 from kit.harness.render import MARKER, context, render
 from kit.harness.formats import loads
-from kit.harness.merge import fingerprint, merge, unmerge
+from kit.harness.merge import fingerprint, merge, merged_again, unmerge
 from kit.harness.spec import FileSpec, HarnessSpec
 from kit.probe import fetch_models
 from kit.urls import ServerURL
@@ -166,7 +166,7 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
             backup = prev.get("backup")
             entry: dict[str, Any] = {}
             if ch.owned is not None:  # merge: remember the user's original file once
-                entry = {"mode": "merge", "owned": ch.owned,
+                entry = {"mode": "merge", "owned": merged_again(prev.get("owned"), ch.owned),
                          "created_file": prev.get("created_file", ch.old is None),
                          "original_fp": prev.get("original_fp")}
                 if not prev and ch.old is not None:

@@ -8,6 +8,13 @@ Two strategies, chosen per file in the agent's spec:
   appended, and removal deletes exactly those entries.
 - ``keys``: the document is a mapping; we own the dotted paths in ``owns`` (e.g.
   ``provider.mlx-kit``) and set them to what the template rendered; removal deletes them.
+  An ``owns`` item may also name a list inside the mapping and the key its entries are
+  identified by, ``modelProviders.openai[id]`` (Qwen Code's settings.json): we own the
+  entries of that list which the template rendered, by that key (the user's other entries
+  in the same list stay), as ``list-by-key`` does for a whole file. Parents (and a list)
+  we had to create are dropped on removal once empty. An owned plain value (a string,
+  number...) that no longer holds what we wrote was set again by the user or by the agent
+  on their behalf (a model picker): removal leaves it as it is.
 
 Every other entry, key, comment and the order of the file stay as they were (round-trip
 parsers, :mod:`kit.harness.formats`). The manifest records a hash of each value we wrote,
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +64,94 @@ def _path(dotted: str) -> list[str]:
     return dotted.split(".")
 
 
+_SELECTOR = re.compile(r"(?P<path>[^\[\]]+)\[(?P<key>[^\[\]=.]+)\]")
+
+
+def list_selector(owned: str) -> tuple[list[str], str] | None:
+    """``"a.b[id]"`` -> (``["a", "b"]``, ``"id"``): the entries of the list at ``a.b``,
+    identified by their ``id``; None for a plain dotted key.
+
+    Raises:
+        HarnessError: ``owned`` has brackets but is not ``dotted.path[key]``.
+    """
+    if "[" not in owned and "]" not in owned:
+        return None
+    m = _SELECTOR.fullmatch(owned)
+    if m is None:
+        raise HarnessError(f"owns entry {owned!r}: expected a dotted path, or a dotted path "
+                           "to a list followed by [key]")
+    return _path(m["path"]), m["key"]
+
+
+def _entry_id(path: list[str], key: str, value: Any) -> str:
+    """The record's id of one owned list entry: ``a.b[id=local]``."""
+    return f"{'.'.join(path)}[{key}={value}]"
+
+
+def _owned_entry(spec: MergeSpec, ident: str) -> tuple[list[str], str, str] | None:
+    """The (list path, key, value) of a recorded list-entry id, None for a dotted key."""
+    for owned in spec.owns:
+        sel = list_selector(owned)
+        if sel is None:
+            continue
+        prefix = f"{'.'.join(sel[0])}[{sel[1]}="
+        if ident.startswith(prefix) and ident.endswith("]"):
+            return sel[0], sel[1], ident[len(prefix):-1]
+    return None
+
+
+def _find(entries: Any, key: str, value: str) -> int | None:
+    """The index of the entry whose ``key`` is ``value`` in a list, or None."""
+    if not isinstance(entries, list):
+        return None
+    return next((i for i, e in enumerate(entries)
+                 if isinstance(e, dict) and str(e.get(key)) == value), None)
+
+
+def _put(entries: list, key: str, entry: Any, ident: str, owned: dict, previous: dict) -> None:
+    """Put ``entry`` into ``entries`` by ``key``: replace the entry with the same key
+    (remembering the user's in ``previous``) or append it; record its fingerprint."""
+    at = _find(entries, key, str(entry[key]))
+    if at is None:
+        entries.append(entry)
+    else:
+        previous.setdefault(ident, _plain(entries[at]))
+        entries[at] = entry
+    owned[ident] = fingerprint(entry)
+
+
+def _parents(doc: dict, path: list[str], created: list[str], where: str) -> dict:
+    """The mapping at ``path`` in ``doc``, creating missing levels and recording them in
+    ``created``.
+
+    Raises:
+        HarnessError: a level holds something else than a mapping (the user's value is
+            never replaced by a parent of ours).
+    """
+    node = doc
+    for depth, part in enumerate(path, 1):
+        if part not in node:
+            node[part] = {}
+            created.append(".".join(path[:depth]))
+        elif not isinstance(node[part], dict):
+            raise HarnessError(f"{'.'.join(path[:depth])} in {where} should hold a mapping; "
+                               "it does not", hint="fix the file (mlx-kit changes nothing "
+                               "until it has the shape the agent uses)")
+        node = node[part]
+    return node
+
+
+def _prune(doc: dict, path: list[str], created: set[str]) -> None:
+    """Delete the containers at ``path`` and above that we created, innermost first, while
+    they are empty (never the user's own, even empty)."""
+    for depth in range(len(path), 0, -1):
+        node = _get(doc, path[:depth])
+        if ".".join(path[:depth]) not in created or not isinstance(node, (dict, list)) or node:
+            break
+        holder = _get(doc, path[:depth - 1]) if depth > 1 else doc
+        del holder[path[depth - 1]]
+
+
 def _get(doc: Any, path: list[str]) -> Any:
     for part in path:
         if not isinstance(doc, dict) or part not in doc:
@@ -87,35 +183,61 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
         if not isinstance(doc, list):
             raise HarnessError(f"{where} should hold a list of entries; it does not")
         for entry in fragment or []:
-            ident = str(entry[spec.key])
-            at = next((i for i, e in enumerate(doc)
-                       if isinstance(e, dict) and str(e.get(spec.key)) == ident), None)
-            if at is None:
-                doc.append(entry)
-            else:
-                previous.setdefault(ident, _plain(doc[at]))
-                doc[at] = entry
-            owned[ident] = fingerprint(entry)
+            _put(doc, spec.key, entry, str(entry[spec.key]), owned, previous)
     else:
         if not isinstance(doc, dict):
             raise HarnessError(f"{where} should hold a mapping; it does not")
         for dotted in spec.owns:
+            selector = list_selector(dotted)
+            if selector is not None:  # entries of a list inside the mapping, by key
+                path, key = selector
+                entries = _get(fragment, path)
+                if entries is None:
+                    continue
+                holder = _parents(doc, path[:-1], created, where)
+                if path[-1] not in holder:
+                    holder[path[-1]] = []
+                    created.append(".".join(path))
+                if not isinstance(holder[path[-1]], list):
+                    raise HarnessError(f"{'.'.join(path)} in {where} should hold a list; "
+                                       "it does not")
+                for entry in entries:
+                    _put(holder[path[-1]], key, entry, _entry_id(path, key, entry[key]),
+                         owned, previous)
+                continue
             path = _path(dotted)
             value = _get(fragment, path)
             if value is None:
                 continue
-            node = doc
-            for depth, part in enumerate(path[:-1], 1):
-                if part not in node or not isinstance(node[part], dict):
-                    node[part] = {}
-                    created.append(".".join(path[:depth]))
-                node = node[part]
+            node = _parents(doc, path[:-1], created, where)
             if path[-1] in node:
                 previous.setdefault(dotted, _plain(node[path[-1]]))
             node[path[-1]] = value
             owned[dotted] = fingerprint(value)
     return dumps(spec.format, doc), {"entries": owned, "created": created,
                                      "previous": previous}
+
+
+def merged_again(first: dict | None, again: dict) -> dict:
+    """The record of an install over our own earlier one (``launch`` installs every time).
+
+    ``merge`` on a file that already holds our entries sees them as values to replace and
+    their parents as existing; what removal must undo is still what the *first* install
+    found: the user's values it replaced and the parents it created.
+
+    Args:
+        first: the record in the manifest (None: nothing of ours was merged yet).
+        again: the record ``merge`` just returned.
+    """
+    if not first:
+        return again
+    earlier = first.get("entries", {})
+    previous = {k: v for k, v in again.get("previous", {}).items() if k not in earlier}
+    previous.update({k: v for k, v in first.get("previous", {}).items()
+                     if k in again.get("entries", {})})
+    created = list(first.get("created", []))
+    created += [c for c in again.get("created", []) if c not in created]
+    return {"entries": again.get("entries", {}), "created": created, "previous": previous}
 
 
 def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
@@ -150,25 +272,32 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
         is_empty = len(doc) == 0
     else:
         for dotted, fp in owned.items():
-            path = _path(dotted)
-            parent = _get(doc, path[:-1]) if len(path) > 1 else doc
-            if not isinstance(parent, dict) or path[-1] not in parent:
+            entry = _owned_entry(spec, dotted)
+            if entry is not None:  # an entry of a list inside the mapping
+                path, key, value = entry
+                parent, name = _get(doc, path), _find(_get(doc, path), key, value)
+                label = f"the entry {key}={value} of {'.'.join(path)}"
+                container = path
+            else:
+                path = _path(dotted)
+                parent = _get(doc, path[:-1]) if len(path) > 1 else doc
+                name = path[-1] if isinstance(parent, dict) and path[-1] in parent else None
+                label, container = dotted, path[:-1]
+            if name is None:
                 continue
-            if fingerprint(parent[path[-1]]) != fp and not force:
-                raise HarnessError(f"{dotted} in {where} was edited since mlx-kit wrote it",
-                                   hint="pass --force to remove it")
+            if fingerprint(parent[name]) != fp:
+                # A plain value set again since (e.g. by the agent's model picker) is the
+                # user's choice now: kept as it is, with or without --force.
+                if entry is None and not isinstance(parent[name], (dict, list)):
+                    continue
+                if not force:
+                    raise HarnessError(f"{label} in {where} was edited since mlx-kit wrote it",
+                                       hint="pass --force to remove it")
             if dotted in previous:
-                parent[path[-1]] = previous[dotted]  # the user's value, as it was
+                parent[name] = previous[dotted]  # the user's value, as it was
                 continue
-            del parent[path[-1]]
-            # drop the parents we created, once empty (never the user's own, even empty)
-            for depth in range(len(path) - 1, 0, -1):
-                node = _get(doc, path[:depth])
-                if ".".join(path[:depth]) not in created or not (isinstance(node, dict)
-                                                                 and not node):
-                    break
-                holder = _get(doc, path[:depth - 1]) if depth > 1 else doc
-                del holder[path[depth - 1]]
+            del parent[name]
+            _prune(doc, container, created)  # the parents we created, once empty
         is_empty = len(doc) == 0
     return dumps(spec.format, doc), is_empty
 
@@ -178,9 +307,14 @@ def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str
     left out): equal to ``record["entries"]`` when nobody changed them."""
     current: dict[str, str] = {}
     for ident in record.get("entries", {}):
+        entry = _owned_entry(spec, ident) if spec.strategy == "keys" else None
         if spec.strategy == "list-by-key":
-            found = next((e for e in doc or [] if isinstance(e, dict)
-                          and str(e.get(spec.key)) == ident), None)
+            at = _find(doc, spec.key, ident)
+            found = doc[at] if at is not None else None
+        elif entry is not None:
+            entries = _get(doc, entry[0])
+            at = _find(entries, entry[1], entry[2])
+            found = entries[at] if at is not None else None
         else:
             found = _get(doc, _path(ident))
         if found is not None:

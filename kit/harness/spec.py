@@ -17,8 +17,9 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     mode = "drop-in"                  #   a whole file we own, or "merge": our entries go
     format = "yaml"                   #     into the user's file (yaml | toml | json),
     strategy = "list-by-key"          #     as list entries identified by `key`, or
-    key = "model_id"                  #     ("keys") at the dotted paths in `owns`
-    owns = ["provider.mlx-kit"]       #     (see kit/harness/merge.py)
+    key = "model_id"                  #     ("keys") at the dotted paths in `owns`;
+    owns = ["provider.mlx-kit"]       #     "a.b[id]" owns our entries of the list at a.b,
+                                      #     by their id (see kit/harness/merge.py)
     [launch]
     args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
     env = {}                          # extra environment for the agent's process
@@ -35,7 +36,7 @@ from typing import Any
 
 from kit.errors import HarnessError
 from kit.harness.formats import FORMATS
-from kit.harness.merge import MergeSpec
+from kit.harness.merge import MergeSpec, list_selector
 from kit.paths import harnesses_dir, templates_dir
 
 if sys.version_info >= (3, 11):
@@ -131,6 +132,14 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
                 raise HarnessError(f"{fw}: strategy list-by-key needs key")
             if f["strategy"] == "keys" and not f.get("owns"):
                 raise HarnessError(f"{fw}: strategy keys needs owns (dotted key paths)")
+            owns = f.get("owns", [])
+            if not isinstance(owns, list) or not all(isinstance(o, str) and o for o in owns):
+                raise HarnessError(f"{fw}: owns must be a list of dotted key paths")
+            for owned in owns:
+                try:
+                    list_selector(owned)
+                except HarnessError as e:
+                    raise HarnessError(f"{fw}: {e.message}") from None
             merge = MergeSpec(f["format"], f["strategy"], f.get("key"), tuple(f.get("owns", ())))
         files.append(FileSpec(_require(f, "path", str, fw), template, mode, merge))
     launch = data.get("launch", {})

@@ -3,11 +3,14 @@ every other key, comment and byte stays; removal restores the file."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kit.errors import HarnessError
 from kit.harness.formats import loads
-from kit.harness.merge import MergeSpec, fingerprint, merge, unmerge
+from kit.harness.merge import (MergeSpec, fingerprint, list_selector, merge, merged_again,
+                               owned_fingerprints, unmerge)
 
 YAML_LIST = MergeSpec("yaml", "list-by-key", key="model_id")
 TOML_KEYS = MergeSpec("toml", "keys", owns=("model_providers.mlx-kit", "profile_default"))
@@ -113,3 +116,124 @@ def test_a_value_of_the_users_that_we_replaced_comes_back_on_removal():
     back, _ = unmerge(JSON_KEYS, merged, record, "f")
     assert loads("json", back, "f") == {"provider": {"mlx-kit": {"name": "hand-made"}},
                                         "theme": "light"}
+
+
+# --- entries of a list inside a mapping, plus owned keys (Qwen Code's settings.json) ------
+
+LIST_IN_MAPPING = MergeSpec("json", "keys", owns=("providers.openai[id]", "auth.type",
+                                                  "model.name"))
+LIST_OURS = ('{"providers": {"openai": [{"id": "local", "baseUrl": "http://127.0.0.1:8090/v1"}]},'
+             ' "auth": {"type": "openai"}, "model": {"name": "local"}}')
+
+
+@pytest.mark.parametrize("user", [
+    None,
+    '{}\n',
+    '{\n  "theme": "dark",\n  "$version": 4\n}\n',
+    '{"providers": {"openai": [{"id": "mine", "baseUrl": "https://example.invalid/v1"}],'
+    ' "anthropic": [{"id": "claude"}]}, "auth": {"type": "oauth", "extra": 1},'
+    ' "model": {"name": "mine", "temperature": 0.2}}\n',
+    '{"providers": {"openai": [{"id": "local", "baseUrl": "http://my-own/v1"},'
+    ' {"id": "b"}]}}\n',
+    '{"providers": {"openai": []}, "model": {}}\n',
+], ids=["no-file", "empty", "other-keys", "own-providers-and-values", "own-local-entry",
+        "empty-containers"])
+def test_list_entries_inside_a_mapping_merge_and_come_out_by_key(user):
+    merged, record = merge(LIST_IN_MAPPING, user, LIST_OURS, "settings.json")
+    doc = loads("json", merged, "f")
+    ours = loads("json", LIST_OURS, "ours")
+    [entry] = [e for e in doc["providers"]["openai"] if e["id"] == "local"]
+    assert entry == ours["providers"]["openai"][0]
+    assert doc["auth"]["type"] == "openai" and doc["model"]["name"] == "local"
+    assert set(record["entries"]) == {"providers.openai[id=local]", "auth.type", "model.name"}
+    before = loads("json", user or "", "f") or {}
+    for e in (before.get("providers") or {}).get("openai", []):  # the user's others stay
+        if e["id"] != "local":
+            assert e in doc["providers"]["openai"]
+
+    back, is_empty = unmerge(LIST_IN_MAPPING, merged, record, "settings.json")
+    assert loads("json", back, "f") == before  # the user's document, their values back
+    assert is_empty == (before == {})
+
+
+def test_the_list_and_parents_we_created_go_once_empty_but_the_users_own_stay():
+    merged, record = merge(LIST_IN_MAPPING, '{"providers": {}}', LIST_OURS, "f")
+    assert "providers.openai" in record["created"] and "providers" not in record["created"]
+    back, _ = unmerge(LIST_IN_MAPPING, merged, record, "f")
+    assert loads("json", back, "f") == {"providers": {}}
+    # a user entry added to the list we created keeps the list
+    doc = loads("json", merged, "f")
+    doc["providers"]["openai"].append({"id": "added-later"})
+    back, _ = unmerge(LIST_IN_MAPPING, json.dumps(doc), record, "f")
+    assert loads("json", back, "f") == {"providers": {"openai": [{"id": "added-later"}]}}
+
+
+def test_removal_by_key_survives_the_agent_rewriting_the_file():
+    """The agent reformats the file, reorders nothing, adds its own key: removal still
+    finds our entries by key and leaves the agent's key and the user's values."""
+    user = '{"model": {"name": "mine"}, "providers": {"openai": [{"id": "mine"}]}}\n'
+    merged, record = merge(LIST_IN_MAPPING, user, LIST_OURS, "f")
+    doc = loads("json", merged, "f")
+    doc["$version"] = 4
+    rewritten = json.dumps(doc, indent=4)  # other indentation, no trailing newline
+    back, _ = unmerge(LIST_IN_MAPPING, rewritten, record, "f")
+    assert loads("json", back, "f") == {"model": {"name": "mine"},
+                                        "providers": {"openai": [{"id": "mine"}]},
+                                        "$version": 4}
+
+
+def test_an_edited_list_entry_is_not_removed_without_force_and_drift_sees_it():
+    merged, record = merge(LIST_IN_MAPPING, '{"providers": {"openai": [{"id": "mine"}]}}',
+                           LIST_OURS, "f")
+    assert owned_fingerprints(LIST_IN_MAPPING, loads("json", merged, "f"), record) == \
+        record["entries"]
+    edited = merged.replace("http://127.0.0.1:8090/v1", "http://10.0.0.1/v1")
+    assert owned_fingerprints(LIST_IN_MAPPING, loads("json", edited, "f"), record) != \
+        record["entries"]
+    with pytest.raises(HarnessError) as exc:
+        unmerge(LIST_IN_MAPPING, edited, record, "settings.json")
+    assert "the entry id=local of providers.openai in settings.json was edited" \
+        in exc.value.message
+    back, _ = unmerge(LIST_IN_MAPPING, edited, record, "f", force=True)
+    assert loads("json", back, "f") == {"providers": {"openai": [{"id": "mine"}]}}
+
+
+@pytest.mark.parametrize("user, where", [
+    ('{"providers": {"openai": {"id": "local"}}}', "providers.openai in f should hold a list"),
+    ('{"providers": "none"}', "providers in f should hold a mapping"),
+    ('{"model": "a-legacy-string"}', "model in f should hold a mapping"),
+])
+def test_a_users_value_of_another_shape_is_never_replaced(user, where):
+    with pytest.raises(HarnessError) as exc:
+        merge(LIST_IN_MAPPING, user, LIST_OURS, "f")
+    assert where in exc.value.message
+
+
+@pytest.mark.parametrize("owned", ["a.b[", "a.b[id", "a[b]c", "[id]", "a.b[x.y]", "a.b[]"])
+def test_a_malformed_list_selector_is_refused(owned):
+    with pytest.raises(HarnessError):
+        list_selector(owned)
+    assert list_selector("modelProviders.openai[id]") == (["modelProviders", "openai"], "id")
+    assert list_selector("model.name") is None
+
+
+def test_a_plain_value_set_again_since_install_is_the_users_and_stays():
+    """The user picks another model inside the agent (which writes model.name): removal
+    keeps that choice instead of refusing or putting back the value from before install."""
+    merged, record = merge(LIST_IN_MAPPING, '{"model": {"name": "before"}}', LIST_OURS, "f")
+    doc = loads("json", merged, "f")
+    doc["model"]["name"] = "picked-later"
+    back, _ = unmerge(LIST_IN_MAPPING, json.dumps(doc), record, "f")
+    assert loads("json", back, "f") == {"model": {"name": "picked-later"}}
+
+
+def test_merging_again_over_our_own_entries_keeps_what_the_first_merge_found():
+    user = '{"model": {"name": "mine"}, "providers": {"openai": [{"id": "local", "x": 1}]}}'
+    merged, first = merge(LIST_IN_MAPPING, user, LIST_OURS, "f")
+    again_text, again = merge(LIST_IN_MAPPING, merged, LIST_OURS.replace("8090", "9000"), "f")
+    assert again["previous"]["model.name"] == "local"  # what merge alone believes
+    record = merged_again(first, again)
+    assert record["previous"] == first["previous"] and record["created"] == first["created"]
+    assert record["entries"] == again["entries"]
+    back, _ = unmerge(LIST_IN_MAPPING, again_text, record, "f")
+    assert loads("json", back, "f") == loads("json", user, "f")
