@@ -1,0 +1,135 @@
+"""Qwen Code (real binary) against the real server, with a throwaway HOME holding a user's
+own ~/.qwen/settings.json: `mlx-kit launch qwen` merges our keys in and qwen answers through
+our server; `harness remove qwen` gives the file back. An over-window prompt shows qwen's
+error for the server's 400, and removal still works after qwen rewrote the file.
+
+Why the answering test slims Qwen's prompt: its first request carries ~8,700 system-prompt
+tokens (plus ~7,000 of tool schemas, which the starter's template does not render), over
+the starter's 8,192-token window, and with it ~5,400 more tokens in a background
+"auto-memory" request after each answer. With Qwen's own switches the request is ~420
+tokens (a few seconds of CPU prefill): `--system-prompt` replaces the built-in prompt,
+`--exclude-tools` drops every tool (the starter cannot call them anyway), and the project's
+.qwen/settings.json sets memory.enableManagedAutoMemory = false (no CLI flag does that;
+`--bare` would, but it also ignores the settings we write). See docs/agents/qwen.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import clean_env, generated_texts, require_binary
+
+pytestmark = pytest.mark.slow
+
+#: The user's own settings, as Qwen 0.15.10 writes them ("$version": 4, so qwen leaves the
+#: file alone and removal can give back the exact bytes).
+USER_SETTINGS = json.dumps({
+    "modelProviders": {"openai": [{
+        "id": "qwen3-coder-plus", "name": "Qwen3 Coder Plus", "envKey": "DASHSCOPE_API_KEY",
+        "baseUrl": "https://dashscope.aliyuncs.com/compatible-mode/v1"}]},
+    "security": {"auth": {"selectedType": "qwen-oauth"}},
+    "model": {"name": "qwen3-coder-plus"},
+    "env": {"DASHSCOPE_API_KEY": "sk-the-users-own"},
+    "ui": {"theme": "GitHub"},
+    "$version": 4,
+}, indent=2)
+
+#: Every tool Qwen Code 0.15.10 offers in a headless run (the last two are "deferred").
+QWEN_TOOLS = ["tool_search", "agent", "task_stop", "send_message", "skill", "list_directory",
+              "read_file", "grep_search", "glob", "todo_write", "web_fetch",
+              "ask_user_question", "exit_plan_mode"]
+SLIM = ["--system-prompt", "You are a helpful assistant. Answer in one sentence.",
+        "--exclude-tools", ",".join(QWEN_TOOLS)]
+QUESTION = "What is the capital of France?"
+
+
+def qwen_env(home: Path) -> dict[str, str]:
+    """A throwaway HOME, and none of the caller's Qwen or OpenAI settings."""
+    env = clean_env(home)
+    for key in list(env):
+        if key.startswith(("QWEN_", "OPENAI_", "DASHSCOPE_")):
+            del env[key]
+    return env
+
+
+def kit(env: dict, *args: str, cwd: Path | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], env=env, cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def project(tmp_path: Path, memory: bool) -> Path:
+    """A project folder; its .qwen/settings.json turns Qwen's auto-memory off unless asked."""
+    folder = tmp_path / "project"
+    (folder / ".qwen").mkdir(parents=True)
+    if not memory:
+        (folder / ".qwen" / "settings.json").write_text(json.dumps(
+            {"memory": {"enableManagedAutoMemory": False}, "$version": 4}, indent=2))
+    return folder
+
+
+def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tmp_path):
+    require_binary("qwen")
+    env = qwen_env(tmp_path)
+    settings = tmp_path / ".qwen" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(USER_SETTINGS)
+    cwd = project(tmp_path, memory=False)
+    before = httpx.get(server.root + "/health").json()["requests_served"]
+
+    r = kit(env, "launch", "qwen", "--url", server.v1, "--", *SLIM, "-p", QUESTION, cwd=cwd)
+
+    assert r.returncode == 0, r.stderr[-2000:]
+    answer = r.stdout.strip()
+    assert answer  # the starter, greedy, said "The capital of France is Paris." here
+    assert answer in [t.strip() for t in generated_texts(server.log_text())]
+    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
+    merged = json.loads(settings.read_text())
+    [ours] = [e for e in merged["modelProviders"]["openai"] if e["id"] == "local"]
+    assert ours["baseUrl"] == server.v1
+    assert ours["generationConfig"] == {"contextWindowSize": 8192,
+                                        "samplingParams": {"max_tokens": 2048}}
+    assert not settings.with_name("settings.json.orig").exists()  # qwen did not rewrite it
+
+    r = kit(env, "harness", "remove", "qwen")
+    assert r.returncode == 0, r.stderr
+    assert "removed mlx-kit's entries" in r.stdout
+    assert settings.read_text() == USER_SETTINGS  # byte-identical
+
+
+def test_qwen_shows_the_servers_context_error_and_remove_survives_its_rewrite(server, tmp_path):
+    """Plain `qwen -p` (no flags: the merged settings alone select our server) with Qwen's
+    full prompt: over the starter's window, the server answers 400 and qwen prints that
+    error and fails. The user's file had no "$version", so qwen rewrote it; removal takes
+    out our keys by key and puts back the user's model and auth type."""
+    qwen = require_binary("qwen")
+    env = qwen_env(tmp_path)
+    user = json.loads(USER_SETTINGS)
+    del user["$version"]
+    settings = tmp_path / ".qwen" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps(user) + "\n")
+    assert kit(env, "harness", "install", "qwen", "--url", server.v1).returncode == 0
+    log_start = len(server.log_text())
+
+    r = subprocess.run([qwen, "-p", QUESTION], env=env, cwd=project(tmp_path, memory=True),
+                       text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "API Error: 400 This model's maximum context length is 8192 tokens" in r.stderr
+    assert '"POST /v1/chat/completions HTTP/1.1" 400' in server.log_text()[log_start:]
+    rewritten = json.loads(settings.read_text())
+    assert rewritten["$version"] == 4 and settings.with_name("settings.json.orig").is_file()
+
+    r = kit(env, "harness", "remove", "qwen")
+    assert r.returncode == 0, r.stderr
+    after = json.loads(settings.read_text())
+    assert after == {**user, "$version": 4}
+    assert os.path.isfile(settings.with_name("settings.json.orig"))  # qwen's, left alone
