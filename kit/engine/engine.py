@@ -183,6 +183,7 @@ class Engine:
         self._weights_bytes = 0
         self._pending_weights = 0
         self._prompt_cache: Any = None
+        self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
         self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlx-kit-engine", daemon=True)
         self._ready = threading.Event()
@@ -388,6 +389,7 @@ class Engine:
         self._model = None
         if not keep_tokenizer:
             self._tokenizer = None
+            self._grammar_tokenizer = None
         self._prompt_cache = None
         gc.collect()
         mx.clear_cache()
@@ -454,6 +456,41 @@ class Engine:
             tokens = tokens["input_ids"]
         return list(tokens)
 
+    def _constraint(self, request: ChatRequest) -> tuple[str | None, list[int]]:
+        """The grammar a request's output must follow (None: free) and the tokens to
+        append to its prompt (a forced tool call's start marker); see
+        :mod:`kit.engine.grammar`."""
+        from kit.engine.grammar import json_grammar, tool_call_grammar
+
+        tok = self._tokenizer
+        if request.force_tool is not None and request.tools and tok.has_tool_calling:
+            tools = request.tools if not request.force_tool else [
+                t for t in request.tools
+                if (t.get("function") or {}).get("name") == request.force_tool]
+            family = tok._tokenizer.init_kwargs.get("tool_parser_type")
+            start = list(tok.tool_call_start_tokens or ())
+            return tool_call_grammar(family, tools), start
+        if request.response_schema is not None and request.prompt is None:
+            return json_grammar(request.response_schema), []
+        return None, []
+
+    def _grammar_processor(self, grammar: str) -> Any:
+        """A logits processor for ``grammar``; the llguidance tokenizer is built once per
+        loaded model.
+
+        Raises:
+            InvalidRequest: the grammar does not compile (e.g. an unsupported schema).
+        """
+        from kit.engine.grammar import GrammarProcessor, ll_tokenizer
+
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = ll_tokenizer(self._tokenizer)
+        try:
+            return GrammarProcessor(self._grammar_tokenizer, grammar)
+        except ValueError as e:
+            raise InvalidRequest(f"cannot constrain the output to this schema: {e}",
+                                 param="response_format") from None
+
     def _max_tokens(self, n_prompt: int, requested: int | None) -> int:
         """Tokens to generate within the context window.
 
@@ -513,6 +550,8 @@ class Engine:
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         prompt = self._prompt_tokens(req)
+        grammar, forced = self._constraint(req)
+        prompt += forced
         max_tokens = self._max_tokens(len(prompt), params.max_tokens)
         if params.seed is not None:
             mx.random.seed(params.seed)
@@ -522,6 +561,8 @@ class Engine:
             logit_bias=dict(params.logit_bias) or None,
             presence_penalty=params.presence_penalty or None,
             frequency_penalty=params.frequency_penalty or None)
+        if grammar is not None:
+            processors.append(self._grammar_processor(grammar))
         if self._prompt_cache is None:
             self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
         key = self.model_info.id
@@ -534,7 +575,8 @@ class Engine:
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
         parser = OutputParser(stops=params.stop) if req.prompt is not None else \
-            OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools)
+            OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools,
+                                   in_tool_call=bool(forced))
         return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
                     parser, t0)
 

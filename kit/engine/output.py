@@ -68,9 +68,10 @@ class OutputParser:
 
     @classmethod
     def for_model(cls, tokenizer: Any, prompt: list[int], *, stops: Sequence[str] = (),
-                  tools: list[dict] | None = None) -> OutputParser:
+                  tools: list[dict] | None = None, in_tool_call: bool = False) -> OutputParser:
         """The parser for an mlx-lm ``TokenizerWrapper``'s chat template, starting in
-        reasoning when the prompt ends inside an open think block."""
+        reasoning when the prompt ends inside an open think block, or inside a tool call
+        when ``in_tool_call`` (the prompt ends with a forced call's start marker)."""
         think = None
         initial = "normal"
         if getattr(tokenizer, "has_thinking", False):
@@ -81,6 +82,8 @@ class OutputParser:
         tool = None
         if tools and getattr(tokenizer, "has_tool_calling", False):
             tool = (tokenizer.tool_call_start, tokenizer.tool_call_end or "")
+            if in_tool_call:
+                initial = "tool"
         extra: dict[str, list[tuple[str, str]]] = {}
         for marker in getattr(tokenizer, "structural_markers", None) or ():
             extra.setdefault("normal", []).append((marker, "normal"))

@@ -59,6 +59,11 @@ class ChatRequest:
             behind ``local`` when its turn comes.
         template_kwargs: extra variables for the chat template (``enable_thinking``,
             ``reasoning_effort``...).
+        force_tool: None lets the model decide whether to call a tool; ``""`` forces a
+            call to one of ``tools``, a name forces a call to that tool (``tool_choice``
+            required / named; see :mod:`kit.engine.grammar`).
+        response_schema: a JSON schema the answer text must follow (``response_format``;
+            ``{"type": "object"}`` for json_object), or None for free text.
         request_id: an id for logs.
     """
 
@@ -68,6 +73,8 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     model: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    force_tool: str | None = None
+    response_schema: dict[str, Any] | None = None
     request_id: str = ""
 
 

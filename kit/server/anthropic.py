@@ -136,9 +136,10 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
     return out
 
 
-def _tools(body: MessagesRequest | CountTokensRequest, supports_tools: bool) -> list | None:
-    """Anthropic tools as function schemas, after ``tool_choice`` (auto / any / tool /
-    none; see :func:`choose_tools`)."""
+def _tools(body: MessagesRequest | CountTokensRequest,
+           supports_tools: bool) -> tuple[list | None, str | None]:
+    """Anthropic tools as function schemas and the call to force, after ``tool_choice``
+    (auto / any / tool / none; see :func:`choose_tools`)."""
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description
                                                or "", "parameters": t.input_schema}}
              for t in body.tools or []]
@@ -179,8 +180,9 @@ async def messages(body: MessagesRequest, request: Request):
         **{k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p),
                              ("top_k", body.top_k)) if v is not None})
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+    tools, force = _tools(body, state.engine.capabilities()["tools"])
     req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=msg_id,
-                      tools=_tools(body, state.engine.capabilities()["tools"]))
+                      tools=tools, force_tool=force)
     started, events = await start(state, req)
     message = {"id": msg_id, "type": "message", "role": "assistant", "model": started.model,
                "content": [], "stop_reason": None, "stop_sequence": None}
@@ -267,7 +269,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
     await state.resolve(body.model)
     req = ChatRequest(messages=_messages(body),
-                      tools=_tools(body, state.engine.capabilities()["tools"]))
+                      tools=_tools(body, state.engine.capabilities()["tools"])[0])
     try:
         n = await asyncio.to_thread(state.engine.count_tokens, req)
     except EngineError as e:

@@ -24,6 +24,7 @@ from kit.server.openai_common import (
     Open,
     SamplingFields,
     choose_tools,
+    response_schema,
     collect,
     sampling,
     start,
@@ -95,8 +96,9 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def _tools(body: ChatCompletionRequest, supports_tools: bool) -> list[dict] | None:
-    """The tools after ``tool_choice`` (see :func:`choose_tools`)."""
+def _tools(body: ChatCompletionRequest,
+           supports_tools: bool) -> tuple[list[dict] | None, str | None]:
+    """The tools and the call to force after ``tool_choice`` (see :func:`choose_tools`)."""
     choice = body.tool_choice
     if isinstance(choice, dict):
         return choose_tools(body.tools or [], "named",
@@ -112,14 +114,10 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
 
     Raises:
         APIError: 400 for what this server cannot honour (n > 1, non-text content,
-            response_format json_object/json_schema, bad logit_bias keys, a forced tool
-            call on a model without tool support).
+            an unknown response_format type, bad logit_bias keys, a forced tool call on a
+            model without tool support).
     """
-    fmt = (body.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(400, f"response_format {fmt!r} is not supported: this server has no "
-                       "constrained decoding", param="response_format",
-                       code="unsupported_value")
+    schema = response_schema(body.response_format, "response_format")
     params = sampling(body, defaults, max_tokens=body.max_completion_tokens or body.max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     template_kwargs = dict(body.chat_template_kwargs or {})
@@ -128,8 +126,9 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
         template_kwargs.setdefault("enable_thinking", body.reasoning_effort not in ("none",
                                                                                    "minimal"))
     messages = [_flatten(m, i) for i, m in enumerate(body.messages)]
-    return ChatRequest(messages=messages, params=params, tools=_tools(body, supports_tools),
-                       template_kwargs=template_kwargs)
+    tools, force = _tools(body, supports_tools)
+    return ChatRequest(messages=messages, params=params, tools=tools, force_tool=force,
+                       response_schema=schema, template_kwargs=template_kwargs)
 
 
 def _logprobs(entries) -> list[dict[str, Any]]:

@@ -84,30 +84,59 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
 
 
 def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
-                 supports_tools: bool) -> list[dict[str, Any]] | None:
-    """The tools to hand the chat template (OpenAI function schemas), for every protocol.
+                 supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The tools to hand the chat template (OpenAI function schemas) and the call to
+    force (``ChatRequest.force_tool``), for every protocol.
 
-    ``kind``: ``none`` hides the tools; ``auto`` and ``required`` pass them all (nothing
-    forces a call: the template and model decide); ``named`` passes only ``name``. Tools
-    sent to a model without tool support reach its template, which ignores them
-    (``capabilities.tools`` in /v1/models says so); forcing a call on such a model
-    (``required`` or ``named``) is a 400, and so is a name that is not among the tools.
+    ``kind``: ``none`` hides the tools; ``auto`` passes them all and lets the model decide;
+    ``required`` passes them all and forces a call to one of them (force ``""``);
+    ``named`` passes only ``name`` and forces a call to it. Tools sent to a model without
+    tool support reach its template, which ignores them (``capabilities.tools`` in
+    /v1/models says so); forcing a call on such a model is a 400, and so is a name that
+    is not among the tools.
+
+    Raises:
+        APIError: 400 as above.
     """
     if not tools or kind == "none":
-        return None
+        return None, None
     if kind == "auto":
-        return tools
+        return tools, None
     if not supports_tools:
         raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
                        "template has no tool-call support", param="tool_choice",
                        code="unsupported_value")
     if kind == "required":
-        return tools
+        return tools, ""
     chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
     if not chosen:
         raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
                        param="tool_choice", code="invalid_value")
-    return chosen
+    return chosen, name
+
+
+def response_schema(fmt: dict[str, Any] | None, param: str) -> dict[str, Any] | None:
+    """The JSON schema an answer must follow (``ChatRequest.response_schema``) from a
+    ``response_format`` (Chat Completions: ``{"type": "json_schema", "json_schema":
+    {"schema": ...}}``) or ``text.format`` (Responses: ``{"type": "json_schema",
+    "schema": ...}``); ``{"type": "object"}`` for json_object; None for text.
+
+    Raises:
+        APIError: 400 for another type or a json_schema without a schema object.
+    """
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema", fmt.get("schema"))
+        if isinstance(schema, dict):
+            return schema
+        raise APIError(400, "response_format json_schema needs a 'schema' object",
+                       param=param, code="invalid_value")
+    raise APIError(400, f"{param} type {kind!r} is not supported (text, json_object, "
+                   "json_schema)", param=param, code="unsupported_value")
 
 
 def usage(fin: Finished | None) -> dict[str, Any] | None:

@@ -22,7 +22,14 @@ from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import ChatRequest, Finished, ReasoningDelta, TextDelta, ToolCall
 from kit.server.errors import APIError
-from kit.server.openai_common import Open, choose_tools, collect, start, stream_events
+from kit.server.openai_common import (
+    Open,
+    choose_tools,
+    collect,
+    response_schema,
+    start,
+    stream_events,
+)
 from kit.server.state import ServerState
 
 router = APIRouter()
@@ -92,9 +99,10 @@ def _json(arguments: Any) -> Any:
     return arguments or {}
 
 
-def _tools(body: ResponsesRequest, supports_tools: bool) -> list[dict] | None:
-    """Responses function tools as chat-template schemas, after ``tool_choice`` (see
-    :func:`choose_tools`)."""
+def _tools(body: ResponsesRequest,
+           supports_tools: bool) -> tuple[list[dict] | None, str | None]:
+    """Responses function tools as chat-template schemas and the call to force, after
+    ``tool_choice`` (see :func:`choose_tools`)."""
     tools = [{"type": "function", "function": {"name": t["name"], "description":
                                                t.get("description") or "",
                                                "parameters": t.get("parameters") or {}}}
@@ -202,18 +210,16 @@ async def responses(body: ResponsesRequest, request: Request):
         raise APIError(400, "previous_response_id is not supported: this server stores no "
                        "responses; send the whole input", param="previous_response_id",
                        code="unsupported_value")
-    fmt = ((body.text or {}).get("format") or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(400, f"text.format {fmt!r} is not supported: this server has no "
-                       "constrained decoding", param="text.format", code="unsupported_value")
+    schema = response_schema((body.text or {}).get("format"), "text.format")
     model = await state.resolve(body.model)
     params = replace(state.sampling_defaults(), max_tokens=body.max_output_tokens,
                      **{k: v for k, v in (("temperature", body.temperature),
                                           ("top_p", body.top_p)) if v is not None})
     effort = (body.reasoning or {}).get("effort")
     resp_id = f"resp_{uuid.uuid4().hex[:24]}"
+    tools, force = _tools(body, state.engine.capabilities()["tools"])
     req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=resp_id,
-                      tools=_tools(body, state.engine.capabilities()["tools"]),
+                      tools=tools, force_tool=force, response_schema=schema,
                       template_kwargs={"reasoning_effort": effort,
                                        "enable_thinking": effort not in ("none", "minimal")}
                       if effort else {})
@@ -223,7 +229,8 @@ async def responses(body: ResponsesRequest, request: Request):
             "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
             "previous_response_id": None, "reasoning": body.reasoning or {},
             "store": False, "temperature": params.temperature, "top_p": params.top_p,
-            "text": {"format": {"type": "text"}}, "tool_choice": body.tool_choice or "auto",
+            "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
+            "tool_choice": body.tool_choice or "auto",
             "tools": body.tools or [], "truncation": "disabled", "metadata": {},
             "error": None, "incomplete_details": None, "user": None}
     items = _Items()

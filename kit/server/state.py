@@ -128,6 +128,9 @@ class ServerState:
         entries = [api_entry(mid, by_id.get(info.id), real_id=info.id,
                              context_window=info.context_window, loaded=loaded)
                    for mid in (STABLE_MODEL_ID, info.id)]
+        if self.engine.state in ("ready", "unloaded"):  # what mlx-lm detected beats a guess
+            for e in entries:
+                e["capabilities"] = {**e["capabilities"], **self.engine.capabilities()}
         entries += [api_entry(e.id, e, real_id=e.id) for e in self.catalog()
                     if e.loadable and e.id != info.id]
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}

@@ -276,9 +276,34 @@ def test_logprobs_stream(client):
     assert tokens and "".join(t.token for t in tokens) == text
 
 
-@pytest.mark.parametrize("fmt", [{"type": "json_object"},
-                                 {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}])
-def test_response_format_json_is_refused_not_ignored(server, fmt):
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
+                                                "country": {"type": "string"}},
+               "required": ["city", "country"], "additionalProperties": False}
+
+
+def test_response_format_json_object_answers_a_json_object(client):
+    r = client.chat.completions.create(
+        model="local", max_tokens=60, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}])
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_response_format_json_schema_answer_follows_the_schema_streamed_too(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
+    ask = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+    r = client.chat.completions.create(model="local", max_tokens=60, messages=ask,
+                                       response_format=fmt)
+    answer = json.loads(r.choices[0].message.content)
+    assert set(answer) == {"city", "country"} and "Paris" in answer["city"]
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model="local", max_tokens=60, messages=ask,
+                                                 response_format=fmt, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert json.loads(streamed) == answer  # greedy: the same constrained answer
+
+
+@pytest.mark.parametrize("fmt", [{"type": "xml"}, {"type": "json_schema", "json_schema": {}}])
+def test_response_format_that_cannot_be_honoured_is_refused_not_ignored(server, fmt):
     r = httpx.post(server.v1 + "/chat/completions",
                    json={"model": "local", "messages": QUESTION, "response_format": fmt})
     assert r.status_code == 400 and _error(r)["param"] == "response_format"

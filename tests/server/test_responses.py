@@ -83,11 +83,21 @@ def test_codex_shaped_request_streams_a_complete_sequence(server):
 
 def test_unsupported_inputs_are_400(server):
     for extra in ({"previous_response_id": "resp_1"},
-                  {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+                  {"text": {"format": {"type": "xml"}}},
                   {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}):
         body = {"model": "local", "input": "hi", **extra}
         r = httpx.post(server.v1 + "/responses", json=body)
         assert r.status_code == 400 and set(r.json()["error"]) >= {"message", "type"}
+
+
+def test_text_format_json_schema_constrains_the_answer(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}},
+              "required": ["city"], "additionalProperties": False}
+    r = client.responses.create(model="local", input="What is the capital of France?",
+                                max_output_tokens=40, text={"format": {
+                                    "type": "json_schema", "name": "city", "schema": schema}})
+    assert json.loads(r.output_text) == {"city": "Paris"}
+    assert r.text.format.type == "json_schema"
 
 
 def test_sdk_streaming_helper(client):

@@ -1,0 +1,150 @@
+"""End-to-end tool calls with a real model whose chat template has tool calls.
+
+The model: the real starter weights (SmolLM2-135M-Instruct) with a ChatML template that
+renders tools and tool calls in the json_tools format (tests/data/chatml-tools.jinja; no
+tool-calling model can be had offline here). The 135M model does not choose to call tools
+by itself, so these tests force calls with ``tool_choice`` (required / named), which the
+server honours with a forced start marker and a grammar over the call's body. Everything
+the client sees goes through the same path as with any tool-calling model: template,
+generation, mlx-lm's tool parser, the protocol adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from huggingface_hub import snapshot_download
+
+from kit.models.starter import STARTER_ID
+from tests.conftest import start_server, stop
+
+DATA = Path(__file__).parent.parent / "data"
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the current time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _tools_model(hf_home: Path, folder: Path) -> Path:
+    """The starter's files (linked, not copied) with the tool-calling chat template."""
+    src = Path(snapshot_download(STARTER_ID, cache_dir=hf_home / "hub", local_files_only=True))
+    assert src is not None, "the starter is built by the hf_home fixture"
+    folder.mkdir()
+    for f in src.iterdir():
+        if f.name != "tokenizer_config.json" and not f.name.startswith("."):
+            (folder / f.name).symlink_to(f.resolve())
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["chat_template"] = (DATA / "chatml-tools.jinja").read_text()
+    config["tool_parser_type"] = "json_tools"  # how a checkpoint names its format to mlx-lm
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tools_server(hf_home, tmp_path_factory):
+    home = tmp_path_factory.mktemp("home-tools")
+    model = _tools_model(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools")
+    s = start_server(home, hf_home, "--model", str(model), "--temperature", "0")
+    yield s
+    stop(s)
+
+
+@pytest.fixture(scope="module")
+def client(tools_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=tools_server.v1, api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def test_the_model_reports_tool_support(tools_server):
+    entry = httpx.get(tools_server.v1 + "/models").json()["data"][0]
+    assert entry["id"] == "local" and entry["capabilities"]["tools"] is True
+
+
+def test_named_tool_choice_returns_a_parsed_call(client):
+    r = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER, TIME],
+                                       tool_choice=NAMED, max_tokens=60)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_streamed_tool_call_matches_the_non_streamed_one(client):
+    chunks = list(client.chat.completions.create(
+        model="local", messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=60,
+        stream=True, stream_options={"include_usage": True}))
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert deltas and all(d.index == 0 for d in deltas)
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0 and not chunks[-1].choices
+
+
+def test_required_tool_choice_calls_one_of_the_tools_with_valid_arguments(client):
+    ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    r = client.chat.completions.create(model="local", messages=ask, tools=[WEATHER, TIME],
+                                       tool_choice="required", max_tokens=60)
+    [call] = r.choices[0].message.tool_calls
+    schema = {"get_weather": {"city"}, "get_time": {"timezone"}}[call.function.name]
+    assert set(json.loads(call.function.arguments)) == schema
+
+
+def test_a_call_cut_off_by_max_tokens_is_length_not_a_broken_call(client):
+    r = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
+                                       tool_choice=NAMED, max_tokens=4)
+    assert r.choices[0].finish_reason == "length"
+    assert not r.choices[0].message.tool_calls
+
+
+def test_second_turn_with_the_tool_result_answers_in_text(client):
+    first = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
+                                           tool_choice=NAMED, max_tokens=60)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees Celsius."}]
+    r = client.chat.completions.create(model="local", messages=history, tools=[WEATHER],
+                                       max_tokens=40)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content.strip()
+    assert r.usage.prompt_tokens_details.cached_tokens > 0  # turn 1's prompt is reused
+
+
+def test_anthropic_tool_choice_returns_a_tool_use_block(tools_server):
+    client = anthropic.Anthropic(base_url=tools_server.root, api_key="unused", max_retries=0)
+    r = client.messages.create(
+        model="local", max_tokens=60, messages=ASK, tool_choice={"type": "tool",
+                                                                 "name": "get_weather"},
+        tools=[{"name": "get_weather", "description": "Get the current weather for a city",
+                "input_schema": WEATHER["function"]["parameters"]}])
+    assert r.stop_reason == "tool_use"
+    [block] = [b for b in r.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and block.input == {"city": "Paris"}
+
+
+def test_responses_tool_choice_returns_a_function_call_item(client):
+    r = client.responses.create(
+        model="local", input="What is the weather in Paris?", max_output_tokens=60,
+        tools=[{"type": "function", "name": "get_weather",
+                "parameters": WEATHER["function"]["parameters"]}],
+        tool_choice={"type": "function", "name": "get_weather"})
+    [item] = [o for o in r.output if o.type == "function_call"]
+    assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}
