@@ -1,7 +1,8 @@
 """Round-trip loading and dumping of users' config files, per format, keeping comments,
 key order and formatting where the format allows: ruamel.yaml for YAML, tomlkit for TOML,
 the json module for plain JSON (which has no comments; key order and 2-space indentation
-are kept)."""
+are kept), and :mod:`kit.harness.jsonc` for JSON with comments and trailing commas (every
+byte outside the values we set stays as it was)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from kit.errors import HarnessError
 
-FORMATS = ("yaml", "toml", "json")
+FORMATS = ("yaml", "toml", "json", "jsonc")
 
 
 def _yaml():
@@ -38,6 +39,10 @@ def loads(fmt: str, text: str, where: str) -> Any:
             return tomlkit.parse(text)
         if fmt == "json":
             return json.loads(text) if text.strip() else None
+        if fmt == "jsonc":
+            from kit.harness import jsonc
+
+            return jsonc.load(text) if text.strip() else None
     except Exception as e:  # each parser has its own error types
         raise HarnessError(f"{where} is not valid {fmt.upper()}: {str(e).splitlines()[0]}",
                            hint="fix the file (mlx-kit changes nothing until it parses)") from None
@@ -55,6 +60,10 @@ def dumps(fmt: str, data: Any) -> str:
         return tomlkit.dumps(data)
     if fmt == "json":
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    if fmt == "jsonc":
+        from kit.harness import jsonc
+
+        return jsonc.dump(data)
     raise HarnessError(f"unknown config format {fmt!r}")
 
 
@@ -68,4 +77,8 @@ def empty(fmt: str, kind: str) -> Any:
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
         return CommentedSeq() if kind == "list" else CommentedMap()
+    if fmt == "jsonc":
+        from kit.harness import jsonc
+
+        return jsonc.load("[]\n" if kind == "list" else "{}\n")
     return [] if kind == "list" else {}
