@@ -62,5 +62,9 @@ def launch(
     else:
         for path in result.written:
             err_console.print(f"configured {spec.name}: {path}", markup=False)
-    argv, extra_env = spec.launch_command(binary, ctx.args)
+    local = None
+    if spec.uses_model_limits:  # e.g. Goose's output limit, an env var of the launch
+        models, _ = hi.baked_models(u)
+        local = models[0] if models else None
+    argv, extra_env = spec.launch_command(binary, ctx.args, local=local)
     os.execvpe(binary, argv, {**os.environ, **extra_env})

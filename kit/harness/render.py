@@ -2,12 +2,14 @@
 
 Every value that lands in a generated file goes through a filter that makes it a literal
 of the target language (``js``: a JSON/TypeScript literal), so a quote, backslash or newline
-in a model name or URL can neither break the file nor inject code.
+in a model name or URL can neither break the file nor inject code. A value that the agent
+itself expands like a shell word (Crush's ``base_url``) first goes through ``sh_escape``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jinja2
@@ -29,6 +31,13 @@ def js_literal(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def shell_literal(value: Any) -> str:
+    """``value`` with ``\\``, ``$`` and backquotes escaped by a backslash: literal text for
+    an agent that expands a config value like a shell here-document (``$VAR``, ``$(cmd)``;
+    quotes are not special there), as Crush does with ``base_url``."""
+    return re.sub(r"([\\$`])", r"\\\1", str(value))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -37,6 +46,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,  # not HTML: each value is escaped by its target-language filter
     )
     env.filters["js"] = js_literal
+    env.filters["sh_escape"] = shell_literal
     return env
 
 

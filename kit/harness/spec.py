@@ -8,7 +8,10 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     install = "npm install -g ..."    # the exact command that installs the agent
     api = "openai-completions"        # the wire API the agent speaks to our server
     [config_dir]                      # the agent's config folder
-    env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional)
+    env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional), or a list
+                                      #   of "VAR" / "VAR/sub/dir", the first set one wins
+                                      #   (["GOOSE_PATH_ROOT/config", "XDG_CONFIG_HOME/goose"])
+    darwin_env = []                   #   the list used on macOS instead (optional)
     default = "~/.pi/agent"           #   else this
     darwin = "~/Library/..."          #   else this on macOS (optional)
     [[files]]                         # one per generated file
@@ -23,12 +26,16 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     [launch]
     args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
     env = {}                          # extra environment for the agent's process
-                                      # ({file0}: our first file's path, {config_dir})
+    env_defaults = {}                 # environment set only where the user has not set it
+                                      # Values may name {file0} (our first file's path),
+                                      # {config_dir}, and {context_window}/{max_tokens}
+                                      # of the model behind `local` (as the server reports)
 """
 
 from __future__ import annotations
 
 import os
+import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,33 +76,102 @@ class HarnessSpec:
     binary: str
     install: str
     api: str
-    config_dir_env: str | None
+    config_dir_env: tuple[str, ...]
     config_dir_default: str
     config_dir_darwin: str | None
     files: tuple[FileSpec, ...]
     launch_args: tuple[str, ...]
     launch_env: tuple[tuple[str, str], ...]
+    config_dir_darwin_env: tuple[str, ...] | None = None
+    launch_env_defaults: tuple[tuple[str, str], ...] = ()
 
     def config_dir(self, environ: dict[str, str] | None = None) -> Path:
-        """The agent's config folder, honouring its own env var (then ``~`` expanded)."""
+        """The agent's config folder: the first of its env vars that is set (with its sub
+        folder, for ``"VAR/sub/dir"``), else the default (``~`` expanded)."""
         env = os.environ if environ is None else environ
-        default = self.config_dir_darwin if sys.platform == "darwin" and \
-            self.config_dir_darwin else self.config_dir_default
-        raw = (env.get(self.config_dir_env) if self.config_dir_env else None) or default
-        return Path(os.path.expanduser(raw))
+        darwin = sys.platform == "darwin"
+        default = self.config_dir_darwin if darwin and self.config_dir_darwin \
+            else self.config_dir_default
+        candidates = self.config_dir_darwin_env if darwin and \
+            self.config_dir_darwin_env is not None else self.config_dir_env
+        for candidate in candidates:
+            var, _, sub = candidate.partition("/")
+            if env.get(var):
+                return Path(os.path.expanduser(env[var])) / sub
+        return Path(os.path.expanduser(default))
 
     def file_paths(self) -> list[tuple[FileSpec, Path]]:
         """Each generated file with its absolute target path."""
         base = self.config_dir()
         return [(f, base / f.path) for f in self.files]
 
-    def launch_command(self, binary: str, extra: list[str]) -> tuple[list[str], dict[str, str]]:
-        """The agent's argv and the extra environment for its process. Values may name
-        ``{file0}``, ``{file1}``... (our files' paths) and ``{config_dir}``."""
+    @property
+    def uses_model_limits(self) -> bool:
+        """Whether a launch value names ``{context_window}`` or ``{max_tokens}``."""
+        values = [*self.launch_args, *(v for _, v in self.launch_env),
+                  *(v for _, v in self.launch_env_defaults)]
+        return any("{" + name + "}" in v for v in values for name in _MODEL_VALUES)
+
+    def launch_command(self, binary: str, extra: list[str],
+                       local: dict[str, Any] | None = None,
+                       environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+        """The agent's argv and the extra environment for its process.
+
+        Values may name ``{file0}``, ``{file1}``... (our files' paths), ``{config_dir}``,
+        and ``{context_window}`` / ``{max_tokens}`` of ``local`` (the /v1/models entry of
+        the model behind ``local``). ``env_defaults`` are left out where ``environ`` (the
+        process environment by default) already sets them.
+
+        Raises:
+            HarnessError: a value names the model's limits and ``local`` lacks them.
+        """
+        env = os.environ if environ is None else environ
         values = {f"file{i}": str(p) for i, (_, p) in enumerate(self.file_paths())}
         values["config_dir"] = str(self.config_dir())
-        argv = [binary, *(a.format(**values) for a in self.launch_args), *extra]
-        return argv, {k: v.format(**values) for k, v in self.launch_env}
+        for limit in _MODEL_VALUES:
+            if isinstance((local or {}).get(limit), int):
+                values[limit] = str(local[limit])
+
+        def fill(text: str) -> str:
+            try:
+                return text.format(**values)
+            except KeyError as e:
+                raise HarnessError(f"{self.name}: launch needs the {e.args[0]} of the model "
+                                   "behind local, and the server did not report it") from None
+
+        argv = [binary, *(fill(a) for a in self.launch_args), *extra]
+        extra_env = {k: fill(v) for k, v in self.launch_env}
+        extra_env.update({k: fill(v) for k, v in self.launch_env_defaults if k not in env})
+        return argv, extra_env
+
+
+#: What launch values may name besides ``{fileN}`` and ``{config_dir}``.
+_MODEL_VALUES = ("context_window", "max_tokens")
+
+
+def _check_placeholders(values: list[str], files: int, where: str) -> None:
+    """Refuse a launch value that names anything but our files, the config dir and the
+    model's limits (a typo would otherwise only fail when the agent is launched)."""
+    known = {f"file{i}" for i in range(files)} | {"config_dir", *_MODEL_VALUES}
+    for value in values:
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as e:
+            raise HarnessError(f"{where}: bad launch value {value!r}: {e}") from None
+        for name in names:
+            if name not in known:
+                raise HarnessError(f"{where}: launch value {value!r} names {{{name}}}",
+                                   hint="known: " + ", ".join(sorted(known)))
+
+
+def _env_list(value: Any, where: str) -> tuple[str, ...]:
+    """A config_dir env setting: one variable name or a list of "VAR[/sub/dir]"."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) and v and not v.startswith("/")
+                                              for v in items):
+        raise HarnessError(f"{where}: env must be a variable name or a list of "
+                           "\"VAR\" / \"VAR/sub/dir\"")
+    return tuple(items)
 
 
 def _require(data: dict, key: str, kind: type, where: str) -> Any:
@@ -143,18 +219,35 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
             merge = MergeSpec(f["format"], f["strategy"], f.get("key"), tuple(f.get("owns", ())))
         files.append(FileSpec(_require(f, "path", str, fw), template, mode, merge))
     launch = data.get("launch", {})
+    if not isinstance(launch, dict) or set(launch) - {"args", "env", "env_defaults"}:
+        raise HarnessError(f"{where}: [launch] takes args, env and env_defaults")
+    for table in ("env", "env_defaults"):
+        if not isinstance(launch.get(table, {}), dict) or not all(
+                isinstance(v, str) for v in launch.get(table, {}).values()):
+            raise HarnessError(f"{where}: launch.{table} must map variable names to strings")
+    if not isinstance(launch.get("args", []), list) or not all(
+            isinstance(a, str) for a in launch.get("args", [])):
+        raise HarnessError(f"{where}: launch.args must be a list of strings")
+    _check_placeholders([*launch.get("args", ()), *launch.get("env", {}).values(),
+                         *launch.get("env_defaults", {}).values()], len(files), where)
+    unknown_cfg = set(cfg) - {"env", "darwin_env", "default", "darwin"}
+    if unknown_cfg:
+        raise HarnessError(f"{where}: config_dir: unknown keys {sorted(unknown_cfg)}")
     return HarnessSpec(
         name=_require(data, "name", str, where),
         description=data.get("description", ""),
         binary=_require(data, "binary", str, where),
         install=_require(data, "install", str, where),
         api=_require(data, "api", str, where),
-        config_dir_env=cfg.get("env"),
+        config_dir_env=_env_list(cfg["env"], f"{where}: config_dir") if "env" in cfg else (),
         config_dir_default=_require(cfg, "default", str, f"{where}: config_dir"),
         config_dir_darwin=cfg.get("darwin"),
         files=tuple(files),
         launch_args=tuple(launch.get("args", ())),
         launch_env=tuple(sorted(launch.get("env", {}).items())),
+        config_dir_darwin_env=_env_list(cfg["darwin_env"], f"{where}: config_dir")
+        if "darwin_env" in cfg else None,
+        launch_env_defaults=tuple(sorted(launch.get("env_defaults", {}).items())),
     )
 
 
