@@ -134,3 +134,43 @@ def server(hf_home, tmp_path_factory):
     s = start_server(tmp_path_factory.mktemp("home-server"), hf_home, "--temperature", "0")
     yield s
     stop(s)
+
+
+def starter_with_template(hf_home: Path, folder: Path, template: Path, *,
+                          tool_parser: str | None = None,
+                          rename_tokens: dict[str, str] | None = None) -> Path:
+    """A model folder with the starter's weights (linked, not copied) and another chat
+    template: real weights behind a template with tool calls or thinking, which no model
+    available offline has. ``tool_parser`` names mlx-lm's parser for the template;
+    ``rename_tokens`` renames unused special tokens (e.g. to ``<think>``), so the
+    vocabulary keeps its size."""
+    import json
+
+    from huggingface_hub import snapshot_download
+
+    from kit.models.starter import STARTER_ID
+
+    src = Path(snapshot_download(STARTER_ID, cache_dir=hf_home / "hub", local_files_only=True))
+    folder.mkdir(parents=True)
+    rename = rename_tokens or {}
+    for f in src.iterdir():
+        if f.name.startswith(".") or f.name == "tokenizer_config.json" or (
+                rename and f.name == "tokenizer.json"):
+            continue
+        (folder / f.name).symlink_to(f.resolve())
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["chat_template"] = template.read_text()
+    if tool_parser:
+        config["tool_parser_type"] = tool_parser
+    if rename:
+        config["additional_special_tokens"] = [rename.get(t, t) for t in
+                                               config.get("additional_special_tokens", [])]
+        tok = json.loads((src / "tokenizer.json").read_text())
+        for added in tok["added_tokens"]:
+            added["content"] = rename.get(added["content"], added["content"])
+        vocab = tok["model"]["vocab"]
+        for old, new in rename.items():
+            vocab[new] = vocab.pop(old)
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

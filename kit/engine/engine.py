@@ -41,6 +41,7 @@ from kit.engine.types import (
     Started,
     TextDelta,
     TokenLogprob,
+    ToolCall,
     Usage,
 )
 from kit.errors import KitError, ModelError
@@ -116,6 +117,7 @@ class _Run:
     ttft: float = 0.0
     first_at: float = 0.0
     texts: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
     pending: list[TokenLogprob] = field(default_factory=list)
 
     def token(self, token: int, logprobs: Any, engine: Engine) -> None:
@@ -131,6 +133,8 @@ class _Run:
     def emit(self, events: list[Any]) -> None:
         """Post parser events; the first text delta carries the pending logprobs."""
         for ev in events:
+            if isinstance(ev, ToolCall):
+                self.calls.append(ev)
             if isinstance(ev, TextDelta):
                 self.texts.append(ev.text)
                 if self.pending:
@@ -581,13 +585,12 @@ class Engine:
                     parser, t0)
 
     def _complete(self, run: _Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
-        """After the last token: flush the parser, store the prompt cache (``tokens`` is
-        what ``cache`` holds; None: nothing worth keeping), post ``Finished``."""
+        """After the last token: flush the parser, post ``Finished``, then store the prompt
+        cache (``tokens`` is what ``cache`` holds; None: nothing worth keeping) — as the
+        next turn will resend it, see :meth:`_cache_for_next_turn`."""
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
             finish_reason = "tool_calls"
-        if cache is not None:
-            self._prompt_cache.insert_cache(run.key, tokens, cache)
         usage = Usage(len(run.prompt), run.n, run.cached)
         tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
         log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
@@ -596,6 +599,61 @@ class Engine:
         log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
         run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps,
                               run.parser.stop_string))
+        if cache is None:
+            return
+        if finish_reason != "cancelled" and run.job.request.prompt is None:
+            tokens = self._cache_for_next_turn(run, tokens, cache)
+        self._prompt_cache.insert_cache(run.key, tokens, cache)
+
+    def _cache_for_next_turn(self, run: _Run, tokens: list[int], cache: Any) -> list[int]:
+        """Make ``cache`` hold what the client's next turn will start with, and return
+        those tokens.
+
+        The next request resends this turn as an assistant message rendered by the chat
+        template, which is often not the generated text: thinking templates drop the
+        reasoning of earlier turns, tool calls are re-serialized, the end-of-turn marker
+        differs from the EOS token the model stopped on. The KV of the generated tokens
+        after the first difference is useless to the next turn; so the cache is trimmed
+        to the common prefix and the rest of the rendered message is prefilled now (a
+        few tokens, after the client has its answer) — the next turn then only prefills
+        its new messages. Non-trimmable caches (recurrent / rotated-out layers) keep the
+        generated tokens as they are. Returns ``tokens`` unchanged when nothing applies.
+        """
+        import mlx.core as mx
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        req = run.job.request
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": "".join(run.texts) or (None if run.calls else "")}
+        if run.calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.name, "arguments": c.arguments}} for c in run.calls]
+        kwargs: dict[str, Any] = {**req.template_kwargs, "add_generation_prompt": False}
+        if req.tools:
+            kwargs["tools"] = req.tools
+        try:
+            resend = self._tokenizer.apply_chat_template(req.messages + [message], **kwargs)
+            resend = list(resend["input_ids"] if isinstance(resend, dict) else resend)
+        except Exception as e:  # any template failure: keep the cache as generated
+            log.debug("%s: no next-turn cache (%s)", req.request_id, e)
+            return tokens
+        common = 0
+        for a, b in zip(resend, tokens):
+            if a != b:
+                break
+            common += 1
+        if common == len(resend) or common < len(run.prompt) // 2 \
+                or not can_trim_prompt_cache(cache):
+            return tokens  # already a prefix, the template rewrote the prompt, or no trim
+        trim_prompt_cache(cache, len(tokens) - common)
+        rest = resend[common:]
+        step = self._prefill_step_size()
+        for i in range(0, len(rest), step):
+            self._model(mx.array(rest[i:i + step])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        log.debug("%s: cached the next turn's prefix: %d tokens (%d re-rendered)",
+                  req.request_id, len(resend), len(rest))
+        return resend
 
     def _generate(self, job: _Job) -> None:
         """Run one request alone (``max_batch`` 1): ``mlx_lm.stream_generate``."""

@@ -19,10 +19,9 @@ import httpx
 import openai
 import pytest
 
-from huggingface_hub import snapshot_download
+from tokenizers import Tokenizer
 
-from kit.models.starter import STARTER_ID
-from tests.conftest import start_server, stop
+from tests.conftest import start_server, starter_with_template, stop
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -38,26 +37,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _tools_model(hf_home: Path, folder: Path) -> Path:
-    """The starter's files (linked, not copied) with the tool-calling chat template."""
-    src = Path(snapshot_download(STARTER_ID, cache_dir=hf_home / "hub", local_files_only=True))
-    assert src is not None, "the starter is built by the hf_home fixture"
-    folder.mkdir()
-    for f in src.iterdir():
-        if f.name != "tokenizer_config.json" and not f.name.startswith("."):
-            (folder / f.name).symlink_to(f.resolve())
-    config = json.loads((src / "tokenizer_config.json").read_text())
-    config["chat_template"] = (DATA / "chatml-tools.jinja").read_text()
-    config["tool_parser_type"] = "json_tools"  # how a checkpoint names its format to mlx-lm
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def tools_server(hf_home, tmp_path_factory):
     home = tmp_path_factory.mktemp("home-tools")
-    model = _tools_model(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools")
+    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
+                                  DATA / "chatml-tools.jinja", tool_parser="json_tools")
     s = start_server(home, hf_home, "--model", str(model), "--temperature", "0")
+    s.model = model
     yield s
     stop(s)
 
@@ -114,7 +100,8 @@ def test_a_call_cut_off_by_max_tokens_is_length_not_a_broken_call(client):
     assert not r.choices[0].message.tool_calls
 
 
-def test_second_turn_with_the_tool_result_answers_in_text(client):
+def test_second_turn_with_the_tool_result_answers_in_text_prefilling_only_the_result(
+        client, tools_server):
     first = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
                                            tool_choice=NAMED, max_tokens=60)
     call = first.choices[0].message.tool_calls[0]
@@ -125,7 +112,14 @@ def test_second_turn_with_the_tool_result_answers_in_text(client):
                                        max_tokens=40)
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.choices[0].message.content.strip()
-    assert r.usage.prompt_tokens_details.cached_tokens > 0  # turn 1's prompt is reused
+    # Everything turn 2 resends is cached — turn 1's prompt and its call as the template
+    # renders it in history (not as generated: no end marker, EOS instead of <|im_end|>\n);
+    # only the tool result is prefilled.
+    new = "<|im_start|>user\n<tool_response>\nSunny, 24 degrees Celsius.\n</tool_response>" \
+          "<|im_end|>\n<|im_start|>assistant\n"
+    tokenizer = Tokenizer.from_file(str(tools_server.model / "tokenizer.json"))
+    uncached = r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens
+    assert uncached == len(tokenizer.encode(new, add_special_tokens=False).ids)
 
 
 def test_anthropic_tool_choice_returns_a_tool_use_block(tools_server):
