@@ -1,0 +1,64 @@
+"""Write a random-weight Llama-shaped MLX model, for speed measurements where no real
+checkpoint can be downloaded (the lent GPU machine has no internet).
+
+Decode speed depends on the shapes and the quantization, not on the weights' values, so
+a Llama-3-8B-shaped model with random 4-bit weights measures what an 8B model would; the
+text it writes is noise. The tokenizer files are copied from ``--tokenizer`` (e.g. the
+starter's folder).
+
+Usage: python bench/random_model.py OUT --tokenizer DIR [--preset llama3-8b|tiny] [--bits 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+PRESETS = {
+    # Llama-3-8B's shapes with the starter's 49,152-token vocabulary
+    "llama3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=128, rope_theta=10000.0),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
+    ap.add_argument("--bits", type=int, default=4, help="0: keep bfloat16")
+    ap.add_argument("--group-size", type=int, default=64)
+    args = ap.parse_args()
+
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.llama import Model, ModelArgs
+    from mlx_lm.utils import save_model
+
+    vocab = json.loads((args.tokenizer / "config.json").read_text())["vocab_size"]
+    config = {"model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 8192, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, **PRESETS[args.preset]}
+    mx.random.seed(0)
+    model = Model(ModelArgs.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    if args.bits:
+        nn.quantize(model, group_size=args.group_size, bits=args.bits)
+        config["quantization"] = {"group_size": args.group_size, "bits": args.bits}
+    mx.eval(model.parameters())
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_model(args.out, model)
+    (args.out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (args.tokenizer / name).exists():
+            shutil.copy(args.tokenizer / name, args.out / name)
+    size = sum(f.stat().st_size for f in args.out.glob("*.safetensors"))
+    print(f"{args.out}: {args.preset}, {args.bits or 16}-bit, {size / 1e9:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()
