@@ -154,7 +154,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="decode runs per path (median)")
     ap.add_argument("--sections", default="decode,pi,concurrency",
                     help="which tables to measure (comma-separated)")
-    ap.add_argument("--switch-interval", help="MLX_KIT_SWITCH_INTERVAL for mlx-kit's server")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlx-kit-bench-api-"))
     env = bench_env(work)
@@ -164,12 +163,10 @@ def main() -> None:
         NO_EOS["logit_bias"] = {str(e): -100 for e in (eos if isinstance(eos, list) else [eos])}
     sections = set(args.sections.split(","))
     kp, rp = free_port(), free_port()
-    kit_env = {**env, **({"MLX_KIT_SWITCH_INTERVAL": args.switch_interval}
-                         if args.switch_interval else {})}
     procs = [subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(kp),
                                "--model", model_path,
                                "--temperature", "0", "--log-file", str(work / "kit.log")],
-                              env=kit_env, stdout=open(work / "kit.log", "w"), stderr=subprocess.STDOUT)]
+                              env=env, stdout=open(work / "kit.log", "w"), stderr=subprocess.STDOUT)]
     blas = openblas()
     procs.append(subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", model_path,
                                    "--port", str(rp)], env={**env, **({"LD_PRELOAD": blas} if blas else {})},

@@ -50,19 +50,6 @@ def _check_port_free(host: str, port: int) -> None:
                               hint="--host must be an address of this machine") from None
 
 
-def _set_switch_interval() -> None:
-    """A shorter GIL switch interval (Python's default is 5 ms): the decode thread and the
-    HTTP thread hand the GIL back and forth every token, and a token on a GPU takes a few
-    ms; ``MLX_KIT_SWITCH_INTERVAL`` (seconds) overrides it."""
-    import os
-    import sys
-
-    try:
-        sys.setswitchinterval(float(os.environ.get("MLX_KIT_SWITCH_INTERVAL", "0.005")))
-    except ValueError:
-        pass
-
-
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Hub repo id in the local cache, or a model folder. "
@@ -103,7 +90,6 @@ def serve(
     from kit.engine.blas import preload_blas
 
     blas = preload_blas()  # before anything imports mlx
-    _set_switch_interval()
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
