@@ -16,6 +16,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def read_text(path: Path, errors: str = "strict") -> str:
+    """A file's text exactly as stored: UTF-8, line endings untranslated (``Path.read_text``
+    turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte)."""
+    return path.read_bytes().decode("utf-8", errors)
+
+
 def make_parents(path: Path) -> list[Path]:
     """Create ``path``'s missing parent folders. Returns those created, outermost first."""
     missing = []

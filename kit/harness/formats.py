@@ -6,6 +6,7 @@ byte outside the values we set stays as it was)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from typing import Any
@@ -19,9 +20,29 @@ def _yaml():
     from ruamel.yaml import YAML
 
     yaml = YAML()  # round-trip mode: comments, order, anchors kept
+    yaml.Representer = _yaml_representer()
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-fold the user's long lines
     return yaml
+
+
+@functools.cache
+def _yaml_representer() -> type:
+    """ruamel's round-trip representer, but a string holding U+0085 (NEL) is written
+    double-quoted (``\\N``): ruamel picks single quotes for it, where NEL is a line break
+    and reads back as a space (a value of the user's we put back would change)."""
+    from ruamel.yaml.representer import RoundTripRepresenter
+
+    class Representer(RoundTripRepresenter):
+        pass
+
+    def represent_str(representer: Any, data: str) -> Any:
+        if "\x85" in data:
+            return representer.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+        return RoundTripRepresenter.represent_str(representer, data)
+
+    Representer.add_representer(str, represent_str)
+    return Representer
 
 
 def loads(fmt: str, text: str, where: str) -> Any:

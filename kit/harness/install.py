@@ -19,10 +19,10 @@ from typing import Any
 from kit import STABLE_MODEL_ID
 from kit.errors import HarnessError
 from kit.harness import manifest
-from kit.harness.files import atomic_write, make_parents, sha256_text
+from kit.harness.files import atomic_write, make_parents, read_text, sha256_text
 from kit.harness.render import MARKER, context, render
 from kit.harness.formats import loads
-from kit.harness.merge import fingerprint, merge, merged_again, unmerge
+from kit.harness.merge import content_fingerprint, merge, merged_again, unmerge
 from kit.harness.spec import FileSpec, HarnessSpec
 from kit.probe import fetch_models
 from kit.urls import ServerURL
@@ -107,7 +107,7 @@ def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
     rendered = render(spec, context(url.v1, models, source))
     changes = []
     for fspec, path in spec.file_paths():
-        old = path.read_text(encoding="utf-8") if path.is_file() else None
+        old = read_text(path) if path.is_file() else None
         if fspec.merge is not None:
             new, owned = merge(fspec.merge, old, rendered[fspec.path], str(path))
             changes.append(Change(path, new, old, fspec, owned))
@@ -171,8 +171,8 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
                          "original_fp": prev.get("original_fp")}
                 if not prev and ch.old is not None:
                     backup = str(_backup(spec.name, ch.path, ch.old))
-                    entry["original_fp"] = fingerprint(
-                        loads(ch.spec.merge.format, ch.old, str(ch.path)))
+                    entry["original_fp"] = content_fingerprint(ch.spec.merge, ch.old,
+                                                               str(ch.path))
             elif ch.old is not None and not _is_ours(ch.old):  # forced: keep the user's file
                 backup = str(_backup(spec.name, ch.path, ch.old))
             if ch.changed:
@@ -226,7 +226,7 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
             path = Path(f["path"])
             if not path.is_file():
                 continue
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = read_text(path, errors="replace")
             if not _is_ours(text):
                 if not entry:
                     continue  # not ours and not recorded: never touch it
@@ -267,13 +267,13 @@ def _unmerged(f: dict, fspec: FileSpec | None, force: bool) -> tuple[str, str | 
     path = Path(f["path"])
     if not path.is_file() or fspec is None or fspec.merge is None:
         return "gone", None
-    current = path.read_text(encoding="utf-8")
+    current = read_text(path)
     text, is_empty = unmerge(fspec.merge, current, f["owned"], str(path), force=force)
     if is_empty and f.get("created_file"):
         return "delete", None
     backup = Path(f["backup"]) if f.get("backup") else None
-    if backup and backup.is_file() and f.get("original_fp") == fingerprint(
-            loads(fspec.merge.format, text, str(path))):
+    if backup and backup.is_file() and f.get("original_fp") == content_fingerprint(
+            fspec.merge, text, str(path)):
         return "restore", None  # same content as before install: put the exact bytes back
     return "write", text
 
@@ -322,7 +322,7 @@ def binary_version(binary: str, timeout: float = 15) -> str | None:
 def _drifted(fspec: FileSpec, path: Path, recorded: dict) -> bool:
     if not path.is_file():
         return True
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, errors="replace")
     if fspec.merge is None:
         return bool(recorded.get("sha256")) and sha256_text(text) != recorded["sha256"]
     try:
@@ -351,7 +351,7 @@ def status(spec: HarnessSpec) -> AgentStatus:
         if not p.is_file():
             return False
         if fspec.merge is None:
-            return _is_ours(p.read_text(errors="replace"))
+            return _is_ours(read_text(p, errors="replace"))
         return str(p) in recorded  # our entries were merged in
 
     installed = all(configured(fs, p) for fs, p in files)

@@ -60,6 +60,22 @@ def fingerprint(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _kind(spec: MergeSpec) -> str:
+    return "list" if spec.strategy == "list-by-key" else "mapping"
+
+
+def content_fingerprint(spec: MergeSpec, text: str, where: str) -> str:
+    """The fingerprint of a shared file's content. A file that holds no document (empty,
+    blank, or only comments) counts as the empty list or mapping the agent's file holds:
+    that is what removing our entries from it leaves.
+
+    Raises:
+        HarnessError: the text does not parse.
+    """
+    doc = loads(spec.format, text, where)
+    return fingerprint(empty(spec.format, _kind(spec)) if doc is None else doc)
+
+
 def _path(dotted: str) -> list[str]:
     return dotted.split(".")
 
@@ -172,10 +188,13 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
         HarnessError: the file does not parse, or its shape is not what the agent uses.
     """
     fragment = loads(spec.format, ours, f"{where} (rendered)")
-    kind = "list" if spec.strategy == "list-by-key" else "mapping"
     doc = loads(spec.format, current or "", where) if current is not None else None
+    kept = ""  # a file with no document but comments (all entries commented out) keeps them
     if doc is None:
-        doc = empty(spec.format, kind)
+        doc = empty(spec.format, _kind(spec))
+        lines = [line.strip() for line in (current or "").splitlines() if line.strip()]
+        if lines and all(line.startswith("#") for line in lines):
+            kept = current if current.endswith("\n") else current + "\n"
     owned: dict[str, str] = {}
     created: list[str] = []  # parent tables we had to add (removal drops them if empty)
     previous: dict[str, Any] = {}  # the user's values we replaced (removal puts them back)
@@ -214,8 +233,8 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
                 previous.setdefault(dotted, _plain(node[path[-1]]))
             node[path[-1]] = value
             owned[dotted] = fingerprint(value)
-    return dumps(spec.format, doc), {"entries": owned, "created": created,
-                                     "previous": previous}
+    return kept + dumps(spec.format, doc), {"entries": owned, "created": created,
+                                            "previous": previous}
 
 
 def merged_again(first: dict | None, again: dict) -> dict:
@@ -257,12 +276,11 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
     if doc is None:
         return current, True
     if spec.strategy == "list-by-key":
-        for i in range(len(doc) - 1, -1, -1):  # in place, keeping comments on the rest
-            e = doc[i]
-            ident = str(e.get(spec.key)) if isinstance(e, dict) else None
-            if ident not in owned:
+        for ident in owned:  # in place, keeping comments on the rest
+            i = _find(doc, spec.key, ident)  # ours is the first by that key (_put): a
+            if i is None:                    # later one with the same key is the user's
                 continue
-            if fingerprint(e) != owned[ident] and not force:
+            if fingerprint(doc[i]) != owned[ident] and not force:
                 raise HarnessError(f"the entry {spec.key}={ident} in {where} was edited "
                                    "since mlx-kit wrote it", hint="pass --force to remove it")
             if ident in previous:

@@ -323,3 +323,34 @@ def test_cli_status_show_and_remove_all(home, dead_url):
     assert not (home / ".pi").exists() and not (home / ".codex").exists()
     assert not (home / ".config" / "io.datasette.llm").exists()
     assert run("harness", "remove").returncode == 1  # neither an agent nor --all
+
+
+# --- found by the property tests (tests/harness/test_properties.py) -----------------------
+
+@pytest.mark.parametrize("agent, text", [
+    ("llm", ""),
+    ("llm", "# - model_id: gpt-4o-mini\n#   model_name: all of mine commented out\n"),
+    ("llm", "- model_id: mine\r\n  model_name: written on Windows\r\n"),
+    ("qwen", "  \n"),
+    ("qwen", '{\r\n  "ui": {\r\n    "theme": "GitHub"\r\n  }\r\n}\r\n'),
+], ids=["llm-empty", "llm-only-comments", "llm-crlf", "qwen-blank", "qwen-crlf"])
+def test_remove_gives_back_an_empty_or_crlf_file_byte_for_byte(agent, text, home, dead_url,
+                                                                monkeypatch):
+    """An empty or comment-only file holds no document, which install fingerprinted as
+    "null" and removal as an empty list/mapping, so removal wrote "[]"/"{}" instead of the
+    user's bytes; and files were read with newline translation, so CRLF came back as LF."""
+    models = [{"id": "local", "name": "local", "model": "m", "context_window": 4096,
+               "max_tokens": 512, "capabilities": {"tools": True, "vision": False}}]
+    monkeypatch.setattr(hi, "baked_models", lambda url: (models, "test entries"))
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    monkeypatch.delenv("QWEN_HOME", raising=False)
+    spec = load_spec(agent)
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text.encode())
+
+    hi.install(spec, parse_url(dead_url))
+    assert path.read_bytes() != text.encode()
+    hi.remove(spec)
+
+    assert path.read_bytes() == text.encode()

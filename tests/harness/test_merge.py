@@ -237,3 +237,42 @@ def test_merging_again_over_our_own_entries_keeps_what_the_first_merge_found():
     assert record["entries"] == again["entries"]
     back, _ = unmerge(LIST_IN_MAPPING, again_text, record, "f")
     assert loads("json", back, "f") == loads("json", user, "f")
+
+
+# --- found by the property tests (tests/harness/test_properties.py) -----------------------
+
+def test_a_later_entry_of_the_users_with_our_key_stays_theirs_on_removal():
+    """Ours replaces the first entry with our key; removal took every entry with that key
+    for ours: a second one of the user's was refused as "edited", or, when it equalled
+    ours, overwritten with the first one's value (written as a YAML alias)."""
+    user = "- model_id: local\n  model_name: first\n- model_id: local\n  model_name: second\n"
+    merged, record = merge(YAML_LIST, user, OURS["yaml"], "f")
+    back, _ = unmerge(YAML_LIST, merged, record, "f")
+    assert back == user
+
+    user = "- model_id: local\n  model_name: mine\n" + OURS["yaml"]
+    merged, record = merge(YAML_LIST, user, OURS["yaml"], "f")
+    back, _ = unmerge(YAML_LIST, merged, record, "f")
+    assert loads("yaml", back, "f") == loads("yaml", user, "f") and "*" not in back
+
+
+def test_a_file_of_only_comments_keeps_them_above_our_entry():
+    """A list whose entries are all commented out holds no document: the comments used to
+    vanish from the file while our entry was in it."""
+    user = "# my models, off for now\n# - model_id: gpt-4o-mini\n#   model_name: x\n"
+    merged, record = merge(YAML_LIST, user, OURS["yaml"], "f")
+    assert merged.startswith(user)
+    assert [e["model_id"] for e in loads("yaml", merged, "f")] == ["local"]
+    back, is_empty = unmerge(YAML_LIST, merged, record, "f")
+    assert is_empty and user in back
+
+
+def test_a_users_value_with_a_nel_character_comes_back_unchanged():
+    """ruamel writes a plain string holding U+0085 single-quoted, where NEL reads back as a
+    space: the user's value put back on removal changed."""
+    user = '- model_id: local\n  model_name: "a\\Nb"\n- model_id: other\n'
+    merged, record = merge(YAML_LIST, user, OURS["yaml"], "f")
+    record = json.loads(json.dumps(record))  # as the manifest keeps it: plain strings
+    merged = merged.replace("model_id: other", "model_id: edited-since")  # no byte restore
+    back, _ = unmerge(YAML_LIST, merged, record, "f")
+    assert loads("yaml", back, "f")[0]["model_name"] == "a\x85b"
