@@ -1,8 +1,9 @@
 """Render an agent's templates with Jinja2.
 
 Every value that lands in a generated file goes through a filter that makes it a literal
-of the target language (``js``: a JSON/TypeScript literal), so a quote, backslash or newline
-in a model name or URL can neither break the file nor inject code. A value that the agent
+of the target language (``js``: a JSON/TypeScript literal, also read by YAML; ``toml``: a
+TOML string), so a quote, backslash or newline in a model name or URL can neither break the
+file nor inject code. A value that the agent
 itself expands like a shell word (Crush's ``base_url``) first goes through ``sh_escape``.
 """
 
@@ -24,11 +25,40 @@ PROVIDER_ID = "mlx-kit"
 API_KEY_ENV = "MLX_KIT_API_KEY"
 
 
-def js_literal(value: Any) -> str:
+def js_literal(value: Any, escape: str = "") -> str:
     """A JSON value as a JavaScript/TypeScript literal: ASCII-only (so U+2028/2029 and
-    every control character are escaped) and with ``<``, ``>`` and ``&`` escaped as well."""
+    every control character are escaped) and with ``<``, ``>`` and ``&`` escaped as well.
+
+    Args:
+        escape: more characters to write as ``\\uXXXX`` inside strings, for an agent that
+            substitutes patterns in its config's raw text before parsing it: ``"{"`` for
+            opencode, which replaces ``{env:VAR}`` and ``{file:path}`` anywhere (a model
+            named ``{file:x}`` would stop it from loading the file).
+    """
+    if escape and isinstance(value, dict):
+        return "{" + ", ".join(f"{js_literal(str(k), escape)}: {js_literal(v, escape)}"
+                               for k, v in value.items()) + "}"
+    if escape and isinstance(value, (list, tuple)):
+        return "[" + ", ".join(js_literal(v, escape) for v in value) + "]"
     text = json.dumps(value, ensure_ascii=True, indent=None)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    if isinstance(value, str):  # every character of a string literal is content
+        for ch in escape:
+            text = text.replace(ch, f"\\u{ord(ch):04x}")
+    return text
+
+
+def toml_literal(value: Any) -> str:
+    """A TOML basic string (or boolean, integer). Not ``js``: TOML refuses the surrogate
+    pairs JSON writes for a character beyond U+FFFF (``"\\ud83e\\udd99"``), so those
+    stay as they are; quotes, backslashes, control characters and Unicode line breaks are
+    escaped."""
+    if isinstance(value, (bool, int)):
+        return json.dumps(value)
+    text = json.dumps(str(value), ensure_ascii=False)
+    for ch in "\x7f\x85\u2028\u2029":
+        text = text.replace(ch, f"\\u{ord(ch):04x}")
+    return text
 
 
 def shell_literal(value: Any) -> str:
@@ -47,6 +77,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["js"] = js_literal
     env.filters["sh_escape"] = shell_literal
+    env.filters["toml"] = toml_literal
     return env
 
 

@@ -4,10 +4,12 @@ inert literals, the file loads in the real pi, and malformed specs are refused."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import json5
 import pytest
 
 from kit.errors import HarnessError
@@ -175,3 +177,39 @@ def test_baked_source_with_line_separators_stays_inside_a_string():
     line = next(ln for ln in text.splitlines() if ln.startswith("const BAKED_FROM = "))
     assert json.loads(line.removeprefix("const BAKED_FROM = ").removesuffix(";")) == source
     assert "\u2028" not in text and "\r" not in text
+
+
+# --- found by the property tests (tests/harness/test_properties.py) -----------------------
+
+def test_a_codex_profile_for_a_model_named_beyond_the_bmp_is_valid_toml():
+    """js wrote 🦙 as the JSON surrogate pair \\ud83e\\udd99, which TOML refuses ("not a
+    Unicode scalar value"): Codex could not load the profile. The toml filter writes it."""
+    name = "🦙 llama\u2028𐀀\x7f\"\\"
+    text = render(load_spec("codex"), context("http://127.0.0.1:1/v1", _models(name), "t"))[
+        "mlx-kit.config.toml"]
+    profile = tomllib.loads(text)
+    assert profile["model_providers"]["mlx-kit"]["name"] == f"mlx-kit (local MLX server: {name})"
+    assert "\u2028" not in text and "\x7f" not in text
+
+
+def test_opencode_does_not_expand_env_or_file_references_in_a_model_name():
+    """opencode replaces {env:VAR} and {file:path} in its config's raw text before parsing
+    it: a model named "{file:x}" stopped it from loading the file ("bad file reference"),
+    "{env:VAR}" put the variable's value in (unescaped: a quote broke the JSON). Values
+    from the server are written with "{" escaped; our own {env:MLX_KIT_API_KEY} stays."""
+    name = "m {env:HOME} {file:/nonexistent} ${x}"
+    url = "http://127.0.0.1:1/{env:PATH}/v1"
+    [text] = render(load_spec("opencode"), context(url, _models(name), "t")).values()
+    assert re.findall(r"\{(?:env|file):[^}]*\}", text) == ["{env:MLX_KIT_API_KEY}"]
+    provider = json5.loads(text)["provider"]["mlx-kit"]
+    assert provider["models"]["local"]["name"] == f"local ({name})"
+    assert provider["options"] == {"baseURL": url, "apiKey": "{env:MLX_KIT_API_KEY}"}
+
+
+def test_js_literal_escapes_extra_characters_only_inside_strings():
+    value = {"k{": ["{env:X}", 1, None, True], "n": "}{"}
+    literal = js_literal(value, "{")
+    assert json.loads(literal) == value
+    assert literal.count("{") == 1 and literal.startswith("{")  # the object's own brace
+    assert js_literal("{x}", "{") == '"\\u007bx}"'
+    assert js_literal(value) == json.dumps(value)
