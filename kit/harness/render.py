@@ -3,8 +3,8 @@
 Every value that lands in a generated file goes through a filter that makes it a literal
 of the target language (``js``: a JSON/TypeScript literal, also read by YAML; ``toml``: a
 TOML string), so a quote, backslash or newline in a model name or URL can neither break the
-file nor inject code. A value that the agent
-itself expands like a shell word (Crush's ``base_url``) first goes through ``sh_escape``.
+file nor inject code. A value that the agent itself expands like a shell word (Crush's
+``base_url``) first goes through ``sh_escape``.
 """
 
 from __future__ import annotations
