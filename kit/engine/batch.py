@@ -49,7 +49,6 @@ def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
         run, _ = active.pop(uid)
         try:
             engine._complete(run, reason, tokens or [], cache if tokens else None)
-            engine.requests_served += 1
         finally:
             run.job.post(_END)
 

@@ -377,8 +377,6 @@ class Engine:
         except Exception as e:
             log.exception("generation failed for %s", job.request.request_id)
             job.post(EngineError(f"generation failed: {e}"))
-        else:
-            self.requests_served += 1
         job.post(_END)
 
     def _load(self, info: ModelInfo, replacing: int) -> tuple[Any, Any]:
@@ -632,6 +630,7 @@ class Engine:
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
                  run.cached, run.n, run.ttft, tps, finish_reason)
         log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
+        self.requests_served += 1  # before the client can see the end (and ask /health)
         run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps,
                               run.parser.stop_string))
         if cache is None:
