@@ -68,7 +68,10 @@ def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
                     continue
                 try:
                     run = engine._prepare(job)
-                except EngineError as e:
+                except Exception as e:  # this request fails alone; the batch goes on
+                    if not isinstance(e, EngineError):
+                        log.exception("%s: could not start", job.request.request_id)
+                        e = EngineError(f"generation failed: {e}")
                     job.post(e)
                     job.post(_END)
                     continue

@@ -493,25 +493,41 @@ class Engine:
             tokens = tokens["input_ids"]
         return list(tokens)
 
-    def _constraint(self, request: ChatRequest) -> tuple[str | None, list[int]]:
-        """The grammar a request's output must follow (None: free) and the tokens to
-        append to its prompt (a forced tool call's start marker); see
-        :mod:`kit.engine.grammar`."""
+    def _constraint(self, request: ChatRequest,
+                    prompt: list[int]) -> tuple[str | None, list[int], str]:
+        """The grammar a request's output must follow (None: free), the tokens to append to
+        its prompt, and the request field the grammar comes from (for errors); see
+        :mod:`kit.engine.grammar`. A constrained answer skips the model's reasoning: a
+        think block the prompt left open is closed first, so what the grammar makes is the
+        answer (or the call), not reasoning.
+
+        Raises:
+            InvalidRequest: a tool's parameters or the response schema are not JSON
+                schema objects.
+        """
         from kit.engine.grammar import json_grammar, tool_call_grammar
 
         tok = self._tokenizer
-        if request.force_tool is not None and request.tools and tok.has_tool_calling:
-            tools = request.tools if not request.force_tool else [
-                t for t in request.tools
-                if (t.get("function") or {}).get("name") == request.force_tool]
-            family = tok._tokenizer.init_kwargs.get("tool_parser_type")
-            start = list(tok.tool_call_start_tokens or ())
-            return tool_call_grammar(family, tools), start
-        if request.response_schema is not None and request.prompt is None:
-            return json_grammar(request.response_schema), []
-        return None, []
+        close: list[int] = []
+        if getattr(tok, "has_thinking", False) and \
+                tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt):
+            close = list(tok.encode(tok.think_end, add_special_tokens=False))
+        try:
+            if request.force_tool is not None and request.tools and tok.has_tool_calling:
+                tools = request.tools if not request.force_tool else [
+                    t for t in request.tools
+                    if (t.get("function") or {}).get("name") == request.force_tool]
+                family = tok._tokenizer.init_kwargs.get("tool_parser_type")
+                start = list(tok.tool_call_start_tokens or ())
+                return tool_call_grammar(family, tools), close + start, "tools"
+            if request.response_schema is not None and request.prompt is None:
+                return json_grammar(request.response_schema), close, "response_format"
+        except ValueError as e:
+            raise InvalidRequest(str(e), param="tools" if request.force_tool is not None
+                                 else "response_format") from None
+        return None, [], ""
 
-    def _grammar_processor(self, grammar: str) -> Any:
+    def _grammar_processor(self, grammar: str, param: str) -> Any:
         """A logits processor for ``grammar``; the llguidance tokenizer is built once per
         loaded model.
 
@@ -525,8 +541,9 @@ class Engine:
         try:
             return GrammarProcessor(self._grammar_tokenizer, grammar)
         except ValueError as e:
-            raise InvalidRequest(f"cannot constrain the output to this schema: {e}",
-                                 param="response_format") from None
+            reason = str(e).splitlines()[0][:300] if str(e) else "invalid schema"
+            raise InvalidRequest(f"cannot constrain the output to this schema: {reason}",
+                                 param=param) from None
 
     def _max_tokens(self, n_prompt: int, requested: int | None) -> int:
         """Tokens to generate within the context window.
@@ -587,7 +604,7 @@ class Engine:
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         prompt = self._prompt_tokens(req)
-        grammar, forced = self._constraint(req)
+        grammar, forced, source = self._constraint(req, prompt)
         prompt += forced
         max_tokens = self._max_tokens(len(prompt), params.max_tokens)
         if params.seed is not None:
@@ -599,7 +616,7 @@ class Engine:
             presence_penalty=params.presence_penalty or None,
             frequency_penalty=params.frequency_penalty or None)
         if grammar is not None:
-            processors.append(self._grammar_processor(grammar))
+            processors.append(self._grammar_processor(grammar, source))
         if self._prompt_cache is None:
             self._prompt_cache = LRUPromptCache(max_size=self._prompt_cache_size)
         key = self.model_info.id
@@ -613,7 +630,7 @@ class Engine:
         job.post(Started(key, len(prompt), cached))
         parser = OutputParser(stops=params.stop) if req.prompt is not None else \
             OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools,
-                                   in_tool_call=bool(forced))
+                                   in_tool_call=req.force_tool is not None and bool(forced))
         return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
                     parser, t0)
 

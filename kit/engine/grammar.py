@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
-#: family, given one tool's name and its arguments' JSON schema. ``json_tools`` is the
+#: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
 #: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
 #: SmolLM3...); its parser reads the body up to the end marker or EOS.
 TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {}
@@ -45,36 +45,60 @@ def _lark_str(text: str) -> str:
     return json.dumps(text)
 
 
-def _json_rule(schema: dict[str, Any], closed: bool) -> str:
-    """A ``%json`` Lark item for ``schema``. ``closed``: objects that list ``properties``
-    and say nothing about ``additionalProperties`` get no other keys (tool arguments:
-    a small model otherwise invents keys, e.g. copying ``description``)."""
-    schema = dict(schema or {"type": "object"})
-    if closed and "properties" in schema and "additionalProperties" not in schema:
+def _json_rule(schema: Any, *, tool: bool) -> str:
+    """A ``%json`` Lark item for ``schema``.
+
+    ``tool`` (a tool's arguments): objects that list ``properties`` and say nothing about
+    ``additionalProperties`` get no other keys, and an object schema without properties
+    (or none at all) means no arguments — a small model otherwise invents keys (e.g.
+    copying ``description``) and never closes the object; keywords llguidance does not
+    implement are ignored (``lenient``: agents send large schemas). For answers
+    (``response_format``) such keywords are an error, never silently dropped.
+
+    Raises:
+        ValueError: ``schema`` is not a JSON object (or its ``x-guidance`` is not).
+    """
+    if schema is None and tool:
+        schema = {}
+    if not isinstance(schema, dict) or not isinstance(schema.get("x-guidance", {}), dict):
+        raise ValueError("the schema must be a JSON object")
+    schema = dict(schema)
+    if tool and schema.get("type", "object") == "object" and "additionalProperties" not in \
+            schema and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
+        schema.setdefault("type", "object")
+        schema.setdefault("properties", {})
         schema["additionalProperties"] = False
-    schema["x-guidance"] = {**_JSON_OPTIONS, "lenient": True, **schema.get("x-guidance", {})}
+    schema["x-guidance"] = {**_JSON_OPTIONS, "lenient": tool, **schema.get("x-guidance", {})}
     return "%json " + json.dumps(schema)
 
 
 def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
     """The Lark grammar of one tool-call body choosing among ``tools`` (OpenAI function
     schemas ``{"type": "function", "function": {"name", "parameters"}}``), or None when
-    the body format of ``family`` (an mlx-lm tool-parser name) is not known."""
+    the body format of ``family`` (an mlx-lm tool-parser name) is not known.
+
+    Raises:
+        ValueError: a tool's parameters are not a JSON schema object.
+    """
     body = TOOL_CALL_BODIES.get(family or "")
     if body is None or not tools:
         return None
     rules, alts = [], []
     for i, tool in enumerate(tools):
         fn = tool.get("function") or {}
-        rules.append(f"args{i}: {_json_rule(fn.get('parameters') or {}, closed=True)}")
+        rules.append(f"args{i}: {_json_rule(fn.get('parameters'), tool=True)}")
         alts.append(body(str(fn.get("name", "")), f"args{i}"))
     return "start: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n"
 
 
 def json_grammar(schema: dict[str, Any] | None) -> str:
     """The Lark grammar of a JSON answer: any JSON object when ``schema`` is None
-    (``response_format`` json_object), else a value following ``schema``."""
-    return "start: value\nvalue: " + _json_rule(schema or {"type": "object"}, closed=False) + "\n"
+    (``response_format`` json_object), else a value following ``schema``.
+
+    Raises:
+        ValueError: ``schema`` is not a JSON object.
+    """
+    return "start: value\nvalue: " + _json_rule(schema or {"type": "object"}, tool=False) + "\n"
 
 
 def ll_tokenizer(tokenizer: Any) -> Any:

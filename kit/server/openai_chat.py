@@ -101,8 +101,9 @@ def _tools(body: ChatCompletionRequest,
     """The tools and the call to force after ``tool_choice`` (see :func:`choose_tools`)."""
     choice = body.tool_choice
     if isinstance(choice, dict):
+        fn = choice.get("function")
         return choose_tools(body.tools or [], "named",
-                            (choice.get("function") or {}).get("name"), supports_tools)
+                            fn.get("name") if isinstance(fn, dict) else None, supports_tools)
     return choose_tools(body.tools or [], choice or "auto", None, supports_tools)
 
 

@@ -83,21 +83,48 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
     )
 
 
+def _check_tools(tools: list[Any]) -> None:
+    """Every tool must be ``{"type": "function", "function": {"name": str, "parameters":
+    object?}}``.
+
+    Raises:
+        APIError: 400 naming the first malformed tool.
+    """
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not fn["name"]:
+            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                           "{\"name\": ..., \"parameters\": {...}}}", param=f"tools[{i}]",
+                           code="invalid_value")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object",
+                           param=f"tools[{i}].function.parameters", code="invalid_value")
+
+
 def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
                  supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The tools to hand the chat template (OpenAI function schemas) and the call to
     force (``ChatRequest.force_tool``), for every protocol.
 
     ``kind``: ``none`` hides the tools; ``auto`` passes them all and lets the model decide;
-    ``required`` passes them all and forces a call to one of them (force ``""``);
-    ``named`` passes only ``name`` and forces a call to it. Tools sent to a model without
-    tool support reach its template, which ignores them (``capabilities.tools`` in
-    /v1/models says so); forcing a call on such a model is a 400, and so is a name that
-    is not among the tools.
+    ``required`` forces a call to one of them (force ``""``); ``named`` forces a call to
+    ``name``. The template always gets every tool, so the prompt (and its cache) does not
+    change with ``tool_choice``. Tools sent to a model without tool support reach its
+    template, which ignores them (``capabilities.tools`` in /v1/models says so).
 
     Raises:
-        APIError: 400 as above.
+        APIError: 400 for a malformed tool, a forced call without tools, on a model
+            without tool support, or naming a tool that is not in ``tools``.
     """
+    _check_tools(tools or [])
+    if kind not in ("auto", "none", "required", "named"):
+        raise APIError(400, f"tool_choice {kind!r} is not supported (auto, none, required, "
+                       "or a function)", param="tool_choice", code="invalid_value")
+    if kind in ("required", "named") and not tools:
+        raise APIError(400, "tool_choice requires a tool call, but no (function) tools were "
+                       "given", param="tool_choice", code="invalid_value")
     if not tools or kind == "none":
         return None, None
     if kind == "auto":
@@ -108,11 +135,13 @@ def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
                        code="unsupported_value")
     if kind == "required":
         return tools, ""
-    chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
-    if not chosen:
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "tool_choice must name a function", param="tool_choice",
+                       code="invalid_value")
+    if not any(t["function"]["name"] == name for t in tools):
         raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
                        param="tool_choice", code="invalid_value")
-    return chosen, name
+    return tools, name
 
 
 def response_schema(fmt: dict[str, Any] | None, param: str) -> dict[str, Any] | None:
@@ -133,7 +162,7 @@ def response_schema(fmt: dict[str, Any] | None, param: str) -> dict[str, Any] | 
         schema = (fmt.get("json_schema") or {}).get("schema", fmt.get("schema"))
         if isinstance(schema, dict):
             return schema
-        raise APIError(400, "response_format json_schema needs a 'schema' object",
+        raise APIError(400, f"{param} json_schema needs a 'schema' object",
                        param=param, code="invalid_value")
     raise APIError(400, f"{param} type {kind!r} is not supported (text, json_object, "
                    "json_schema)", param=param, code="unsupported_value")

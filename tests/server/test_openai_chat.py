@@ -302,7 +302,13 @@ def test_response_format_json_schema_answer_follows_the_schema_streamed_too(clie
     assert json.loads(streamed) == answer  # greedy: the same constrained answer
 
 
-@pytest.mark.parametrize("fmt", [{"type": "xml"}, {"type": "json_schema", "json_schema": {}}])
+@pytest.mark.parametrize("fmt", [
+    {"type": "xml"}, {"type": "json_schema", "json_schema": {}},
+    # keywords the constraint cannot enforce are refused, never silently dropped
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "object"}}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                    "x-guidance": "x"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}])
 def test_response_format_that_cannot_be_honoured_is_refused_not_ignored(server, fmt):
     r = httpx.post(server.v1 + "/chat/completions",
                    json={"model": "local", "messages": QUESTION, "response_format": fmt})

@@ -10,6 +10,7 @@ caches what the next turn will resend instead.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import openai
@@ -54,3 +55,16 @@ def test_next_turn_prefills_only_its_new_message(think_server):
     # (a cache of the generated tokens alone ends where turn 1's "<think>\n" was: the
     # re-rendered "<|im_end|>\n" of turn 1 would be prefilled again, 2 tokens more)
     assert uncached == len(tokenizer.encode(new, add_special_tokens=False).ids)
+
+
+def test_a_json_answer_from_a_thinking_template_is_content_not_reasoning(think_server):
+    # Regression: the prompt left the think block open, so the constrained JSON came
+    # back as reasoning_content and content was empty.
+    client = openai.OpenAI(base_url=think_server.v1, api_key="unused", max_retries=0,
+                           timeout=120)
+    r = client.chat.completions.create(
+        model="local", max_tokens=60, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Give me a JSON object for a dog."}])
+    message = r.choices[0].message
+    assert isinstance(json.loads(message.content), dict)
+    assert not (message.model_extra or {}).get("reasoning_content")

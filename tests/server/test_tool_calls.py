@@ -102,17 +102,18 @@ def test_a_call_cut_off_by_max_tokens_is_length_not_a_broken_call(client):
 
 def test_second_turn_with_the_tool_result_answers_in_text_prefilling_only_the_result(
         client, tools_server):
-    first = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER],
+    first = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER, TIME],
                                            tool_choice=NAMED, max_tokens=60)
     call = first.choices[0].message.tool_calls[0]
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees Celsius."}]
-    r = client.chat.completions.create(model="local", messages=history, tools=[WEATHER],
+    r = client.chat.completions.create(model="local", messages=history, tools=[WEATHER, TIME],
                                        max_tokens=40)
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.choices[0].message.content.strip()
-    # Everything turn 2 resends is cached — turn 1's prompt and its call as the template
+    # Everything turn 2 resends is cached — turn 1's prompt (with both tools: a named
+    # tool_choice does not change what the template renders) and its call as the template
     # renders it in history (not as generated: no end marker, EOS instead of <|im_end|>\n);
     # only the tool result is prefilled.
     new = "<|im_start|>user\n<tool_response>\nSunny, 24 degrees Celsius.\n</tool_response>" \
@@ -142,3 +143,45 @@ def test_responses_tool_choice_returns_a_function_call_item(client):
         tool_choice={"type": "function", "name": "get_weather"})
     [item] = [o for o in r.output if o.type == "function_call"]
     assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}
+
+
+NO_ARGS = {"type": "function", "function": {"name": "get_time_utc",
+                                            "description": "The current UTC time"}}
+
+
+@pytest.mark.parametrize("parameters", [None, {}, {"type": "object"}])
+def test_a_tool_without_parameters_is_called_with_no_arguments(client, parameters):
+    # Regression: an open object let the model invent keys until max_tokens.
+    tool = {"type": "function", "function": {**NO_ARGS["function"],
+                                             **({"parameters": parameters}
+                                                if parameters is not None else {})}}
+    r = client.chat.completions.create(
+        model="local", messages=[{"role": "user", "content": "What time is it?"}],
+        tools=[tool], tool_choice="required", max_tokens=40)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time_utc" and json.loads(call.function.arguments) == {}
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("tools, choice", [
+    ([{"type": "function", "function": {"name": "f", "parameters": 5}}], "required"),
+    ([{"type": "function", "function": "f"}], NAMED),
+    ([{"type": "function", "function": "f"}], {"type": "function", "function": {"name": "f"}}),
+    ([{"type": "function", "name": "f"}], "required"),  # the Responses shape
+    ([WEATHER], {"type": "function", "function": "get_weather"}),
+    ([], "required"),
+])
+def test_malformed_tools_or_tool_choice_are_a_400_and_do_not_disturb_a_running_stream(
+        tools_server, client, tools, choice):
+    # Regression: a bad schema raised inside the batch, failing the streams decoding
+    # beside it and leaving the bad request without any answer (or a 500).
+    stream = client.chat.completions.create(model="local", messages=ASK, max_tokens=20,
+                                            stream=True)
+    first = next(iter(stream))  # decoding has started
+    r = httpx.post(tools_server.v1 + "/chat/completions", timeout=30, json={
+        "model": "local", "messages": ASK, "tools": tools, "tool_choice": choice,
+        "max_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(("tools", "tool_choice"))
+    rest = list(stream)
+    assert rest[-1].choices[0].finish_reason in ("stop", "length") and first.id == rest[0].id
