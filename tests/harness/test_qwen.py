@@ -122,6 +122,33 @@ def test_install_merges_our_keys_and_remove_gives_back_the_exact_bytes(qwen, hom
     assert settings.read_text() == USER_SETTINGS  # byte-identical: Qwen did not rewrite it
 
 
+COMMENTED_SETTINGS = """{
+  // my Qwen settings -- mlx-kit must keep these comments
+  "modelProviders": {
+    "openai": [
+      { "id": "qwen3-coder-plus", "envKey": "DASHSCOPE_API_KEY", }, // trailing comma
+    ],
+  },
+  /* auth I use at work */
+  "security": { "auth": { "selectedType": "qwen-oauth" } },
+  "model": { "name": "qwen3-coder-plus" },
+}
+"""
+
+
+def test_a_settings_file_with_comments_gets_our_keys_and_comes_back_byte_identical(
+        qwen, home, settings, dead_url):
+    # Qwen Code reads settings.json with comments; the merge edits it in place (jsonc).
+    settings.parent.mkdir()
+    settings.write_text(COMMENTED_SETTINGS)
+    hi.install(qwen, parse_url(dead_url))
+    text = settings.read_text()
+    assert "// my Qwen settings" in text and "/* auth I use at work */" in text
+    assert '"local"' in text and '"openai"' in text
+    assert hi.remove(qwen).unmerged == [settings]
+    assert settings.read_text() == COMMENTED_SETTINGS
+
+
 @pytest.mark.parametrize("user_file", [True, False], ids=["users-file", "no-file"])
 def test_installing_again_as_every_launch_does_still_removes_everything(
         qwen, home, settings, dead_url, monkeypatch, user_file):
