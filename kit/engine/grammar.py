@@ -20,19 +20,16 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-#: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
-#: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
-#: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
-#: SmolLM3...); its parser reads the body up to the end marker or EOS.
-TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {}
-
-
 def _json_tools_body(name: str, args_rule: str) -> str:
     head = '\n{"name": ' + json.dumps(name) + ', "arguments": '
     return f"{_lark_str(head)} {args_rule} {_lark_str('}' + chr(10))}"
 
 
-TOOL_CALL_BODIES["json_tools"] = _json_tools_body
+#: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
+#: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
+#: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
+#: SmolLM3...); its parser reads the body up to the end marker or EOS.
+TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {"json_tools": _json_tools_body}
 
 #: JSON layout of constrained output: compact separators, no free whitespace (what models
 #: write most often, and the fewest tokens).
