@@ -241,8 +241,12 @@ def merged_again(first: dict | None, again: dict) -> dict:
     """The record of an install over our own earlier one (``launch`` installs every time).
 
     ``merge`` on a file that already holds our entries sees them as values to replace and
-    their parents as existing; what removal must undo is still what the *first* install
-    found: the user's values it replaced and the parents it created.
+    their parents as existing. Per owned key, what removal must put back is what the file
+    held before *our* value went in: where the value ``merge`` just replaced is still the
+    one we wrote, that is the first install's record (the user's value it replaced, or
+    nothing); where the user changed or deleted our value since, it is what the file held
+    now (their newer value, or nothing) — never an older value they already replaced.
+    Parents the first install created stay ours.
 
     Args:
         first: the record in the manifest (None: nothing of ours was merged yet).
@@ -250,10 +254,14 @@ def merged_again(first: dict | None, again: dict) -> dict:
     """
     if not first:
         return again
-    earlier = first.get("entries", {})
-    previous = {k: v for k, v in again.get("previous", {}).items() if k not in earlier}
-    previous.update({k: v for k, v in first.get("previous", {}).items()
-                     if k in again.get("entries", {})})
+    ours = first.get("entries", {})
+    replaced = again.get("previous", {})
+    previous: dict[str, Any] = {}
+    for key in again.get("entries", {}):
+        if key in replaced and fingerprint(replaced[key]) != ours.get(key):
+            previous[key] = replaced[key]  # the user's value, written after our install
+        elif key in replaced and key in first.get("previous", {}):
+            previous[key] = first["previous"][key]  # still ours: what we replaced first
     created = list(first.get("created", []))
     created += [c for c in again.get("created", []) if c not in created]
     return {"entries": again.get("entries", {}), "created": created, "previous": previous}

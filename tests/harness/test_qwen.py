@@ -299,3 +299,31 @@ def test_a_malformed_owns_in_a_spec_is_refused(owns, message):
         _parse(data, "qwen.toml")
     assert exc.value.message.startswith("qwen.toml: files[0]: ")
     assert message in exc.value.message
+
+
+def test_values_the_user_set_between_two_installs_are_what_removal_puts_back(
+        qwen, home, settings, dead_url):
+    # Regression (found by a new-user try): the second install (every launch installs)
+    # kept the first install's record, so removal put back values the user had already
+    # replaced by hand in between.
+    settings.parent.mkdir()
+    settings.write_text('{"model": {"name": "userA"}, "security": {"auth": '
+                        '{"selectedType": "gemini"}}}')
+    hi.install(qwen, parse_url(dead_url))
+    newer = '{"model": {"name": "userB"}, "security": {"auth": {"selectedType": ' \
+            '"qwen-oauth"}}, "other": 1}'
+    settings.write_text(newer)  # the user rewrote the file: our keys are gone
+    hi.install(qwen, parse_url(dead_url))
+    hi.remove(qwen)
+    assert json.loads(settings.read_text()) == json.loads(newer)
+
+
+def test_a_second_install_over_our_untouched_keys_still_restores_the_first_values(
+        qwen, home, settings, dead_url):
+    settings.parent.mkdir()
+    original = '{"model": {"name": "userA"}}'
+    settings.write_text(original)
+    hi.install(qwen, parse_url(dead_url))
+    hi.install(qwen, parse_url(dead_url))
+    hi.remove(qwen)
+    assert settings.read_text() == original
