@@ -44,23 +44,37 @@ def remove(
     force: bool = typer.Option(False, "--force", help="Remove even if edited since written."),
 ) -> None:
     """Remove exactly what mlx-kit wrote for the agent (or for all of them)."""
-    from kit.errors import ConfigError
+    from kit.cli.console import err_console
+    from kit.errors import ConfigError, KitError
     from kit.harness import install as hi
     from kit.harness.spec import load_spec
 
     if bool(agent) == all_:
         raise ConfigError("name one agent, or pass --all")
-    for name in hi.installed_agents() if all_ else [agent]:
-        result = hi.remove(load_spec(name), force=force)
+    names = hi.installed_agents() if all_ else [agent]
+    if all_ and not names:
+        console.print("nothing of mlx-kit's is installed for any agent")
+    refused: list[str] = []
+    for name in names:
+        try:
+            result = hi.remove(load_spec(name), force=force)
+        except KitError as e:
+            if not all_:
+                raise
+            err_console.print(f"[bold red]error:[/] {name}: {e.message}", highlight=False)
+            refused.append(name)  # --all: the other agents still get removed
+            continue
         for p in result.removed:
             console.print(f"removed {p}", markup=False)
         for p in result.restored:
-            console.print(f"restored your own {p} (saved when install was forced)",
-                          markup=False)
+            console.print(f"restored your own {p} from mlx-kit's backup", markup=False)
         for p in result.unmerged:
             console.print(f"removed mlx-kit's entries from {p}", markup=False)
         if not (result.removed or result.restored or result.unmerged):
             console.print(f"nothing of mlx-kit's was installed for {name}")
+    if refused:
+        raise ConfigError(f"not removed: {', '.join(refused)} (see above)",
+                          hint="pass --force to remove edited entries anyway")
 
 
 @app.command("show")

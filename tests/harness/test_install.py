@@ -317,7 +317,10 @@ def test_cli_status_show_and_remove_all(home, dead_url):
     show = run("harness", "show", "codex", "--url", dead_url)
     assert show.returncode == 0 and 'wire_api = "responses"' in show.stdout
 
-    assert run("harness", "remove", "--all").returncode == 1  # codex was edited
+    first = run("harness", "remove", "--all")
+    assert first.returncode == 1 and "codex" in first.stderr  # codex was edited...
+    assert not (home / ".pi").exists()  # ...and the other agents were still removed
+    assert (home / ".codex" / "mlx-kit.config.toml").exists()
     removed = run("harness", "remove", "--all", "--force")
     assert removed.returncode == 0
     assert not (home / ".pi").exists() and not (home / ".codex").exists()
