@@ -482,13 +482,20 @@ class Engine:
 
         if request.prompt is not None:
             return list(self._tokenizer.encode(request.prompt))
-        kwargs: dict[str, Any] = {**request.template_kwargs, "add_generation_prompt": True}
-        if request.tools:
-            kwargs["tools"] = request.tools
         try:
-            tokens = self._tokenizer.apply_chat_template(request.messages, **kwargs)
+            return self._render(request, request.messages, generation_prompt=True)
         except (TemplateError, ValueError, TypeError, KeyError) as e:
             raise InvalidRequest(f"the model's chat template rejected the messages: {e}") from None
+
+    def _render(self, request: ChatRequest, messages: list[dict[str, Any]], *,
+                generation_prompt: bool) -> list[int]:
+        """``messages`` through the chat template with ``request``'s tools and template
+        variables, as token ids (raises whatever the template raises)."""
+        kwargs: dict[str, Any] = {**request.template_kwargs,
+                                  "add_generation_prompt": generation_prompt}
+        if request.tools:
+            kwargs["tools"] = request.tools
+        tokens = self._tokenizer.apply_chat_template(messages, **kwargs)
         if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
             tokens = tokens["input_ids"]
         return list(tokens)
@@ -679,12 +686,8 @@ class Engine:
         if run.calls:
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.name, "arguments": c.arguments}} for c in run.calls]
-        kwargs: dict[str, Any] = {**req.template_kwargs, "add_generation_prompt": False}
-        if req.tools:
-            kwargs["tools"] = req.tools
         try:
-            resend = self._tokenizer.apply_chat_template(req.messages + [message], **kwargs)
-            resend = list(resend["input_ids"] if isinstance(resend, dict) else resend)
+            resend = self._render(req, req.messages + [message], generation_prompt=False)
         except Exception as e:  # any template failure: keep the cache as generated
             log.debug("%s: no next-turn cache (%s)", req.request_id, e)
             return tokens
