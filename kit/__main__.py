@@ -1,3 +1,4 @@
 from kit.cli import main
 
-main()
+if __name__ == "__main__":  # not when multiprocessing imports it
+    main()

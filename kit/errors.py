@@ -16,6 +16,20 @@ exception is unexpected and is reported with the path of a log file.
 from __future__ import annotations
 
 
+def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
+def reduce_error(error: BaseException) -> tuple:
+    """``__reduce__`` for exceptions whose ``__init__`` does not take ``self.args`` back
+    (keyword fields, formatted messages): rebuilt from args and attributes, so they cross
+    from the engine process to the server unchanged."""
+    return _rebuild, (type(error), error.args, dict(error.__dict__))
+
+
 class KitError(Exception):
     """An expected failure with a message meant for the user.
 
@@ -28,6 +42,8 @@ class KitError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+    __reduce__ = reduce_error
 
 
 class ConfigError(KitError):

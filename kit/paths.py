@@ -3,6 +3,7 @@
 - state dir: server pid files (``server-<port>.json``)
 - log dir: server logs (``server-<port>.log``)
 - data dir: the harness manifest and the starter's source cache
+- cache dir: mlx's compiled CUDA kernels (``ptx/<mlx version>``)
 - bundled data: ``templates/`` and ``harnesses/``; at the repo's top level in a checkout
   (editable install), or ``kit/_data/`` inside a wheel.
 """
@@ -35,6 +36,21 @@ def data_dir() -> Path:
     p = Path(platformdirs.user_data_dir(APP))
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def kernel_cache_dir() -> Path:
+    """Where mlx's CUDA build keeps the kernels it compiles on first use (its
+    ``MLX_PTX_CACHE_DIR``), one folder per mlx version. mlx's default is under the temp
+    dir, which many Linux systems empty at boot; a heavy kernel takes ~30 s to compile (an
+    H200 run: one agent turn stalled 33 s on two of them), so they are kept here instead.
+    Not created here: mlx creates it when it first compiles."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mlx = version("mlx")
+    except PackageNotFoundError:
+        mlx = "unknown"
+    return Path(platformdirs.user_cache_dir(APP)) / "ptx" / mlx
 
 
 def _bundled(name: str) -> Path:

@@ -87,9 +87,6 @@ def serve(
                                        help="debug also logs each generated text."),
 ) -> None:
     """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
-    from kit.engine.blas import preload_blas
-
-    blas = preload_blas()  # before anything imports mlx
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
@@ -107,14 +104,13 @@ def serve(
     import uvicorn
 
     from kit.daemon import remove_pid_file, write_pid_file
-    from kit.engine.engine import Engine
+    from kit.engine.process import EngineProcess
     from kit.models.resolve import resolve_model
     from kit.server import create_app
     from kit.server.state import ServerState
     from kit.urls import parse_url
 
     url = parse_url(f"http://{'[' + host + ']' if ':' in host else host}:{port}")
-    log.info("BLAS: %s", blas or "bundled")
 
     def progress(line: str) -> None:
         log.info(line)
@@ -122,8 +118,8 @@ def serve(
             err_console.print(line)
 
     info = resolve_model(model, progress=progress)
-    engine = Engine(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
-                    memory_budget=budget, max_batch=max_batch)
+    engine = EngineProcess(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
+                           memory_budget=budget, max_batch=max_batch)
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)

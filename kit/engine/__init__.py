@@ -1,6 +1,7 @@
 """The engine: the only code that calls mlx / mlx-lm for generation.
 
-It owns the model on one worker thread, queues requests, applies the chat template, reuses
+It owns the model on one worker loop (in the server: in its own process, see
+:mod:`kit.engine.process`), queues requests, applies the chat template, reuses
 the longest cached prompt prefix (mlx-lm's ``LRUPromptCache``), and yields one typed event
 stream per request (:mod:`kit.engine.types`). It knows nothing about HTTP.
 

@@ -1,6 +1,10 @@
-"""The single-process engine: one worker thread owns the model and runs work in order.
+"""The engine: one worker loop owns the model and runs work in order.
 
-Design (the seam a batched or distributed engine will replace):
+In-process, the loop runs on a thread (``Engine.start()``); the server runs it on the main
+thread of a child process instead (:mod:`kit.engine.process`), so that HTTP never takes
+the GIL from decode.
+
+Design (the seam a distributed engine will replace):
 - ``Engine.start()`` loads the model on the worker thread; ``state`` tells ``loading``,
   ``ready``, ``unloaded`` (idle past the TTL; reloaded on the next request) or ``failed``.
 - ``Engine.generate(request)`` is an async iterator of events. Requests wait in one FIFO
@@ -27,7 +31,7 @@ from collections import deque
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,50 +54,61 @@ from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
-_END = object()
+_END = object()  # a job's last item
 
 
 class _Cancelled(Exception):
     """Raised from mlx-lm's prefill progress callback to stop a cancelled request."""
 
 
-class _Reply:
-    """A way back to the asyncio caller from the worker thread."""
+@dataclass
+class _Job:
+    """A queued request. The worker ``post``s its events (then ``_END``) to ``sink``;
+    ``cancelled`` set by the caller stops it at the next token."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    request: ChatRequest
+    sink: Callable[[Any], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def _call(self, fn: Any, *args: Any) -> bool:
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-            return True
-        except RuntimeError:  # the caller's loop is closed: nobody is listening
-            return False
+    def post(self, item: Any) -> None:
+        self.sink(item)
 
 
 @dataclass
-class _Job(_Reply):
-    """A queued request. The worker ``post``s events; the asyncio side receives them in
-    batches: a wake-up of the event loop is scheduled only when none is pending, so when
-    the HTTP side lags behind decode, the events that piled up arrive together (and are
-    merged into fewer deltas, see :func:`_merge`) instead of costing one wake-up, one
-    GIL hand-over and one SSE chunk each."""
+class _Swap:
+    """A queued swap; the worker calls ``reply(result, error)`` once."""
 
-    request: ChatRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    _pending: list = field(default_factory=list)
-    _scheduled: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    spec: str
+    reply: Callable[[Any, BaseException | None], None]
 
-    def post(self, item: Any) -> None:
+    def done(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.reply(result, error)
+
+
+class LoopSink:
+    """Events from another thread to an asyncio consumer, in batches: a wake-up of the
+    event loop is scheduled only when none is pending, so when the HTTP side lags behind
+    decode, the events that piled up arrive together (and are merged into fewer deltas,
+    see :func:`_merge`) instead of costing one wake-up, one GIL hand-over and one SSE
+    chunk each. Calling the sink after the loop closed sets ``cancelled`` (nobody listens).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancelled: threading.Event) -> None:
+        self.loop, self.cancelled = loop, cancelled
+        self.events: asyncio.Queue[list[Any]] = asyncio.Queue()
+        self._pending: list[Any] = []
+        self._scheduled = False
+        self._lock = threading.Lock()
+
+    def __call__(self, item: Any) -> None:
         with self._lock:
             self._pending.append(item)
             if self._scheduled:
                 return
             self._scheduled = True
-        if not self._call(self._deliver):
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the caller's loop is closed
             self.cancelled.set()
 
     def _deliver(self) -> None:  # on the event loop
@@ -101,6 +116,34 @@ class _Job(_Reply):
             items, self._pending = self._pending, []
             self._scheduled = False
         self.events.put_nowait(items)
+
+    async def drain(self) -> AsyncIterator[Event]:
+        """Yield the events until ``_END``; an exception item is raised."""
+        while True:
+            for item in _merge(await self.events.get()):
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+
+
+def settle_from_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future
+                       ) -> Callable[[Any, BaseException | None], None]:
+    """A ``reply(result, error)`` callable that settles ``future`` on ``loop`` from any
+    thread (a no-op once the loop is closed)."""
+    def reply(result: Any, error: BaseException | None) -> None:
+        def settle() -> None:
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:
+            pass
+    return reply
 
 
 def _merge(items: list[Any]) -> list[Any]:
@@ -115,22 +158,6 @@ def _merge(items: list[Any]) -> list[Any]:
         else:
             out.append(item)
     return out
-
-
-@dataclass
-class _Swap(_Reply):
-    spec: str
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-
-    def done(self, result: Any = None, error: BaseException | None = None) -> None:
-        def settle() -> None:
-            if not self.future.done():
-                if error is not None:
-                    self.future.set_exception(error)
-                else:
-                    self.future.set_result(result)
-        self._call(settle)
 
 
 @dataclass
@@ -276,18 +303,14 @@ class Engine:
         """
         if not request.request_id:
             request.request_id = f"req-{next(self._ids)}"
-        job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
-        self._jobs.put(job)
+        cancelled = threading.Event()
+        sink = LoopSink(asyncio.get_running_loop(), cancelled)
+        self._jobs.put(_Job(request, sink, cancelled))
         try:
-            while True:
-                for item in _merge(await job.events.get()):
-                    if item is _END:
-                        return
-                    if isinstance(item, Exception):
-                        raise item
-                    yield item
+            async for event in sink.drain():
+                yield event
         finally:
-            job.cancelled.set()
+            cancelled.set()
 
     def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens ``request`` would take (chat template applied), without queueing.
@@ -310,11 +333,24 @@ class Engine:
         that does not fit or does not load) with the old model still serving.
         """
         loop = asyncio.get_running_loop()
-        item = _Swap(spec, loop, loop.create_future())
-        self._jobs.put(item)
-        return await item.future
+        future = loop.create_future()
+        self._jobs.put(_Swap(spec, settle_from_thread(loop, future)))
+        return await future
 
     # -- worker ----------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        """Called on the worker right after the public state changed (first load, reload,
+        unload, swap, a request served); :class:`kit.engine.process.EngineProcess`'s
+        child forwards a snapshot from here. Nothing to do in-process."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The public state as plain values: what ``/health`` and ``/v1/models`` read."""
+        return {"model_info": self.model_info, "state": self.state, "error": self.error,
+                "requests_served": self.requests_served, "swaps": self.swaps,
+                "reloads": self.reloads, "unloads": self.unloads,
+                "load_seconds": self.load_seconds, "memory": self.memory(),
+                "capabilities": self.capabilities()}
 
     def _run(self) -> None:
         try:
@@ -327,6 +363,7 @@ class Engine:
             log.exception("model load failed")
             self.state, self.error = "failed", str(e)
         finally:
+            self._changed()
             self._ready.set()
         from kit.engine.batch import run_batch
 
@@ -435,19 +472,23 @@ class Engine:
         self._release(keep_tokenizer=True)  # small; count_tokens keeps working
         self.state = "unloaded"
         self.unloads += 1
+        self._changed()
         log.info("unloaded %s after %.0f s idle", self.model_info.id, self.ttl or 0)
 
     def _reload(self) -> None:
         t0 = time.perf_counter()
         self.state = "loading"
+        self._changed()
         try:
             self._model, self._tokenizer = self._load(self.model_info, replacing=0)
             self._weights_bytes = self._pending_weights
         except KitError as e:
             self.state = "unloaded"
+            self._changed()
             raise EngineError(f"reloading {self.model_info.id} failed: {e.message}") from None
         self.state = "ready"
         self.reloads += 1
+        self._changed()
         log.info("reloaded %s in %.2f s", self.model_info.id, time.perf_counter() - t0)
 
     def _swap(self, item: _Swap) -> None:
@@ -473,6 +514,7 @@ class Engine:
         self._weights_bytes = weights
         self.state, self.error = "ready", None
         self.swaps += 1
+        self._changed()
         took = time.perf_counter() - t0
         log.info("swapped %s -> %s in %.2f s", previous, info.id, took)
         item.done(SwapResult(info.id, previous, took, True))
@@ -655,6 +697,7 @@ class Engine:
                  run.cached, run.n, run.ttft, tps, finish_reason)
         log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
         self.requests_served += 1  # before the client can see the end (and ask /health)
+        self._changed()
         run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps,
                               run.parser.stop_string))
         if cache is None:

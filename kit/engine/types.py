@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from kit.errors import reduce_error
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -170,6 +172,8 @@ class Finished:
 
 class EngineError(Exception):
     """A generation failed inside the engine (an internal error, reported as 500)."""
+
+    __reduce__ = reduce_error
 
 
 class InvalidRequest(EngineError):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
+from kit.engine.process import EngineProcess
 from kit.engine.types import SamplingParams
 from kit.errors import KitError, ModelError, ModelNotFoundError
 from kit.models.aliases import AliasTable
@@ -20,7 +21,7 @@ _CATALOG_TTL_S = 10.0
 @dataclass
 class ServerState:
     """Attributes:
-        engine: the engine that owns the model.
+        engine: the engine that owns the model (the server runs it in its own process).
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
         admin_token: required bearer on /admin routes (written to the pid file, 0600).
         aliases: model names served by ``local`` or another model.
@@ -30,7 +31,7 @@ class ServerState:
         started: server start time (unix seconds).
     """
 
-    engine: Engine
+    engine: Engine | EngineProcess
     api_key: str | None = None
     admin_token: str | None = None
     aliases: AliasTable = field(default_factory=AliasTable)
@@ -143,7 +144,8 @@ class ServerState:
                 "model_state": e.state, "model": self.model_id,
                 "context_window": e.model_info.context_window, "pid": os.getpid(),
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
-                "unloads": e.unloads, "ttl": e.ttl, "load_seconds": e.load_seconds,
+                "unloads": e.unloads, "restarts": getattr(e, "restarts", 0),
+                "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl, "load_seconds": e.load_seconds,
                 "memory": e.memory(), "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")}}

@@ -1,0 +1,349 @@
+"""The engine in its own process: generation never shares a GIL with HTTP.
+
+The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
+runs :class:`kit.engine.engine.Engine`'s worker loop on its main thread. Measured on an
+H200 (docs/performance.md): decode in a worker thread beside the server's event loop loses
+5-17% to GIL hand-overs and thread scheduling; in a child process it keeps the speed of
+``mlx_lm.stream_generate`` on a main thread. vLLM splits its engine core from its API
+server for the same reason.
+
+Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is written by
+both ends, so each end sends under a lock):
+
+- server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
+  ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("stop",)``.
+- engine -> server: ``("ev", id, event)`` (events, then ``END``; exceptions are events
+  too), ``("reply", id, result, error)`` for swap and count, ``("state", snapshot)``
+  after every change of :meth:`Engine.snapshot` (sent before the ``Finished`` event that
+  follows it, so ``/health`` never lags behind an answer the client has).
+
+Lifetimes: the server's ``stop`` lets queued work finish, then the engine exits. If the
+server dies (even ``kill -9``), the engine's pipe reads end-of-file: it cancels what runs
+and exits. If the engine dies, every open request fails with :class:`EngineError`,
+``state`` becomes ``failed`` and ``/health`` says why. Ctrl-C reaches both processes
+(one process group); the engine ignores SIGINT and stops through the pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kit.engine.engine import _END, Engine, LoopSink, SwapResult, _Job, _Swap
+from kit.engine.types import ChatRequest, EngineError, Event
+from kit.models.resolve import ModelInfo
+
+log = logging.getLogger("mlx_kit.engine")
+
+END = "end"  # _END on the wire (an object() does not survive pickling)
+
+
+class _Link:
+    """One engine process and what waits on it: the pipe, open requests (event sinks) and
+    calls (swap, count). A restart makes a new link; the old one fails what it held."""
+
+    def __init__(self, conn: Any, process: Any) -> None:
+        self.conn, self.process = conn, process
+        self.sinks: dict[int, LoopSink] = {}
+        self.calls: dict[int, concurrent.futures.Future] = {}
+        self.lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        with self.lock:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):  # the engine is gone; the reader reports it
+                pass
+
+
+class EngineProcess:
+    """Same interface as :class:`Engine` (``start``, ``wait_ready``, ``stop``,
+    ``generate``, ``swap``, ``count_tokens``, ``capabilities``, ``memory`` and the state
+    attributes), with the engine in a child process. If that process dies (a crash, the
+    OOM killer), open requests fail, ``state`` is ``failed`` with the reason in ``error``,
+    and the next request starts a new one on the same model (``restarts`` counts them).
+
+    Args:
+        model: what to load first.
+        **options: :class:`Engine`'s keyword arguments (``prompt_cache_size``, ``ttl``,
+            ``memory_budget``, ``max_batch``).
+    """
+
+    def __init__(self, model: ModelInfo, **options: Any) -> None:
+        self.model_info = model
+        self.state = "loading"
+        self.error: str | None = None
+        self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
+        self.load_seconds: float | None = None
+        self.ttl = options.get("ttl")
+        self.max_batch = options.get("max_batch", 8)
+        self._options = options
+        self._memory: dict[str, int | None] = {
+            "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
+        self._capabilities = {"tools": False, "reasoning": False}
+        self._ids = itertools.count(1)
+        self._ready = threading.Event()
+        self._start_lock = threading.Lock()
+        self._stopping = False
+        self._link: _Link | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine process (it loads the model) and the thread reading from it."""
+        import multiprocessing
+        import os
+
+        from kit.paths import kernel_cache_dir
+
+        # inherited by the engine process (spawn copies os.environ); read by mlx's CUDA build
+        os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
+        ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads
+        conn, child = ctx.Pipe()
+        process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
+                              args=(child, self.model_info, self._options,
+                                    logging.getLogger("mlx_kit").getEffectiveLevel()))
+        process.start()
+        child.close()  # the child's end lives in the child only: its death is our EOF
+        self._link = link = _Link(conn, process)
+        threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
+                         daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's pid (None before ``start``)."""
+        return self._link.process.pid if self._link is not None else None
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the first load finished (or failed). Returns True when ready."""
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let queued work finish and the engine exit; after ``timeout`` seconds it is
+        terminated. Safe to call twice."""
+        link = self._link
+        if link is None or self._stopping:
+            return
+        self._stopping = True
+        link.send(("stop",))
+        link.process.join(timeout)
+        if link.process.is_alive():
+            log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
+            link.process.terminate()
+            link.process.join(5)
+
+    def memory(self) -> dict[str, int | None]:
+        """mlx's allocator in the engine process, as of its last state change: bytes in
+        live arrays and at peak, and the loaded weights' size."""
+        return dict(self._memory)
+
+    def capabilities(self) -> dict[str, bool]:
+        """See :meth:`Engine.capabilities`."""
+        return dict(self._capabilities)
+
+    # -- API -------------------------------------------------------------------------------
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+        """See :meth:`Engine.generate`; closing the iterator early cancels the request in
+        the engine."""
+        jid = next(self._ids)
+        if not request.request_id:
+            request.request_id = f"req-{jid}"
+        link = self._alive_link()
+        sink = LoopSink(asyncio.get_running_loop(), threading.Event())
+        link.sinks[jid] = sink
+        finished = False
+        try:
+            link.send(("gen", jid, request))
+            async for event in sink.drain():
+                yield event
+            finished = True
+        finally:
+            link.sinks.pop(jid, None)
+            if not finished:
+                link.send(("cancel", jid))
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        """See :meth:`Engine.count_tokens` (blocks until the engine answers; call it from a
+        thread)."""
+        return self._call("count", request).result()
+
+    async def swap(self, spec: str) -> SwapResult:
+        """See :meth:`Engine.swap`."""
+        return await asyncio.wrap_future(self._call("swap", spec))
+
+    # -- pipe ------------------------------------------------------------------------------
+
+    def _alive_link(self) -> _Link:
+        """The running engine's link; a new engine process if the last one died.
+
+        Raises:
+            EngineError: the server is stopping.
+        """
+        with self._start_lock:
+            if self._stopping:
+                raise EngineError("the server is shutting down")
+            assert self._link is not None, "start() first"
+            if self._link.process.exitcode is not None:
+                log.info("starting a new engine process for %s", self.model_info.id)
+                self.restarts += 1
+                self.state, self._ready = "loading", threading.Event()
+                self.start()
+            return self._link
+
+    def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            link = self._alive_link()
+        except EngineError as e:
+            future.set_exception(e)
+            return future
+        cid = next(self._ids)
+        link.calls[cid] = future
+        link.send((kind, cid, arg))
+        return future
+
+    def _read(self, link: _Link) -> None:
+        """On a thread: route what one engine process sends until its pipe closes."""
+        while True:
+            try:
+                message = link.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "ev":
+                sink = link.sinks.get(message[1])
+                if sink is not None:
+                    sink(_END if message[2] == END else message[2])
+            elif kind == "state":
+                snap = message[1]
+                self._memory = snap.pop("memory")
+                self._capabilities = snap.pop("capabilities")
+                self.__dict__.update(snap)
+                if self.state != "loading":
+                    self._ready.set()
+            elif kind == "reply":
+                future = link.calls.pop(message[1], None)
+                if future is not None:
+                    if message[3] is not None:
+                        future.set_exception(message[3])
+                    else:
+                        future.set_result(message[2])
+        self._gone(link)
+
+    def _gone(self, link: _Link) -> None:
+        """An engine's pipe closed: fail what waited on it, say why."""
+        link.process.join(5)
+        link.conn.close()
+        if self._stopping:
+            error = EngineError("the server is shutting down")
+        else:
+            error = EngineError(f"the engine process exited unexpectedly (exit code "
+                                f"{link.process.exitcode}); the next request starts a new one")
+            log.error("%s", error)
+        if self._link is link:  # not yet replaced by a new engine process
+            self.state = "stopped" if self._stopping else "failed"
+            self.error = None if self._stopping else str(error)
+        for sink in list(link.sinks.values()):
+            sink(error)
+            sink(_END)
+        for future in list(link.calls.values()):
+            if not future.done():
+                future.set_exception(error)
+        link.calls.clear()
+        self._ready.set()
+
+
+# -- the engine process ------------------------------------------------------------------
+
+
+class _PipeEngine(Engine):
+    """The engine in the child: its worker loop runs on the main thread; a reader thread
+    turns pipe messages into queue items; events and state go back through the pipe."""
+
+    def __init__(self, conn: Any, model: ModelInfo, **options: Any) -> None:
+        super().__init__(model, **options)
+        self._conn = conn
+        self._send_lock = threading.Lock()
+        self._live: dict[int, _Job] = {}
+
+    def send(self, message: tuple) -> None:
+        with self._send_lock:
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError):  # the server is gone; _read_commands ends us
+                pass
+            except Exception as e:  # an unpicklable event or reply: send the error instead
+                log.exception("cannot send %s to the server", message[0])
+                error = EngineError(f"{type(e).__name__}: {e}")
+                if message[0] == "ev":
+                    self._conn.send(("ev", message[1], error))
+                elif message[0] == "reply":
+                    self._conn.send(("reply", message[1], None, error))
+
+    def _changed(self) -> None:
+        self.send(("state", self.snapshot()))
+
+    def _event_sink(self, jid: int) -> Any:
+        def post(item: Any) -> None:
+            if item is _END:
+                self._live.pop(jid, None)
+                item = END
+            self.send(("ev", jid, item))
+        return post
+
+    def _read_commands(self) -> None:
+        """On a thread: queue what the server asks for until it says stop or goes away."""
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):  # the server died: stop what runs, then exit
+                for job in list(self._live.values()):
+                    job.cancelled.set()
+                self._jobs.put(None)
+                return
+            kind = message[0]
+            if kind == "gen":
+                job = _Job(message[2], self._event_sink(message[1]))
+                self._live[message[1]] = job
+                self._jobs.put(job)
+            elif kind == "cancel":
+                job = self._live.get(message[1])
+                if job is not None:
+                    job.cancelled.set()
+            elif kind == "swap":
+                cid = message[1]
+                self._jobs.put(_Swap(message[2], lambda r, e, cid=cid: self.send(
+                    ("reply", cid, r, e))))
+            elif kind == "count":  # the tokenizer is only read: no need to queue
+                try:
+                    self.send(("reply", message[1], self.count_tokens(message[2]), None))
+                except Exception as e:
+                    self.send(("reply", message[1], None, e))
+            elif kind == "stop":
+                self._jobs.put(None)
+                return
+
+
+def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level: int) -> None:
+    """The engine process's entry point (``multiprocessing`` target): load ``model``, then
+    serve the pipe until told to stop or the server goes away."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mlx_kit").setLevel(log_level)
+    from kit.engine.blas import preload_blas
+
+    preload_blas()  # before mlx is imported
+    engine = _PipeEngine(conn, model, **options)
+    threading.Thread(target=engine._read_commands, name="mlx-kit-engine-pipe",
+                     daemon=True).start()
+    engine._run()

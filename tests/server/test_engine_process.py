@@ -1,0 +1,102 @@
+"""The engine runs in its own process: what a user sees when either process dies or stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import start_server, stop
+
+CHAT = {"model": "local", "messages": [{"role": "user", "content": "Count to fifty."}],
+        "temperature": 0}
+
+
+def _gone(pid: int, timeout: float = 20) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+@pytest.fixture
+def fresh(hf_home, tmp_path):
+    server = start_server(tmp_path, hf_home)
+    yield server
+    stop(server)
+
+
+def test_health_names_the_engine_process(fresh):
+    health = fresh.health()
+    assert health["pid"] == fresh.proc.pid
+    engine = psutil.Process(health["engine_pid"])
+    assert engine.ppid() == fresh.proc.pid
+    assert health["restarts"] == 0
+    # the HTTP process never loads mlx (so it never holds the GIL decode needs)
+    httpx.post(fresh.v1 + "/chat/completions", json={**CHAT, "max_tokens": 2}, timeout=60)
+    httpx.post(fresh.v1 + "/messages/count_tokens", timeout=60, json={
+        "model": "local", "messages": [{"role": "user", "content": "Hi"}]})
+    httpx.get(fresh.v1 + "/models", timeout=60)
+    maps = {m.path for m in psutil.Process(fresh.proc.pid).memory_maps()}
+    assert not [m for m in maps if "libmlx" in m]
+    assert [m for m in engine.memory_maps() if "libmlx" in m.path]
+
+
+def test_compiled_cuda_kernels_are_kept_in_the_user_cache_not_the_temp_dir(fresh):
+    # Regression (H200 run): mlx's CUDA build compiles each new kernel variant on first use
+    # (~30 s for a quantized matmul) into the temp dir, so a reboot that empties /tmp made
+    # an agent turn stall again. mlx reads MLX_PTX_CACHE_DIR in the engine process.
+    from importlib.metadata import version
+
+    env = psutil.Process(fresh.health()["engine_pid"]).environ()
+    assert env["MLX_PTX_CACHE_DIR"] == str(
+        fresh.home / ".cache" / "mlx-kit" / "ptx" / version("mlx"))
+
+
+def test_kill_9_of_the_server_leaves_no_engine_process_holding_the_model(fresh):
+    engine_pid = fresh.health()["engine_pid"]
+    os.kill(fresh.proc.pid, signal.SIGKILL)
+    fresh.proc.wait(10)
+    assert _gone(engine_pid), "the engine process outlived its server"
+
+
+def test_stopping_the_server_stops_the_engine_process(fresh):
+    engine_pid = fresh.health()["engine_pid"]
+    fresh.proc.send_signal(signal.SIGINT)  # Ctrl-C in the foreground
+    assert fresh.proc.wait(20) == 0
+    assert _gone(engine_pid, 5)
+    assert "Traceback" not in fresh.log_text()
+
+
+def test_a_dead_engine_fails_the_open_stream_then_the_next_request_restarts_it(fresh):
+    engine_pid = fresh.health()["engine_pid"]
+    lines = []
+    with httpx.stream("POST", fresh.v1 + "/chat/completions", timeout=60,
+                      json={**CHAT, "stream": True, "max_tokens": 2000}) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if len(lines) == 3:  # generation is under way: the engine dies mid-stream
+                os.kill(engine_pid, signal.SIGKILL)
+    # the stream ended (no hang) with an OpenAI error object naming the cause
+    errors = [x for x in lines if "engine process exited unexpectedly" in x]
+    assert errors and '"error"' in errors[0]
+
+    health = httpx.get(fresh.root + "/health", timeout=5)
+    assert health.status_code == 503
+    assert health.json()["model_state"] == "failed"
+    assert "exited unexpectedly" in health.json()["error"]
+
+    r = httpx.post(fresh.v1 + "/chat/completions", timeout=120,
+                   json={**CHAT, "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 5
+    health = fresh.health()
+    assert health["status"] == "ok" and health["restarts"] == 1
+    assert health["engine_pid"] != engine_pid and health["error"] is None
