@@ -1,7 +1,8 @@
 """Continuous batching: several requests decode together on mlx-lm's ``BatchGenerator``.
 
-The engine's worker calls :func:`run_batch` when a request arrives and ``max_batch > 1``.
-It admits every request already queued and keeps admitting new ones while the batch runs
+The engine's worker calls :func:`run_batch` (``max_batch > 1``) when a request arrives
+while others wait, or when one that was decoding alone (``stream_generate``, faster for a
+single stream) sees another arrive: that one moves in with its KV cache. It admits every request already queued and keeps admitting new ones while the batch runs
 (each is prepared like a sequential one: template, context check, prompt-cache lookup),
 and returns when no request is left, or when a swap or shutdown is next in the queue (a
 barrier: the batch finishes first, so a swap still fails no request).
@@ -22,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 from kit.engine.types import EngineError
 
 if TYPE_CHECKING:
-    from kit.engine.engine import Engine, _Job, _Run
+    from kit.engine.engine import Engine, _Job, _Joined, _Run
 
 log = logging.getLogger("mlx_kit.engine")
 
 
-def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
-    """Serve ``first`` and every request that joins while the batch runs.
+def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
+              joined: _Joined | None = None) -> deque:
+    """Serve ``first`` (and ``joined``, a request that started alone, see
+    :meth:`Engine._generate`) and every request that joins while the batch runs.
 
     Returns:
         Queue items taken but not served here (a swap or the shutdown marker, and what
@@ -38,7 +41,7 @@ def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
 
     from kit.engine.engine import _END
 
-    backlog: deque = deque([first])
+    backlog: deque = deque([first] if first is not None else [])
     active: dict[int, tuple[_Run, Any]] = {}
     stops = make_stop_sequences(engine._tokenizer)  # EOS; stop strings are text-level
     bg = BatchGenerator(engine._model, completion_batch_size=engine.max_batch,
@@ -53,6 +56,14 @@ def run_batch(engine: Engine, first: _Job, jobs: queue.Queue) -> deque:
             run.job.post(_END)
 
     try:
+        if joined is not None:
+            run = joined.run
+            (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
+                               caches=[run.cache], all_tokens=[joined.held],
+                               samplers=[run.sampler], logits_processors=[run.processors],
+                               stop_sequences=[stops])
+            active[uid] = (run, joined.detok)
+            run.cache = None
         while True:
             while True:  # admit what is queued, up to a barrier
                 try:

@@ -181,6 +181,7 @@ class _Run:
     texts: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     pending: list[TokenLogprob] = field(default_factory=list)
+    constrained: bool = False  # a grammar masks the logits
 
     def token(self, token: int, logprobs: Any, engine: Engine) -> None:
         """Count a generated token (and keep its logprob when asked for)."""
@@ -203,6 +204,17 @@ class _Run:
                     ev = TextDelta(ev.text, tuple(self.pending))
                     self.pending.clear()
             self.job.post(ev)
+
+
+@dataclass
+class _Joined:
+    """A request that ran alone and continues in a batch: its run, the tokens its KV
+    cache (``run.cache``) holds, the token to feed next, its detokenizer."""
+
+    run: _Run
+    held: list[int]
+    last: int
+    detok: Any
 
 
 @dataclass(frozen=True)
@@ -379,10 +391,16 @@ class Engine:
                 return
             if isinstance(item, _Swap):
                 self._swap(item)
-            elif self.max_batch > 1 and self._check_servable(item):
-                backlog.extend(run_batch(self, item, self._jobs))
             elif self.max_batch <= 1:
                 self._serve(item)
+            elif self._check_servable(item):
+                # A request alone decodes with stream_generate (the in-process speed; one
+                # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
+                # batch when another request arrives.
+                if self._next_is_job():
+                    backlog.extend(run_batch(self, item, self._jobs))
+                elif (joined := self._serve(item, join=True)) is not None:
+                    backlog.extend(run_batch(self, None, self._jobs, joined=joined))
 
     def _check_servable(self, job: _Job) -> bool:
         """Get the model ready for ``job`` (reload after an idle unload); on failure post
@@ -401,20 +419,30 @@ class Engine:
             return False
         return True
 
-    def _serve(self, job: _Job) -> None:
+    def _next_is_job(self) -> bool:
+        """Whether a request (not a swap or the shutdown) waits at the queue's head."""
+        with self._jobs.mutex:
+            return bool(self._jobs.queue) and isinstance(self._jobs.queue[0], _Job)
+
+    def _serve(self, job: _Job, join: bool = False) -> _Joined | None:
+        """Run ``job`` alone. With ``join``, it may stop early and return its state for
+        :func:`kit.engine.batch.run_batch` to continue (a request arrived meanwhile)."""
         if job.cancelled.is_set():
             job.post(_END)
-            return
+            return None
         if not self._check_servable(job):
-            return
+            return None
         try:
-            self._generate(job)
+            joined = self._generate(job, join)
+            if joined is not None:
+                return joined
         except EngineError as e:
             job.post(e)
         except Exception as e:
             log.exception("generation failed for %s", job.request.request_id)
             job.post(EngineError(f"generation failed: {e}"))
         job.post(_END)
+        return None
 
     def _load(self, info: ModelInfo, replacing: int) -> tuple[Any, Any]:
         """Check the model fits, load it and warm it up. ``replacing``: bytes of weights
@@ -681,7 +709,7 @@ class Engine:
             OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools,
                                    in_tool_call=req.force_tool is not None and bool(forced))
         return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
-                    parser, t0)
+                    parser, t0, constrained=grammar is not None)
 
     def _complete(self, run: _Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt
@@ -755,9 +783,18 @@ class Engine:
                   req.request_id, len(resend), len(rest))
         return resend
 
-    def _generate(self, job: _Job) -> None:
-        """Run one request alone (``max_batch`` 1): ``mlx_lm.stream_generate``."""
+    def _generate(self, job: _Job, join: bool = False) -> _Joined | None:
+        """Run one request alone: ``mlx_lm.stream_generate``.
+
+        With ``join``, when another request waits and this one can move (a trimmable KV
+        cache, no grammar: llguidance's matcher has consumed the last token already), stop
+        after the current token and return the state a batch continues from: the KV cache
+        trimmed by that token, which the batch feeds again (stream_generate has already fed
+        it to compute the next one), and a detokenizer that has seen the tokens so far.
+        """
+        import mlx.core as mx
         from mlx_lm import stream_generate
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         run = self._prepare(job)
 
@@ -775,7 +812,8 @@ class Engine:
         except _Cancelled:  # the KV cache is half-filled: do not keep it
             log.info("%s: cancelled during prefill", job.request.request_id)
             self._complete(run, "cancelled", [], None)
-            return
+            return None
+        movable = join and not run.constrained and can_trim_prompt_cache(run.cache)
         tokens = list(run.prompt)
         finish_reason = "stop"
         for gen in itertools.chain([first] if first is not None else [], stream):
@@ -790,4 +828,15 @@ class Engine:
             if gen.finish_reason is not None:
                 finish_reason = gen.finish_reason
                 break
+            if movable and run.n < run.max_tokens and self._next_is_job():
+                stream.close()
+                mx.eval([c.state for c in run.cache])
+                trim_prompt_cache(run.cache, 1)
+                detok = self._tokenizer.detokenizer
+                for token in tokens[len(run.prompt):]:
+                    detok.add_token(token)
+                detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
+                log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
+                return _Joined(run, tokens[:-1], tokens[-1], detok)
         self._complete(run, finish_reason, tokens, run.cache)
+        return None
