@@ -11,9 +11,10 @@ Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is wr
 both ends, so each end sends under a lock):
 
 - server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
-  ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("stop",)``.
+  ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("memory", id, None)``,
+  ``("stop",)``.
 - engine -> server: ``("ev", id, event)`` (events, then ``END``; exceptions are events
-  too), ``("reply", id, result, error)`` for swap and count, ``("state", snapshot)``
+  too), ``("reply", id, result, error)`` for swap, count and memory, ``("state", snapshot)``
   after every change of :meth:`Engine.snapshot` (sent before the ``Finished`` event that
   follows it, so ``/health`` never lags behind an answer the client has).
 
@@ -138,9 +139,16 @@ class EngineProcess:
             link.process.terminate()
             link.process.join(5)
 
-    def memory(self) -> dict[str, int | None]:
-        """mlx's allocator in the engine process, as of its last state change: bytes in
-        live arrays and at peak, and the loaded weights' size."""
+    def memory(self, timeout: float = 2.0) -> dict[str, int | None]:
+        """mlx's allocator in the engine process now: bytes in live arrays and at peak,
+        and the loaded weights' size. Blocks (call it from a thread); if the engine does
+        not answer within ``timeout`` seconds (loading, gone), the values of its last state
+        change."""
+        try:
+            if self._link is not None and self._link.process.exitcode is None:
+                self._memory = self._call("memory", None).result(timeout)
+        except (concurrent.futures.TimeoutError, EngineError):
+            pass
         return dict(self._memory)
 
     def capabilities(self) -> dict[str, bool]:
@@ -321,6 +329,8 @@ class _PipeEngine(Engine):
                 cid = message[1]
                 self._jobs.put(_Swap(message[2], lambda r, e, cid=cid: self.send(
                     ("reply", cid, r, e))))
+            elif kind == "memory":  # allocator counters: no need to queue
+                self.send(("reply", message[1], self.memory(), None))
             elif kind == "count":  # the tokenizer is only read: no need to queue
                 try:
                     self.send(("reply", message[1], self.count_tokens(message[2]), None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -43,7 +44,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = state.health()
+        body = await asyncio.to_thread(state.health)  # asks the engine process for memory
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/v1/models")
