@@ -262,6 +262,7 @@ class Engine:
         self._pending_weights = 0
         self._prompt_cache: Any = None
         self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
+        self._trimmable: bool | None = None  # the loaded model's KV cache, lazily
         self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlx-kit-engine", daemon=True)
         self._ready = threading.Event()
@@ -397,7 +398,7 @@ class Engine:
                 # A request alone decodes with stream_generate (the in-process speed; one
                 # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
                 # batch when another request arrives.
-                if self._next_is_job():
+                if self._next_is_job() or not self._can_start_alone(item):
                     backlog.extend(run_batch(self, item, self._jobs))
                 elif (joined := self._serve(item, join=True)) is not None:
                     backlog.extend(run_batch(self, None, self._jobs, joined=joined))
@@ -418,6 +419,19 @@ class Engine:
             job.post(_END)
             return False
         return True
+
+    def _can_start_alone(self, job: _Job) -> bool:
+        """Whether ``job`` may decode alone first: only if it can move into a batch later
+        (see :meth:`_generate`): the model's KV cache can be trimmed (not recurrent or
+        rotating) and no grammar constrains the output."""
+        req = job.request
+        if req.force_tool is not None or req.response_schema is not None:
+            return False
+        if self._trimmable is None:
+            from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+            self._trimmable = can_trim_prompt_cache(make_prompt_cache(self._model))
+        return self._trimmable
 
     def _next_is_job(self) -> bool:
         """Whether a request (not a swap or the shutdown) waits at the queue's head."""
@@ -489,6 +503,7 @@ class Engine:
         import mlx.core as mx
 
         self._model = None
+        self._trimmable = None
         if not keep_tokenizer:
             self._tokenizer = None
             self._grammar_tokenizer = None
