@@ -46,7 +46,7 @@ END = "end"  # _END on the wire (an object() does not survive pickling)
 
 class _Link:
     """One engine process and what waits on it: the pipe, open requests (event sinks) and
-    calls (swap, count). A restart makes a new link; the old one fails what it held."""
+    calls (swap, count, memory). A restart makes a new link; the old one fails what it held."""
 
     def __init__(self, conn: Any, process: Any) -> None:
         self.conn, self.process = conn, process
@@ -265,7 +265,8 @@ class EngineProcess:
             if not future.done():
                 future.set_exception(error)
         link.calls.clear()
-        self._ready.set()
+        if self._link is link:
+            self._ready.set()
 
 
 # -- the engine process ------------------------------------------------------------------
