@@ -94,8 +94,13 @@ def show(
 
 
 @app.command("status")
-def status_() -> None:
-    """Per agent: binary and version, configured?, drift since written, server reachable."""
+def status_(
+    url: Optional[str] = typer.Option(
+        None, "--url", envvar="MLX_KIT_URL", help="Also say which configured agents point "
+        "elsewhere than this server (env MLX_KIT_URL)."),
+) -> None:
+    """Per agent: binary and version, configured?, drift since written, server reachable
+    (each agent's own recorded URL is probed)."""
     from rich.table import Table
 
     from kit.harness import install as hi
@@ -103,6 +108,7 @@ def status_() -> None:
     from kit.probe import probe
     from kit.urls import parse_url
 
+    here = parse_url(url) if url else None
     table = Table("agent", "binary", "configured", "drift", "server")
     for column in table.columns:
         column.overflow = "fold"
@@ -114,6 +120,8 @@ def status_() -> None:
             p = probe(parse_url(st.base_url), timeout=1.0)
             server = f"{st.base_url}: " + ("up" if p.ready else "down" if p.kind == "none"
                                            else p.kind)
+            if here is not None and parse_url(st.base_url).root != here.root:
+                server += f" (not {here.root})"
         table.add_row(spec.name, f"{version or st.binary}" if st.binary else "not found",
                       "yes" if st.installed else "no",
                       ", ".join(map(str, st.drift)) or "-", server)

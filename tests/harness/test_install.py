@@ -313,6 +313,14 @@ def test_cli_status_show_and_remove_all(home, dead_url):
     assert "yes" in rows["pi"] and "yes" in rows["llm"] and "no" in rows["aider"]
     assert "mlx-kit.config.toml" in status.stdout  # codex drifted: shown in its row
     assert "down" in rows["pi"]  # nothing listens at the URL the config points at
+    assert "(not " not in status.stdout
+    elsewhere = run("harness", "status", "--url", "http://127.0.0.1:1")
+    rows = {line.split("│")[1].strip(): line for line in elsewhere.stdout.splitlines()
+            if line.startswith("│")}
+    assert "(not http://127.0.0.1:1)" in rows["pi"]  # configured for another server
+    assert "(not " not in rows["aider"]  # not configured: nothing to compare
+    same = run("harness", "status", "--url", dead_url)
+    assert "(not " not in same.stdout
 
     show = run("harness", "show", "codex", "--url", dead_url)
     assert show.returncode == 0 and 'wire_api = "responses"' in show.stdout
