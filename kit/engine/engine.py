@@ -55,6 +55,7 @@ from kit.models.resolve import ModelInfo
 log = logging.getLogger("mlx_kit.engine")
 
 _END = object()  # a job's last item
+_PENALTY_CONTEXT = 20  # tokens mlx-lm's presence/frequency penalties look back (its default)
 
 
 class _Cancelled(Exception):
@@ -577,13 +578,17 @@ class Engine:
         """``messages`` through the chat template with ``request``'s tools and template
         variables, as token ids (raises whatever the template raises)."""
         kwargs: dict[str, Any] = {**request.template_kwargs,
-                                  "add_generation_prompt": generation_prompt}
+                                  "add_generation_prompt": generation_prompt,
+                                  "tokenize": True, "return_dict": False}
         if request.tools:
             kwargs["tools"] = request.tools
         tokens = self._tokenizer.apply_chat_template(messages, **kwargs)
         if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
             tokens = tokens["input_ids"]
-        return list(tokens)
+        tokens = list(tokens)
+        if not all(isinstance(t, int) for t in tokens):  # a template variable changed it
+            raise ValueError("the chat template did not return token ids")
+        return tokens
 
     def _constraint(self, request: ChatRequest,
                     prompt: list[int]) -> tuple[str | None, list[int], str]:
@@ -636,6 +641,29 @@ class Engine:
             reason = str(e).splitlines()[0][:300] if str(e) else "invalid schema"
             raise InvalidRequest(f"cannot constrain the output to this schema: {reason}",
                                  param=param) from None
+
+    def _check_sampling(self, params: Any) -> None:
+        """Reject what would crash or break mlx-lm's samplers for everyone: token ids
+        outside the vocabulary in ``logit_bias`` (mlx indexes out of bounds), non-finite
+        biases, ``top_k`` not below the vocabulary size (its error left the sampler broken
+        for later requests).
+
+        Raises:
+            InvalidRequest: with the parameter at fault.
+        """
+        import math
+
+        vocab = len(self._tokenizer._tokenizer)
+        for token, bias in params.logit_bias:
+            if not 0 <= token < vocab:
+                raise InvalidRequest(f"logit_bias: token id {token} is not in this model's "
+                                     f"vocabulary (0..{vocab - 1})", param="logit_bias")
+            if not math.isfinite(bias):
+                raise InvalidRequest("logit_bias values must be finite numbers",
+                                     param="logit_bias")
+        if params.top_k and params.top_k >= vocab:
+            raise InvalidRequest(f"top_k must be below this model's vocabulary size ({vocab})",
+                                 param="top_k")
 
     def _max_tokens(self, n_prompt: int, requested: int | None) -> int:
         """Tokens to generate within the context window.
@@ -695,6 +723,7 @@ class Engine:
 
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
+        self._check_sampling(params)
         prompt = self._prompt_tokens(req)
         grammar, forced, source = self._constraint(req, prompt)
         prompt += forced
@@ -817,9 +846,18 @@ class Engine:
             if job.cancelled.is_set():  # the client left during prefill: stop it there
                 raise _Cancelled
 
+        processors = run.processors
+        params = job.request.params
+        if run.cached and (params.presence_penalty or params.frequency_penalty):
+            # stream_generate shows processors only the uncached prompt (+ generated);
+            # penalties look at the last 20 tokens, so lend them the cached ones, as a
+            # batch does (same text whatever was cached or batched)
+            before = mx.array(run.prompt[:run.cached][-_PENALTY_CONTEXT:])
+            processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
+                                                         logits) for p in processors]
         stream = stream_generate(self._model, self._tokenizer, run.rest,
                                  max_tokens=run.max_tokens, sampler=run.sampler,
-                                 logits_processors=run.processors, prompt_cache=run.cache,
+                                 logits_processors=processors, prompt_cache=run.cache,
                                  prompt_progress_callback=check_cancelled,
                                  prefill_step_size=self._prefill_step_size())
         try:

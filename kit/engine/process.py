@@ -18,11 +18,13 @@ both ends, so each end sends under a lock):
   after every change of :meth:`Engine.snapshot` (sent before the ``Finished`` event that
   follows it, so ``/health`` never lags behind an answer the client has).
 
-Lifetimes: the server's ``stop`` lets queued work finish, then the engine exits. If the
-server dies (even ``kill -9``), the engine's pipe reads end-of-file: it cancels what runs
-and exits. If the engine dies, every open request fails with :class:`EngineError`,
-``state`` becomes ``failed`` and ``/health`` says why. Ctrl-C reaches both processes
-(one process group); the engine ignores SIGINT and stops through the pipe.
+Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its
+clients time to finish), then the engine exits. If the server dies (even ``kill -9``), the
+engine's pipe reads end-of-file: it cancels what runs and exits. If the engine dies, every
+open request fails with :class:`EngineError`, ``state`` becomes ``failed``, ``/health``
+says why, and the next request starts a new engine. Ctrl-C reaches both processes (one
+process group); the engine ignores SIGINT (blocked from before its start until it does)
+and stops through the pipe.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import signal
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,6 +45,8 @@ from kit.models.resolve import ModelInfo
 log = logging.getLogger("mlx_kit.engine")
 
 END = "end"  # _END on the wire (an object() does not survive pickling)
+_COUNTERS = ("requests_served", "swaps", "reloads", "unloads")
+_CALL_TIMEOUT_S = 30.0  # count_tokens: the engine answers from its pipe thread at once
 
 
 class _Link:
@@ -53,6 +58,7 @@ class _Link:
         self.sinks: dict[int, LoopSink] = {}
         self.calls: dict[int, concurrent.futures.Future] = {}
         self.lock = threading.Lock()
+        self.closed = threading.Event()  # the reader saw the end and reaped the process
 
     def send(self, message: tuple) -> None:
         with self.lock:
@@ -92,6 +98,7 @@ class EngineProcess:
         self._start_lock = threading.Lock()
         self._stopping = False
         self._link: _Link | None = None
+        self._base: dict[str, int] = {}  # counters of engines that ended
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -109,7 +116,13 @@ class EngineProcess:
         process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
                               args=(child, self.model_info, self._options,
                                     logging.getLogger("mlx_kit").getEffectiveLevel()))
-        process.start()
+        # Ctrl-C must not reach the engine before serve_engine ignores it (a traceback from
+        # its imports otherwise): the child inherits this thread's blocked SIGINT
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()  # the child's end lives in the child only: its death is our EOF
         self._link = link = _Link(conn, process)
         threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
@@ -126,18 +139,18 @@ class EngineProcess:
         return self.state == "ready"
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Let queued work finish and the engine exit; after ``timeout`` seconds it is
-        terminated. Safe to call twice."""
+        """Stop the engine: what still runs is cancelled (the server has already let its
+        clients finish), then it exits; after ``timeout`` seconds it is terminated. Safe to
+        call twice."""
         link = self._link
         if link is None or self._stopping:
             return
         self._stopping = True
         link.send(("stop",))
-        link.process.join(timeout)
-        if link.process.is_alive():
+        if not link.closed.wait(timeout):  # the reader thread reaps it (one joiner only)
             log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
             link.process.terminate()
-            link.process.join(5)
+            link.closed.wait(5)
 
     def memory(self, timeout: float = 2.0) -> dict[str, int | None]:
         """mlx's allocator in the engine process now: bytes in live arrays and at peak,
@@ -180,7 +193,10 @@ class EngineProcess:
     def count_tokens(self, request: ChatRequest) -> int:
         """See :meth:`Engine.count_tokens` (blocks until the engine answers; call it from a
         thread)."""
-        return self._call("count", request).result()
+        try:
+            return self._call("count", request).result(_CALL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise EngineError(f"the engine did not answer in {_CALL_TIMEOUT_S:.0f} s") from None
 
     async def swap(self, spec: str) -> SwapResult:
         """See :meth:`Engine.swap`."""
@@ -201,7 +217,8 @@ class EngineProcess:
             if self._link.process.exitcode is not None:
                 log.info("starting a new engine process for %s", self.model_info.id)
                 self.restarts += 1
-                self.state, self._ready = "loading", threading.Event()
+                self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
+                self.state, self.error, self._ready = "loading", None, threading.Event()
                 self.start()
             return self._link
 
@@ -231,6 +248,8 @@ class EngineProcess:
                     sink(_END if message[2] == END else message[2])
             elif kind == "state":
                 snap = message[1]
+                for key in _COUNTERS:
+                    snap[key] += self._base.get(key, 0)
                 self._memory = snap.pop("memory")
                 self._capabilities = snap.pop("capabilities")
                 self.__dict__.update(snap)
@@ -267,6 +286,7 @@ class EngineProcess:
         link.calls.clear()
         if self._link is link:
             self._ready.set()
+        link.closed.set()
 
 
 # -- the engine process ------------------------------------------------------------------
@@ -337,7 +357,9 @@ class _PipeEngine(Engine):
                     self.send(("reply", message[1], self.count_tokens(message[2]), None))
                 except Exception as e:
                     self.send(("reply", message[1], None, e))
-            elif kind == "stop":
+            elif kind == "stop":  # the server let its clients finish: the rest is abandoned
+                for job in list(self._live.values()):
+                    job.cancelled.set()
                 self._jobs.put(None)
                 return
 
@@ -345,9 +367,8 @@ class _PipeEngine(Engine):
 def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level: int) -> None:
     """The engine process's entry point (``multiprocessing`` target): load ``model``, then
     serve the pipe until told to stop or the server goes away."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by start()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mlx_kit").setLevel(log_level)

@@ -219,11 +219,15 @@ async def collect(request: Request, events: AsyncIterator) -> tuple[list, Finish
         return got, fin
 
     task = asyncio.ensure_future(run())
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if not done and await request.is_disconnected():
-            task.cancel()
-            raise APIError(499, "client closed the request")
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client closed the request")
+    except asyncio.CancelledError:  # e.g. the server's shutdown: stop generating too
+        task.cancel()
+        raise
     try:
         return task.result()
     except EngineError as e:

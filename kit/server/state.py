@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
 from kit.engine.process import EngineProcess
-from kit.engine.types import SamplingParams
+from kit.engine.types import EngineError, SamplingParams
 from kit.errors import KitError, ModelError, ModelNotFoundError
 from kit.models.aliases import AliasTable
 from kit.server.errors import APIError
@@ -114,6 +114,8 @@ class ServerState:
                            code="insufficient_memory" if fits else "model_load_failed") from None
         except KitError as e:
             raise APIError(500, e.message, type="server_error") from None
+        except EngineError as e:  # e.g. the engine process died during the load
+            raise APIError(503, str(e), type="server_error", param="model") from None
         self._catalog = (0.0, [])  # a starter may have been built
         return {"model": result.model, "previous": result.previous,
                 "load_seconds": round(result.load_seconds, 3), "changed": result.changed}
@@ -145,7 +147,8 @@ class ServerState:
                 "context_window": e.model_info.context_window, "pid": os.getpid(),
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
                 "unloads": e.unloads, "restarts": getattr(e, "restarts", 0),
-                "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl, "load_seconds": e.load_seconds,
+                "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl,
+                "load_seconds": e.load_seconds,
                 "memory": e.memory(), "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")}}

@@ -61,7 +61,8 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
         return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
                            params=SamplingParams(max_tokens=n, temperature=0.0))
 
-    async def collect(request: ChatRequest, delay: float = 0.0) -> tuple[str, float, float, Finished]:
+    async def collect(request: ChatRequest,
+                      delay: float = 0.0) -> tuple[str, float, float, Finished]:
         await asyncio.sleep(delay)
         text, times, fin = "", [], None
         async for ev in engine.generate(request):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import httpx
 import psutil
@@ -11,6 +12,7 @@ import pytest
 
 from tests.conftest import start_server, stop
 
+NO_EOS = {"0": -100, "1": -100, "2": -100}  # the starter's special tokens: it cannot stop
 CHAT = {"model": "local", "messages": [{"role": "user", "content": "Count to fifty."}],
         "temperature": 0}
 
@@ -98,4 +100,53 @@ def test_a_dead_engine_fails_the_open_stream_then_the_next_request_restarts_it(f
     assert r.json()["usage"]["completion_tokens"] == 5
     health = fresh.health()
     assert health["status"] == "ok" and health["restarts"] == 1
+    assert health["requests_served"] == 1  # counted across engines (the killed one: 0)
     assert health["engine_pid"] != engine_pid and health["error"] is None
+
+
+def test_ctrl_c_while_the_engine_restarts_leaves_no_traceback(fresh):
+    # Regression (new-user try): Ctrl-C that reached a just-spawned engine before it
+    # ignored SIGINT printed a KeyboardInterrupt traceback from its imports.
+    import threading
+
+    old = fresh.health()["engine_pid"]
+    os.kill(old, signal.SIGKILL)
+    assert _gone(old, 10)
+    threading.Thread(target=lambda: httpx.post(fresh.v1 + "/chat/completions", timeout=60,
+                                               json={**CHAT, "max_tokens": 2}),
+                     daemon=True).start()
+    new = old
+    for _ in range(500):
+        new = httpx.get(fresh.root + "/health", timeout=5).json()["engine_pid"]
+        if new != old:
+            break
+        time.sleep(0.01)
+    assert new != old
+    for pid in (new, fresh.proc.pid):  # what a terminal's Ctrl-C does: the whole group
+        os.kill(pid, signal.SIGINT)
+    assert fresh.proc.wait(30) == 0
+    assert _gone(new, 10)
+    log = fresh.log_text()
+    assert "KeyboardInterrupt" not in log and "Traceback" not in log
+
+
+def test_stopping_with_a_request_in_flight_stops_its_generation(fresh):
+    # Regression (new-user try): at shutdown uvicorn cancelled a non-streamed request's
+    # handler but generation went on to max_tokens, and the engine had to be terminated.
+    import threading
+
+    threading.Thread(target=lambda: httpx.post(fresh.v1 + "/chat/completions", timeout=60,
+                                               json={**CHAT, "max_tokens": 1500,
+                                                     "logit_bias": NO_EOS}),
+                     daemon=True).start()
+    for _ in range(100):
+        if fresh.health()["model_state"] == "ready" and "POST /v1/chat" in fresh.log_text():
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # generating now
+    t0 = time.monotonic()
+    fresh.proc.terminate()
+    assert fresh.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    assert time.monotonic() - t0 < 12  # uvicorn's 5 s grace, then the engine stops at once
+    log = fresh.log_text()
+    assert ", cancelled" in log and "did not stop" not in log

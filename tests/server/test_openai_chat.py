@@ -476,3 +476,51 @@ def test_concurrent_requests_are_decoded_together(server):
     assert all(spans)
     assert max(s[0] for s in spans) < min(s[1] for s in spans)  # overlapping in time
     assert len({s[2] for s in spans}) == 1 and spans[0][2]
+
+
+# --- inputs that used to crash or poison the engine (a new-user try) ------------------------
+
+@pytest.mark.parametrize("bias", [{"99999999": 100}, {"49152": 100}, {"-3": 100}])
+def test_logit_bias_outside_the_vocabulary_is_400_not_a_crashed_engine(server, bias):
+    # Regression: an out-of-range id crashed the engine process (SIGSEGV / double free),
+    # failing every stream beside it; a negative one silently biased vocab-3.
+    pid = server.health()["engine_pid"]
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60,
+                   json={"model": "local", "messages": QUESTION, "logit_bias": bias})
+    assert r.status_code == 400 and _error(r)["param"] == "logit_bias"
+    assert server.health()["engine_pid"] == pid  # still the same engine
+
+
+def test_top_k_beyond_the_vocabulary_is_400_and_sampling_still_works(server):
+    # Regression: the sampler's own error left it broken: every later sampled request got
+    # 500 "Attempting to eval an array without a primitive" until a restart.
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
+        "model": "local", "messages": QUESTION, "temperature": 1, "top_k": 1000000})
+    assert r.status_code == 400 and _error(r)["param"] == "top_k"
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
+        "model": "local", "messages": QUESTION, "temperature": 0.7, "max_tokens": 5})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_template_kwargs_cannot_make_the_prompt_text(server):
+    # Regression: chat_template_kwargs {"tokenize": false} made the prompt a list of
+    # strings, which failed every request in the batch with it.
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
+        "model": "local", "messages": QUESTION, "max_tokens": 8,
+        "chat_template_kwargs": {"tokenize": False}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+def test_penalties_give_the_same_text_whatever_was_cached(server):
+    # Regression: decoding alone, presence/frequency penalties saw only the uncached part
+    # of the prompt, so the same greedy request changed its text once it was cached.
+    body = {"model": "local", "max_tokens": 30, "temperature": 0, "presence_penalty": 1.5,
+            "frequency_penalty": 1.0, "messages": [{"role": "user", "content":
+                                                    "List five vegetables, briefly."}]}
+    texts, cached = [], []
+    for _ in range(3):
+        r = httpx.post(server.v1 + "/chat/completions", json=body, timeout=60).json()
+        texts.append(r["choices"][0]["message"]["content"])
+        cached.append(r["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached[-1] > cached[0]  # the later ones did reuse the prompt cache
+    assert texts[0] == texts[1] == texts[2]
