@@ -4,7 +4,8 @@ The engine's worker calls :func:`run_batch` (``max_batch > 1``) when a request a
 while others wait, or when one that was decoding alone (``stream_generate``, faster for a
 single stream) sees another arrive: that one moves in with its KV cache. It admits every
 request already queued and keeps admitting new ones while the batch runs (each is
-prepared like a sequential one: template, context check, prompt-cache lookup), and returns when no request is left, or when a swap or shutdown is next in the queue (a
+prepared like a sequential one: template, context check, prompt-cache lookup), and
+returns when no request is left, or when a swap or shutdown is next in the queue (a
 barrier: the batch finishes first, so a swap still fails no request).
 
 Per request: a streaming detokenizer, the output parser (stop strings, reasoning, tool
