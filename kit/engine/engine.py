@@ -294,6 +294,10 @@ class Engine:
         return {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
                 "weights_bytes": self._weights_bytes if self._model is not None else 0}
 
+    async def current_memory(self) -> dict[str, int | None]:
+        """:meth:`memory`, awaitable (the engine process answers through its pipe)."""
+        return self.memory()
+
     def capabilities(self) -> dict[str, bool]:
         """What the loaded model's chat template supports, as mlx-lm detected it:
         ``tools`` (it renders tools and has a tool-call parser), ``reasoning`` (think

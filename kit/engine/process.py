@@ -164,6 +164,17 @@ class EngineProcess:
             pass
         return dict(self._memory)
 
+    async def current_memory(self, timeout: float = 2.0) -> dict[str, int | None]:
+        """:meth:`memory` without blocking the event loop or a worker thread (``/health``
+        must answer even when every worker thread waits on a stuck engine)."""
+        try:
+            if self._link is not None and self._link.process.exitcode is None:
+                self._memory = await asyncio.wait_for(
+                    asyncio.wrap_future(self._call("memory", None)), timeout)
+        except (asyncio.TimeoutError, EngineError):
+            pass
+        return dict(self._memory)
+
     def capabilities(self) -> dict[str, bool]:
         """See :meth:`Engine.capabilities`."""
         return dict(self._capabilities)
@@ -257,8 +268,8 @@ class EngineProcess:
                     self._ready.set()
             elif kind == "reply":
                 future = link.calls.pop(message[1], None)
-                if future is not None:
-                    if message[3] is not None:
+                if future is not None and future.set_running_or_notify_cancel():
+                    if message[3] is not None:  # (a waiter that gave up cancelled it)
                         future.set_exception(message[3])
                     else:
                         future.set_result(message[2])
@@ -281,7 +292,7 @@ class EngineProcess:
             sink(error)
             sink(_END)
         for future in list(link.calls.values()):
-            if not future.done():
+            if future.set_running_or_notify_cancel():
                 future.set_exception(error)
         link.calls.clear()
         if self._link is link:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -22,8 +21,9 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     ``on_shutdown`` runs when the server shuts down gracefully.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
-    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API
-    key if set), ``POST /admin/swap`` (admin token).
+    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
+    ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API key if set),
+    ``POST /admin/swap`` (admin token).
     """
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -44,7 +44,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = await asyncio.to_thread(state.health)  # asks the engine process for memory
+        body = state.health(memory=await state.engine.current_memory())
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/v1/models")

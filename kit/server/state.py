@@ -139,7 +139,8 @@ class ServerState:
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}
         return [{**e, **extra} for e in entries]
 
-    def health(self) -> dict:
+    def health(self, memory: dict | None = None) -> dict:
+        """The /health body; ``memory``: the engine's (default: :meth:`Engine.memory`)."""
         e = self.engine
         return {"service": "mlx-kit", "version": __version__,
                 "status": "ok" if e.state in ("ready", "unloaded") else e.state,
@@ -149,6 +150,6 @@ class ServerState:
                 "unloads": e.unloads, "restarts": getattr(e, "restarts", 0),
                 "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl,
                 "load_seconds": e.load_seconds,
-                "memory": e.memory(), "error": e.error,
+                "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")}}
