@@ -152,21 +152,16 @@ class EngineProcess:
             link.process.terminate()
             link.closed.wait(5)
 
-    def memory(self, timeout: float = 2.0) -> dict[str, int | None]:
-        """mlx's allocator in the engine process now: bytes in live arrays and at peak,
-        and the loaded weights' size. Blocks (call it from a thread); if the engine does
-        not answer within ``timeout`` seconds (loading, gone), the values of its last state
-        change."""
-        try:
-            if self._link is not None and self._link.process.exitcode is None:
-                self._memory = self._call("memory", None).result(timeout)
-        except (concurrent.futures.TimeoutError, EngineError):
-            pass
+    def memory(self) -> dict[str, int | None]:
+        """mlx's allocator in the engine process as it last reported it (at its last state
+        change or :meth:`current_memory` call): bytes in live arrays and at peak, and the
+        loaded weights' size."""
         return dict(self._memory)
 
     async def current_memory(self, timeout: float = 2.0) -> dict[str, int | None]:
-        """:meth:`memory` without blocking the event loop or a worker thread (``/health``
-        must answer even when every worker thread waits on a stuck engine)."""
+        """mlx's allocator in the engine process now, asked through the pipe without
+        blocking the event loop or a worker thread (``/health`` must answer even when every
+        worker thread waits on a stuck engine); after ``timeout`` seconds, :meth:`memory`."""
         try:
             if self._link is not None and self._link.process.exitcode is None:
                 self._memory = await asyncio.wait_for(
