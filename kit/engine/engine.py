@@ -182,7 +182,6 @@ class _Run:
     texts: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     pending: list[TokenLogprob] = field(default_factory=list)
-    constrained: bool = False  # a grammar masks the logits
 
     def token(self, token: int, logprobs: Any, engine: Engine) -> None:
         """Count a generated token (and keep its logprob when asked for)."""
@@ -757,7 +756,7 @@ class Engine:
             OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools,
                                    in_tool_call=req.force_tool is not None and bool(forced))
         return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
-                    parser, t0, constrained=grammar is not None)
+                    parser, t0)
 
     def _complete(self, run: _Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt
@@ -834,15 +833,16 @@ class Engine:
     def _generate(self, job: _Job, join: bool = False) -> _Joined | None:
         """Run one request alone: ``mlx_lm.stream_generate``.
 
-        With ``join``, when another request waits and this one can move (a trimmable KV
-        cache, no grammar: llguidance's matcher has consumed the last token already), stop
-        after the current token and return the state a batch continues from: the KV cache
-        trimmed by that token, which the batch feeds again (stream_generate has already fed
-        it to compute the next one), and a detokenizer that has seen the tokens so far.
+        With ``join`` (only for requests :meth:`_can_start_alone` admits: a trimmable KV
+        cache, no grammar, whose llguidance matcher would have consumed the last token
+        already), when another request waits, stop after the current token and return the
+        state a batch continues from: the KV cache trimmed by that token, which the batch
+        feeds again (stream_generate has already fed it to compute the next one), and a
+        detokenizer that has seen the tokens so far.
         """
         import mlx.core as mx
         from mlx_lm import stream_generate
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import trim_prompt_cache
 
         run = self._prepare(job)
 
@@ -870,7 +870,6 @@ class Engine:
             log.info("%s: cancelled during prefill", job.request.request_id)
             self._complete(run, "cancelled", [], None)
             return None
-        movable = join and not run.constrained and can_trim_prompt_cache(run.cache)
         tokens = list(run.prompt)
         finish_reason = "stop"
         for gen in itertools.chain([first] if first is not None else [], stream):
@@ -885,7 +884,7 @@ class Engine:
             if gen.finish_reason is not None:
                 finish_reason = gen.finish_reason
                 break
-            if movable and run.n < run.max_tokens and self._next_is_job():
+            if join and run.n < run.max_tokens and self._next_is_job():
                 stream.close()
                 mx.eval([c.state for c in run.cache])
                 trim_prompt_cache(run.cache, 1)
