@@ -140,3 +140,32 @@ def test_a_bad_allowed_origin_is_a_clear_startup_error(tmp_path):
                        env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--allow-origin" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_wildcard_bind_accepts_this_machines_names_only(hf_home, tmp_path):
+    """0.0.0.0 (with its required key): Host may be a loopback name or one of this
+    machine's names and addresses; others are refused. /docs is off off-loopback."""
+    import socket
+
+    import psutil
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--host", "0.0.0.0",
+                                 "--port", str(port), "--api-key", "k", "--log-file", str(log)],
+                                env=clean_env(tmp_path, hf_home), stdout=out,
+                                stderr=subprocess.STDOUT)
+    s = Server(proc, port, log, tmp_path)
+    try:
+        wait_health(s.root, proc)
+        addresses = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                     if a.family == socket.AF_INET]
+        for host in ["localhost", socket.gethostname(), *addresses]:
+            r = httpx.get(s.root + "/health", headers={"Host": f"{host}:{port}"}, timeout=10)
+            assert r.status_code == 200, host
+        assert httpx.get(s.root + "/health", headers={"Host": "evil.example"},
+                         timeout=10).status_code == 403
+        assert httpx.get(s.root + "/openapi.json", timeout=10).status_code == 404
+    finally:
+        stop(s)
