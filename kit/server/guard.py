@@ -155,7 +155,8 @@ class EdgePolicy:
         if normal in self.origins:
             return True
         parts = urlsplit(normal)
-        return (parts.scheme == "http" and parts.port == self.port
+        port = parts.port or _DEFAULT_PORTS["http"]  # normalised: no port means 80
+        return (parts.scheme == "http" and port == self.port
                 and self.host_allowed(parts.hostname or ""))
 
 
