@@ -6,6 +6,7 @@ import errno
 import ipaddress
 from enum import Enum
 import logging
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -50,6 +51,28 @@ def _check_port_free(host: str, port: int) -> None:
                               hint="--host must be an address of this machine") from None
 
 
+def _env_list(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def _edge_policy(host: str, port: int, allow_host: list[str] | None,
+                 allow_origin: list[str] | None, max_body_size: int):
+    """The Host/Origin policy from the flags and MLX_KIT_HOSTS / MLX_KIT_ORIGINS.
+
+    Raises:
+        ConfigError: an origin is not ``scheme://host[:port]``.
+    """
+    from kit.server.guard import EdgePolicy
+
+    try:
+        return EdgePolicy.build(host, port, [*(allow_host or []), *_env_list("MLX_KIT_HOSTS")],
+                                [*(allow_origin or []), *_env_list("MLX_KIT_ORIGINS")],
+                                max_body_size)
+    except ValueError as e:
+        raise ConfigError(f"--allow-origin: {e}",
+                          hint="e.g. --allow-origin http://localhost:3000") from None
+
+
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Hub repo id in the local cache, or a model folder. "
@@ -81,6 +104,18 @@ def serve(
     top_p: Optional[float] = typer.Option(
         None, "--top-p", min=0, max=1,
         help="Nucleus sampling mass for requests that set none (default: the model's, else 1)."),
+    allow_host: Optional[List[str]] = typer.Option(
+        None, "--allow-host", help="Also accept requests whose Host header is NAME "
+        "(repeatable; also MLX_KIT_HOSTS, comma-separated). Loopback names and the bound "
+        "address are always accepted; .example.com: the domain and its subdomains; *: any."),
+    allow_origin: Optional[List[str]] = typer.Option(
+        None, "--allow-origin", help="Let web pages of ORIGIN (scheme://host[:port]) call the "
+        "API, with CORS (repeatable; also MLX_KIT_ORIGINS, comma-separated; *: any page, "
+        "unsafe). Other requests carrying an Origin are refused."),
+    max_body_size: str = typer.Option("16MiB", "--max-body-size", envvar="MLX_KIT_MAX_BODY_SIZE",
+                                      help="Largest request body, e.g. 16MiB (413 above it)."),
+    docs: Optional[bool] = typer.Option(None, "--docs/--no-docs", help="Serve /openapi.json "
+                                        "and /docs (default: on for a loopback bind)."),
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                        case_sensitive=False,
@@ -95,6 +130,7 @@ def serve(
 
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
+    edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -132,7 +168,9 @@ def serve(
         remove_pid_file(url)
 
     try:
-        uvicorn.run(create_app(state, on_shutdown=shutdown), host=host, port=port,
+        app = create_app(state, on_shutdown=shutdown, edge=edge,
+                         docs=_is_loopback(host) if docs is None else docs)
+        uvicorn.run(app, host=host, port=port,
                     log_config=None, log_level=log_level.value, timeout_graceful_shutdown=5)
     finally:
         shutdown()

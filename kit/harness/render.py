@@ -10,6 +10,7 @@ file nor inject code. A value that the agent itself expands like a shell word (C
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -97,6 +98,9 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
         "base_url": base_url,
         "root_url": base_url.removesuffix("/v1"),
         "api_key_env": API_KEY_ENV,
+        # whether the user set a key: a config that can only name a key it then requires
+        # (llm's api_key_name) names it only then, so keyless direct use keeps working
+        "api_key_set": bool(os.environ.get(API_KEY_ENV)),
         "models": models,
         "baked_source": baked_source,
         "discovery_timeout_ms": 1500,

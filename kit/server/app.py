@@ -6,24 +6,32 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from kit import __version__
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
 from kit.server.auth import AuthMiddleware
-from kit.server.errors import install_error_handlers
+from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
+from kit.server.guard import EdgeGuard, EdgePolicy
 from kit.server.state import ServerState
 
 
-def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None, *,
+               edge: EdgePolicy | None = None, docs: bool = False) -> FastAPI:
     """Build the app around a started engine.
 
-    ``on_shutdown`` runs when the server shuts down gracefully.
+    Args:
+        state: the server state (engine, keys, aliases).
+        on_shutdown: runs when the server shuts down gracefully.
+        edge: the Host/Origin/body-size policy (default: loopback names only, port 8090,
+            16 MiB bodies).
+        docs: serve ``/openapi.json`` and ``/docs``.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
     ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API key if set),
-    ``POST /admin/swap`` (admin token).
+    ``POST /admin/swap`` (admin token); every route refuses a foreign Host or Origin.
     """
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -31,16 +39,34 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
         if on_shutdown is not None:  # graceful shutdown (SIGINT/SIGTERM), before uvicorn
             on_shutdown()            # re-raises the signal and the process ends
 
-    app = FastAPI(title="mlx-kit", version=__version__, docs_url=None, redoc_url=None,
-                  openapi_url=None, lifespan=lifespan)
+    edge = edge or EdgePolicy(port=8090)
+    app = FastAPI(title="mlx-kit", version=__version__, lifespan=lifespan,
+                  description="OpenAI- and Anthropic-compatible API of a local MLX server. "
+                              "Errors are 4xx/5xx with an `{\"error\": {...}}` body "
+                              "(Anthropic's shape under /v1/messages), never 422.",
+                  docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.kit = state
     install_error_handlers(app)
 
+    # Innermost first (add_middleware wraps): the key check, CORS for explicitly allowed
+    # origins (it answers their preflight, which carries no key), the Host/Origin/depth
+    # guard, and outermost the one place a stray exception is logged.
     app.add_middleware(AuthMiddleware, state=state)
+    explicit = sorted(edge.origins)
+    if explicit:
+        app.add_middleware(CORSMiddleware, allow_origins=explicit,
+                           allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
+                           allow_headers=["*"], max_age=600)
+    app.add_middleware(EdgeGuard, policy=edge)
+    app.add_middleware(UnexpectedErrors)
 
-    @app.api_route("/", methods=["GET", "HEAD"])  # Claude Code probes HEAD / first
+    @app.get("/")
     async def root() -> dict:
         return {"service": "mlx-kit", "version": __version__}
+
+    # Claude Code probes HEAD / first; one operation in the schema (no duplicate id)
+    app.add_api_route("/", root, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -51,9 +77,25 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     async def models() -> dict:
         return {"object": "list", "data": state.model_entries()}
 
-    app.include_router(openai_chat.router)
-    app.include_router(openai_completions.router)
-    app.include_router(anthropic.router)
-    app.include_router(openai_responses.router)
-    app.include_router(admin.router)
+    for module in (openai_chat, openai_completions, anthropic, openai_responses, admin):
+        app.include_router(module.router, responses=ERROR_RESPONSES)
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema without the 422 it adds to every route with a body: validation
+    errors are 400s here (documented by ERROR_RESPONSES)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version,
+                             description=app.description, routes=app.routes)
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -13,9 +13,55 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("mlx_kit.server")
+
+#: Longest error message sent (characters): a message quoting the client's input (a
+#: 1 MB model name) must not send the megabyte back.
+MAX_MESSAGE = 1000
+
+
+def excerpt(text: object, limit: int = 80) -> str:
+    """``text`` (``str()`` of it) cut to ``limit`` characters, marked with an ellipsis when
+    cut: what an error message may quote of a client's input."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class ErrorDetail(BaseModel):
+    """The ``error`` member of an OpenAI-shaped error body."""
+
+    message: str = Field(description="What went wrong, in words; quotes at most a short "
+                                     "excerpt of the request.")
+    type: str = Field(description="invalid_request_error, authentication_error, "
+                                  "permission_error, not_found_error, server_error...")
+    param: str | None = Field(None, description="The request field at fault (dotted path, "
+                                                "e.g. messages.0.content), if any.")
+    code: str | None = Field(None, description="A machine-readable code, e.g. "
+                                               "model_not_found, context_length_exceeded.")
+
+
+class ErrorBody(BaseModel):
+    """Every error response's body (under /v1/messages: Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` instead)."""
+
+    error: ErrorDetail
+
+
+#: The ``responses=`` of every route: the error statuses the server answers with (400
+#: where FastAPI would advertise 422).
+ERROR_RESPONSES = {
+    400: {"model": ErrorBody, "description": "Malformed request: bad JSON, a wrong type or "
+                                             "value (param names the field), nesting too deep"},
+    401: {"model": ErrorBody, "description": "Missing or wrong API key"},
+    403: {"model": ErrorBody, "description": "Host or Origin not allowed (a web page)"},
+    404: {"model": ErrorBody, "description": "Unknown model"},
+    413: {"model": ErrorBody, "description": "Body larger than --max-body-size"},
+    500: {"model": ErrorBody, "description": "The server's own failure (logged)"},
+}
 
 
 class APIError(Exception):
@@ -32,6 +78,8 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = excerpt(message, MAX_MESSAGE)
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
             status, message, type, param, code)
@@ -92,8 +140,31 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = _STATUS_TYPES.get(exc.status_code, "server_error")
         return APIError(exc.status_code, str(exc.detail), type=kind).response(request.url.path)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return APIError(500, "internal server error; see the server log",
-                        type="server_error").response(request.url.path)
+
+class UnexpectedErrors:
+    """Outermost pure ASGI middleware: an exception no handler took is logged once, with
+    its traceback, and answered with our 500 (before the response started; after, the
+    connection just ends). Starlette's own 500 handler re-raises, so uvicorn logged every
+    traceback a second time."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unexpected error in %s %s", scope["method"], scope["path"])
+            if not started:
+                await APIError(500, "internal server error; see the server log",
+                               type="server_error").response(scope["path"])(scope, receive, send)

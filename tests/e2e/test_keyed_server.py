@@ -1,0 +1,61 @@
+"""The real agents against a server that requires a key (`serve --api-key`, as a user who
+keeps other local accounts out runs it): with MLX_KIT_API_KEY set, `mlx-kit launch AGENT`
+gets an answer, and the server saw no request without the key (no 401 in its log)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.conftest import clean_env, require_binary, start_server, stop
+
+pytestmark = pytest.mark.slow
+
+KEY = "sekret-key-0123"
+Q = "What is the capital of France?"
+HEADLESS = {
+    "claude": ("claude", ["-p", Q]),
+    "codex": ("codex", ["exec", "--skip-git-repo-check", Q]),
+    "continue": ("cn", ["-p", Q]),
+    "aider": ("aider", ["--message", Q, "--yes-always", "--no-git", "--no-pretty",
+                        "--no-stream"]),
+    "llm": ("llm", ["--no-log", Q]),
+}
+
+
+@pytest.fixture(scope="module")
+def keyed_server(hf_home, tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("home-keyed"), hf_home, "--temperature", "0",
+                     "--api-key", KEY)
+    yield s
+    stop(s)
+
+
+def test_the_keyed_server_refuses_requests_without_the_key(keyed_server):
+    r = httpx.get(keyed_server.v1 + "/models", timeout=10)
+    assert r.status_code == 401
+    r = httpx.get(keyed_server.v1 + "/models", timeout=10,
+                  headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("agent", sorted(HEADLESS))
+def test_launch_passes_the_key_to_the_agent(agent, keyed_server, tmp_path):
+    binary, args = HEADLESS[agent]
+    require_binary(binary)
+    env = clean_env(tmp_path, MLX_KIT_API_KEY=KEY, LLM_USER_PATH=str(tmp_path / "llm"))
+    project = tmp_path / "project"
+    project.mkdir()
+    before = httpx.get(keyed_server.root + "/health").json()["requests_served"]
+    refused = len(re.findall(r'" 401', keyed_server.log_text()))
+    r = subprocess.run([sys.executable, "-m", "kit", "launch", agent, "--url",
+                        keyed_server.v1, "--", *args], env=env, cwd=project,
+                       capture_output=True, text=True, timeout=500, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert httpx.get(keyed_server.root + "/health").json()["requests_served"] > before
+    assert len(re.findall(r'" 401', keyed_server.log_text())) == refused, \
+        "a request of the agent went without the key"
