@@ -3,10 +3,11 @@ removal can prove what is its own even when the manifest is gone:
 
 - ``<id>-<name>``: the user's own file as it was before install (merge mode, or a file a
   forced install replaced), byte for byte, with its mode;
-- ``<id>-<name>.receipt.json``: ``{"path", "existed", "created_dirs", "install_id"}``:
-  whether the file existed before our first install, the folders that install created, and
-  an id that the manifest's record of the file repeats (a manifest record whose id is not
-  the receipt's is from another install: stale, not trusted).
+- ``<id>-<name>.receipt.json``: ``{"path", "existed", "created_dirs", "install_id",
+  "sha256"}``: whether the file existed before our first install, the folders that install
+  created, an id of that install and the hash of what the last install wrote, both of
+  which the manifest's record of the file repeats (a record that differs is from another
+  install or an older generation: stale, not trusted).
 
 ``<id>`` is a hash of the file's path, so both are found from the agent's spec alone.
 Both are deleted when the agent is removed, and so are the folders once empty.
@@ -52,13 +53,14 @@ def new_install_id() -> str:
 
 
 def write_receipt(agent: str, path: Path, *, existed: bool, created_dirs: list[str],
-                  install_id: str) -> None:
+                  install_id: str, sha256: str) -> None:
     """Record, beside the backups, what our first install of ``path`` found and did."""
     receipt = receipt_path(agent, path)
     receipt.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(receipt, json.dumps({"path": str(path), "existed": existed,
                                       "created_dirs": created_dirs,
-                                      "install_id": install_id}) + "\n", mode=0o600)
+                                      "install_id": install_id, "sha256": sha256}) + "\n",
+                 mode=0o600)
 
 
 def read_receipt(agent: str, path: Path) -> dict[str, Any] | None:

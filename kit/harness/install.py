@@ -94,7 +94,8 @@ def _trusted(agent: str, f: dict) -> bool:
     receipt = evidence.read_receipt(agent, Path(f["path"]))
     if "install_id" not in f:  # recorded before receipts existed
         return receipt is None
-    return receipt is not None and receipt.get("install_id") == f["install_id"]
+    return receipt is not None and receipt.get("install_id") == f["install_id"] \
+        and receipt.get("sha256") == f.get("sha256")
 
 
 def _lost_install(spec: HarnessSpec) -> bool:
@@ -204,7 +205,7 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
             # The receipt first: a crash between it and the manifest leaves evidence that
             # proves no more than the markers do, never a write with no evidence at all.
             evidence.write_receipt(spec.name, ch.path, existed=existed, created_dirs=created,
-                                   install_id=install_id)
+                                   install_id=install_id, sha256=sha256_text(ch.new))
             if ch.changed:
                 atomic_write(ch.path, ch.new)
                 result.written.append(ch.path)

@@ -73,7 +73,7 @@ def _record(m: MergeSpec, doc: Any, fragment: Any, original: Any, created_file: 
     entries: dict[str, str] = {}
     previous: dict[str, Any] = {}
     notes: list[str] = []
-    has_original = original is not None or created_file
+    has_original = original is not None or created_file  # what was there before us
 
     def list_entries(path: list[str], key: str) -> None:
         ids = {str(e.get(key)) for e in (_get(fragment, path) if path else fragment) or []
@@ -87,7 +87,7 @@ def _record(m: MergeSpec, doc: Any, fragment: Any, original: Any, created_file: 
             entries[rid] = fingerprint(current[at])
             theirs = _get(original, path) if path else original
             was = _find(theirs, key, ident)
-            if was is not None and not _has_marker(theirs[was]):
+            if was is not None:  # the user's own entry by that id, before install
                 previous[rid] = theirs[was]
 
     if m.strategy == "list-by-key":
@@ -156,6 +156,9 @@ def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path) -> tuple[tuple, 
             original = loads(m.format, backup_text, "the backup")
         except HarnessError:
             backup_text = None
+        else:  # an empty file holds the empty list or mapping the agent's file holds
+            original = ([] if m.strategy == "list-by-key" else {}) if original is None \
+                else original
     created_file = backup_text is None and bool(receipt) and not receipt["existed"]
     record, notes = _record(m, doc, _ours_fragment(spec, fspec), original, created_file,
                             receipt is not None, str(path))
