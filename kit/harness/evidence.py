@@ -99,5 +99,7 @@ def prune(agent: str) -> None:
     for folder in (root / agent, root, root.parent):
         try:
             folder.rmdir()
-        except OSError:  # not empty (or not there): keep it
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty: keep it (and the folders above it)
             return
