@@ -90,7 +90,7 @@ def print_removal(result, prefix: str = "") -> bool:
     for p in result.unmerged:
         console.print(f"{prefix}removed mlx-kit's entries from {p}", markup=False)
     changed = bool(result.removed or result.restored or result.unmerged)
-    for note in result.notes if changed or any("kept" in n for n in result.notes) else ():
+    for note in result.notes:  # what it left, and why
         console.print(f"{prefix}{note}", markup=False)
     return changed
 

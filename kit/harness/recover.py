@@ -27,7 +27,7 @@ from typing import Any
 
 from kit.errors import HarnessError
 from kit.harness import evidence
-from kit.harness.files import atomic_write, check_writable, read_text
+from kit.harness.files import check_writable, read_text
 from kit.harness.formats import loads
 from kit.harness.merge import (MergeSpec, _entry_id, _find, _get, _owned_entry, _path,
                                content_fingerprint, fingerprint, list_selector, unmerge)
@@ -198,7 +198,3 @@ def created_dirs(spec: HarnessSpec, path: Path) -> list[str]:
     """The folders the receipt says our install created for ``path``."""
     receipt = evidence.read_receipt(spec.name, path) or {}
     return [d for d in receipt.get("created_dirs", []) if isinstance(d, str)]
-
-
-def write(path: Path, text: str) -> None:
-    atomic_write(path, text)
