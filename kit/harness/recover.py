@@ -62,6 +62,15 @@ def _ours_fragment(spec: HarnessSpec, fspec: FileSpec) -> Any:
     return loads(fspec.merge.format, text, f"{fspec.path} (rendered)")
 
 
+def _has(doc: Any, path: list[str]) -> bool:
+    """Whether ``doc`` has a key at ``path`` (holding null counts: null is not absent)."""
+    for part in path:
+        if not isinstance(doc, dict) or part not in doc:
+            return False
+        doc = doc[part]
+    return True
+
+
 def _named_after_us(dotted: str) -> bool:
     return dotted.split(".")[-1] in (PROVIDER_ID, API_KEY_ENV)
 
@@ -109,18 +118,18 @@ def _record(m: MergeSpec, doc: Any, fragment: Any, original: Any, created_file: 
         # there (install keeps it in the backup): proof needs the receipt too.
         mine = _has_marker(value) or (_named_after_us(item) and evidenced and (
             isinstance(value, dict) or fingerprint(value) == fingerprint(ours)))
+        had = _has(original, path)
+        before = _get(original, path) if had else None
         if not mine and fingerprint(value) == fingerprint(ours):
-            before = _get(original, path) if isinstance(original, dict) else None
-            mine = has_original and fingerprint(before) != fingerprint(value)
+            mine = has_original and (not had or fingerprint(before) != fingerprint(value))
             if not mine and not has_original:
                 notes.append(f"left {item} in {where}: it holds what mlx-kit writes, but "
                              "nothing proves mlx-kit put it there")
         if not mine:
             continue
         entries[item] = fingerprint(value)
-        before = _get(original, path) if isinstance(original, dict) else None
-        if before is not None:
-            previous[item] = before
+        if had:
+            previous[item] = before  # the user's value (null too), put back
     # Parents our install created: those the user's original lacks (or all of them, in a
     # file our install created); none when there is no evidence.
     created: list[str] = []
@@ -130,8 +139,7 @@ def _record(m: MergeSpec, doc: Any, fragment: Any, original: Any, created_file: 
             path = spec_path[0] if spec_path else _path(item)[:-1]
             for depth in range(1, len(path) + 1):
                 dotted = ".".join(path[:depth])
-                if dotted not in created and (original is None
-                                              or _get(original, path[:depth]) is None):
+                if dotted not in created and not _has(original, path[:depth]):
                     created.append(dotted)
     return {"entries": entries, "created": created, "previous": previous}, notes
 
