@@ -4,13 +4,14 @@ another install): only what can be proved ours is touched.
 Proof, per file of the agent's spec:
 
 - a drop-in file is ours when it carries :data:`kit.harness.render.MARKER` at its top;
-- in a merged file, an entry is ours when it carries the marker (a string holding it,
+- in a merged file (only with the receipt that our install leaves beside the backups, or
+  with ``--force``: a marked entry with no receipt may be a copy the user kept after a
+  removal), an entry is ours when it carries the marker (a string holding it,
   e.g. Qwen's ``description``, llm's ``mlx_kit`` key), or when it sits under a key named
   after us (our provider id ``mlx-kit`` in Zed's and Crush's files, whose schemas leave no
   room for a marker; our key variable ``MLX_KIT_API_KEY``), is a mapping or what we write
-  there, and the receipt shows we installed into that file; a plain value at a shared key (Qwen's ``model.name``)
-  is ours only when it is what we write *and* the evidence (:mod:`kit.harness.evidence`)
-  shows we wrote there: the user's original from before install lacks it or holds another
+  there; a plain value at a shared key (Qwen's ``model.name``) is ours only when it is
+  what we write *and* the evidence (:mod:`kit.harness.evidence`) shows we wrote there: the user's original from before install lacks it or holds another
   value (put back), or the receipt says the file did not exist before us;
 - the user's original (the backup) is put back byte for byte when what is left equals it,
   a file is deleted only when the receipt says our install created it and nothing else is
@@ -144,7 +145,8 @@ def _record(m: MergeSpec, doc: Any, fragment: Any, original: Any, created_file: 
     return {"entries": entries, "created": created, "previous": previous}, notes
 
 
-def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path) -> tuple[tuple, list[str]]:
+def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path,
+                force: bool = False) -> tuple[tuple, list[str]]:
     """What recovery would do to a merged file: (an outcome as
     ``install._unmerged`` gives it ("restore" with the backup's path), notes).
 
@@ -172,6 +174,12 @@ def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path) -> tuple[tuple, 
                             receipt is not None, str(path))
     if not record["entries"]:
         return ("none", None), notes
+    if receipt is None and not force:
+        # Marked entries but no receipt: what a removal leaves when the user kept a copy
+        # of our entry, or what a lost data dir leaves. Only the user can tell which.
+        return ("none", None), notes + [
+            f"left mlx-kit's marked entries in {path} ({', '.join(sorted(record['entries']))}): "
+            "mlx-kit has no record of installing them; pass --force to remove them"]
     check_writable(path, "remove mlx-kit's entries from")
     text, is_empty = unmerge(m, current, record, str(path), force=True)
     if backup_text is not None and content_fingerprint(m, text, str(path)) == \

@@ -95,7 +95,7 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
             if f is not None:
                 result.notes.append(f"the manifest's record of {p} is from another install; "
                                     "worked from the file's markers and mlx-kit's backups")
-            steps.append(_recovered(spec, fspecs.get(p), Path(p), result.notes))
+            steps.append(_recovered(spec, fspecs.get(p), Path(p), result.notes, force))
         for step in steps:  # all checked above, before anything was changed
             _apply(spec, step, result)
         data["agents"].pop(spec.name, None)
@@ -127,13 +127,13 @@ def _planned(f: dict, fspec: FileSpec | None, force: bool) -> _Step:
 
 
 def _recovered(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
-               notes: list[str]) -> _Step:
+               notes: list[str], force: bool) -> _Step:
     """A removal step with no trusted record: from the markers and the evidence."""
     step = _Step(path, "none", backup=evidence.backup_path(spec.name, path),
                  created_dirs=recover.created_dirs(spec, path))
     if fspec is not None and fspec.merge is not None:
         step.merged = True
-        (step.action, arg), more = recover.plan_merged(spec, fspec, path)
+        (step.action, arg), more = recover.plan_merged(spec, fspec, path, force)
         step.text = arg if step.action == "write" else None
     else:
         doomed, more = recover.plan_dropin(spec, path)

@@ -235,3 +235,22 @@ def test_remove_all_with_a_corrupt_manifest_finds_every_agent_by_its_marks(tmp_p
     assert r.returncode == 0, r.stderr
     assert settings.read_text() == QWEN_SETTINGS
     assert not (home / ".pi" / "agent" / "extensions" / "mlx-kit.ts").exists()
+
+
+def test_a_marked_entry_the_user_kept_after_removal_is_not_removed_again(tmp_path, dead_url):
+    """After a removal, a copy of our llm entry the user put back (marker and all) is theirs:
+    with no receipt of an install, removal leaves it and says why; --force removes it."""
+    home = tmp_path
+    path = user_file(home, "llm")
+    assert kit(home, "harness", "install", "llm", "--url", dead_url).returncode == 0
+    ours = path.read_text()
+    assert kit(home, "harness", "remove", "llm").returncode == 0
+    path.write_text(ours)  # the user keeps our entry on purpose
+
+    r = kit(home, "harness", "remove", "llm")
+
+    assert r.returncode == 0
+    assert path.read_text() == ours
+    assert "no record of installing them" in r.stdout and "--force" in r.stdout
+    assert kit(home, "harness", "remove", "llm", "--force").returncode == 0
+    assert "model_id: local" not in path.read_text() and "gpt-local" in path.read_text()
