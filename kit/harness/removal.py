@@ -64,7 +64,6 @@ class _Step:
     text: str | None = None
     backup: Path | None = None
     created_dirs: list[str] = field(default_factory=list)
-    merged: bool = False
 
 
 def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
@@ -109,7 +108,6 @@ def _planned(f: dict, fspec: FileSpec | None, force: bool) -> _Step:
     backup = Path(f["backup"]) if f.get("backup") else None
     step = _Step(path, "none", backup=backup, created_dirs=f.get("created_dirs", []))
     if f.get("mode") == "merge":
-        step.merged = True
         step.action, step.text = _unmerged(f, fspec, force)
         return step
     if not path.is_file():
@@ -132,7 +130,6 @@ def _recovered(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
     step = _Step(path, "none", backup=evidence.backup_path(spec.name, path),
                  created_dirs=recover.created_dirs(spec, path))
     if fspec is not None and fspec.merge is not None:
-        step.merged = True
         (step.action, arg), more = recover.plan_merged(spec, fspec, path, force)
         step.text = arg if step.action == "write" else None
     else:
