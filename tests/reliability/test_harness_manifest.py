@@ -47,7 +47,8 @@ USER_FILES = {
 
 
 def kit(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
-    env = clean_env(home, home / "hf", **({"PATH": path} if path else {}))
+    env = clean_env(home, home / "hf", COLUMNS="250",  # a wide table: one line per agent
+                    **({"PATH": path} if path else {}))
     return subprocess.run([sys.executable, "-m", "kit", *args], env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -183,6 +184,20 @@ def test_read_commands_with_a_corrupt_manifest_warn_and_exit_0(tmp_path, dead_ur
         assert r.returncode == 0, (args, r.stderr)
         assert "Traceback" not in r.stderr
     assert manifest(home).read_bytes() == b"\x00\xff garbage \x89PNG"  # reads change nothing
+
+
+def test_harness_list_with_a_corrupt_manifest_still_sees_a_merged_agent(tmp_path, dead_url):
+    home = tmp_path
+    user_file(home, "qwen")
+    assert kit(home, "harness", "install", "qwen", "--url", dead_url).returncode == 0
+    damage(home, "garbage")
+
+    r = kit(home, "harness", "list")
+
+    assert r.returncode == 0 and "corrupt" in r.stderr
+    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
+            if line.startswith("│")}
+    assert rows["qwen"].split("│")[2].strip() == "yes"
 
 
 def test_launch_with_a_corrupt_manifest_warns_and_runs_the_agent(tmp_path, server):
