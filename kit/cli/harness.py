@@ -27,6 +27,9 @@ def install(
 
     spec = load_spec(agent)
     result = hi.install(spec, parse_url(base_url or url), dry_run=dry_run, force=force)
+    if result.recovered is not None:
+        print_removal(result.recovered, prefix="an earlier install the manifest did not "
+                      "record: ")
     if dry_run:
         diffs = [c.diff() for c in result.changes if c.changed]
         console.print("".join(diffs) if diffs else "no changes\n", markup=False, end="")
@@ -51,7 +54,13 @@ def remove(
 
     if bool(agent) == all_:
         raise ConfigError("name one agent, or pass --all")
-    names = hi.installed_agents() if all_ else [agent]
+    from kit.harness import manifest
+    from kit.harness.spec import all_specs
+
+    if all_ and manifest.load()[1]:  # unreadable: look for our marks in every agent's files
+        names = sorted(all_specs())
+    else:
+        names = hi.installed_agents() if all_ else [agent]
     if all_ and not names:
         console.print("nothing of mlx-kit's is installed for any agent")
     refused: list[str] = []
@@ -64,17 +73,26 @@ def remove(
             err_console.print(f"[bold red]error:[/] {name}: {e.message}", highlight=False)
             refused.append(name)  # --all: the other agents still get removed
             continue
-        for p in result.removed:
-            console.print(f"removed {p}", markup=False)
-        for p in result.restored:
-            console.print(f"restored your own {p} from mlx-kit's backup", markup=False)
-        for p in result.unmerged:
-            console.print(f"removed mlx-kit's entries from {p}", markup=False)
-        if not (result.removed or result.restored or result.unmerged):
+        if not print_removal(result):
             console.print(f"nothing of mlx-kit's was installed for {name}")
     if refused:
         raise ConfigError(f"not removed: {', '.join(refused)} (see above)",
                           hint="pass --force to remove edited entries anyway")
+
+
+def print_removal(result, prefix: str = "") -> bool:
+    """Say what a removal (``kit.harness.install.Removal``) did, one line per file, and
+    what it left and why. Returns whether it changed anything."""
+    for p in result.removed:
+        console.print(f"{prefix}removed {p}", markup=False)
+    for p in result.restored:
+        console.print(f"{prefix}restored your own {p} from mlx-kit's backup", markup=False)
+    for p in result.unmerged:
+        console.print(f"{prefix}removed mlx-kit's entries from {p}", markup=False)
+    changed = bool(result.removed or result.restored or result.unmerged)
+    for note in result.notes:  # what it left, and why
+        console.print(f"{prefix}{note}", markup=False)
+    return changed
 
 
 @app.command("show")

@@ -6,10 +6,14 @@ in our stack offers "write text atomically + tell me which parent folders you cr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from kit.errors import HarnessError
 
 
 def sha256_text(text: str) -> str:
@@ -34,8 +38,52 @@ def make_parents(path: Path) -> list[Path]:
     return list(reversed(missing))
 
 
+def check_writable(path: Path, action: str = "write") -> None:
+    """Refuse to change ``path`` when it is not a regular file or is read-only, or when its
+    folder does not let us create the temporary file an atomic write needs.
+
+    The file's write bits are checked as well as ``os.access``: root may write any file, but
+    a file the user made read-only (``chmod a-w``) says "leave me alone" to root too.
+
+    Raises:
+        HarnessError: naming ``path`` (never a temporary file), with what to do.
+    """
+    try:
+        st = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else \
+            "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        if not (stat.S_ISLNK(st.st_mode) and path.is_file()):  # a link to a file is fine
+            raise HarnessError(f"cannot {action} {path}: it is {kind}, not a file",
+                               hint="move it away, then run the command again")
+    if st is not None and path.is_file() and (
+            not os.stat(path).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+            or not os.access(path, os.W_OK)):
+        raise HarnessError(f"cannot {action} {path}: the file is read-only; mlx-kit does not "
+                           "change a read-only file", hint=f"make it writable (chmod u+w "
+                           f"{path}) and run the command again")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise HarnessError(f"cannot {action} {path}: {folder} is a file, not a folder",
+                           hint="move it away, then run the command again")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HarnessError(f"cannot {action} {path}: the folder {folder} is not writable",
+                           hint="check the folder's permissions")
+
+
 def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
-    """Write ``text`` to ``path`` so readers see the old or the new file, never half of one."""
+    """Write ``text`` to ``path`` so readers see the old or the new file, never half of one.
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder (the error names ``path``).
+        OSError: the folder cannot be written.
+    """
+    if path.is_dir():  # os.replace would fail naming the temporary file instead
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:

@@ -1,8 +1,9 @@
 """Install, remove and report agent configurations (the harness lifecycle).
 
-install: render -> refuse to overwrite a file that is not ours -> write atomically ->
-record in the manifest. remove: delete only files whose content is still what we wrote (or
-that carry our marker), then the folders we created if they are empty.
+install: render -> refuse to overwrite a file that is not ours (or a read-only one) ->
+backup and receipt (:mod:`kit.harness.evidence`) -> write atomically -> record in the
+manifest. Removal is :mod:`kit.harness.removal` (``remove`` and ``Removal`` are re-exported
+here).
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ import difflib
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kit import STABLE_MODEL_ID
 from kit.errors import HarnessError
-from kit.harness import manifest
-from kit.harness.files import atomic_write, make_parents, read_text, sha256_text
-from kit.harness.render import MARKER, context, render
+from kit.harness import evidence, manifest
+from kit.harness.files import atomic_write, check_writable, make_parents, read_text, sha256_text
+from kit.harness.recover import is_ours as _is_ours
+from kit.harness.removal import Removal, file_errors as _file_errors, remove, trusted
+from kit.harness.render import context, render
 from kit.harness.formats import loads
-from kit.harness.merge import content_fingerprint, merge, merged_again, unmerge
+from kit.harness.merge import content_fingerprint, merge, merged_again
 from kit.harness.spec import FileSpec, HarnessSpec
 from kit.probe import fetch_models
 from kit.urls import ServerURL
@@ -55,9 +57,13 @@ class Change:
 
 @dataclass
 class InstallResult:
+    """What install did: ``recovered`` is the removal it ran first when the manifest had
+    no record to trust of an earlier install (see :mod:`kit.harness.recover`)."""
+
     changes: list[Change]
     baked_source: str
     written: list[Path] = field(default_factory=list)
+    recovered: Removal | None = None
 
 
 def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
@@ -83,24 +89,6 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
             f"local model cache; no mlx-kit server answered at {url.v1}")
 
 
-def _backup(agent: str, path: Path, text: str) -> Path:
-    """Save a user's file that a forced install replaces; ``remove`` puts it back."""
-    from kit.paths import data_dir
-
-    folder = data_dir() / "backups" / agent
-    folder.mkdir(parents=True, exist_ok=True)
-    backup = folder / f"{sha256_text(str(path))[:12]}-{path.name}"
-    atomic_write(backup, text)
-    shutil.copymode(path, backup)
-    return backup
-
-
-def _is_ours(text: str) -> bool:
-    """Generated files carry the marker at their top (in a comment, or in a JSON key for
-    formats without comments)."""
-    return bool(text) and MARKER in text[:300]
-
-
 def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
     """Render ``spec``'s files for ``url`` and compare them with what is on disk."""
     models, source = baked_models(url)
@@ -116,15 +104,14 @@ def plan(spec: HarnessSpec, url: ServerURL) -> InstallResult:
     return InstallResult(changes, source)
 
 
-@contextmanager
-def _file_errors(action: str):
-    """Report a file-system failure (read-only folder, permissions) as a HarnessError."""
-    try:
-        yield
-    except OSError as e:
-        raise HarnessError(f"cannot {action}: {e.strerror or e}"
-                           + (f": {e.filename}" if e.filename else ""),
-                           hint="check the folder's permissions") from None
+def _lost_install(spec: HarnessSpec) -> bool:
+    """Whether an earlier install left evidence (a receipt) that the manifest has no
+    trusted record of."""
+    entry = manifest.read()["agents"].get(spec.name) or {}
+    if entry and all(trusted(spec.name, f) for f in entry["files"]):
+        return False
+    paths = [str(p) for _, p in spec.file_paths()] + [f["path"] for f in entry.get("files", [])]
+    return any(evidence.read_receipt(spec.name, Path(p)) for p in paths)
 
 
 def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
@@ -136,11 +123,21 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
         force: overwrite a file at our path that we did not write (it is backed up in
             the data dir, and ``remove`` puts it back).
 
+    An earlier install that the manifest has no trustworthy record of (the manifest was
+    corrupt, deleted or from another install) is first removed by what can be proved ours
+    (``InstallResult.recovered`` says what that did), so the user's original is what gets
+    backed up again, never a file holding our old entries.
+
     Raises:
-        HarnessError: a file we did not write is in the way (and not ``force``).
+        HarnessError: a file we did not write is in the way (and not ``force``), or a
+            target is read-only or a folder.
     """
+    recovered = None
+    if not dry_run and _lost_install(spec):
+        recovered = remove(spec)
     with _file_errors(f"read {spec.name}'s config"):
         result = plan(spec, url)
+    result.recovered = recovered
     if dry_run:
         return result
     recorded_sha = {f["path"]: f.get("sha256") for f in
@@ -156,6 +153,9 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
                 and not force:
             raise EditedFileError(f"{ch.path} was edited since mlx-kit wrote it; not "
                                   "overwriting your edits", hint="pass --force to regenerate it")
+    for ch in result.changes:
+        if ch.changed or ch.old is None:
+            check_writable(ch.path)
     with _file_errors(f"write {spec.name}'s config"), manifest.editing() as data:
         entry = data["agents"].get(spec.name) or {"files": []}
         recorded = {f["path"]: f for f in entry["files"]}
@@ -164,23 +164,34 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
             prev = recorded.get(str(ch.path), {})
             created = prev.get("created_dirs", [])
             backup = prev.get("backup")
+            install_id = prev.get("install_id") or evidence.new_install_id()
             entry: dict[str, Any] = {}
             if ch.owned is not None:  # merge: remember the user's original file once
                 entry = {"mode": "merge", "owned": merged_again(prev.get("owned"), ch.owned),
                          "created_file": prev.get("created_file", ch.old is None),
                          "original_fp": prev.get("original_fp")}
                 if not prev and ch.old is not None:
-                    backup = str(_backup(spec.name, ch.path, ch.old))
+                    backup = str(evidence.save_backup(spec.name, ch.path, ch.old))
                     entry["original_fp"] = content_fingerprint(ch.spec.merge, ch.old,
                                                                str(ch.path))
-            elif ch.old is not None and not _is_ours(ch.old):  # forced: keep the user's file
-                backup = str(_backup(spec.name, ch.path, ch.old))
+                existed = not entry["created_file"]
+            else:
+                existed = ch.old is not None and not _is_ours(ch.old)
+                if existed:  # forced: keep the user's file
+                    backup = str(evidence.save_backup(spec.name, ch.path, ch.old))
+                existed = existed or bool(backup)
             if ch.changed:
                 created = created + [str(p) for p in make_parents(ch.path)]
+            # The receipt first: a crash between it and the manifest leaves evidence that
+            # proves no more than the markers do, never a write with no evidence at all.
+            evidence.write_receipt(spec.name, ch.path, existed=existed, created_dirs=created,
+                                   install_id=install_id, sha256=sha256_text(ch.new))
+            if ch.changed:
                 atomic_write(ch.path, ch.new)
                 result.written.append(ch.path)
             files.append({"path": str(ch.path), "sha256": sha256_text(ch.new),
-                          "created_dirs": created, "backup": backup, **entry})
+                          "created_dirs": created, "backup": backup,
+                          "install_id": install_id, **entry})
         # Files recorded at other paths (the agent's config dir moved, e.g. through its env
         # var) stay recorded while they exist, so `remove` still finds them.
         paths = {f["path"] for f in files}
@@ -188,109 +199,6 @@ def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
         data["agents"][spec.name] = {"base_url": url.v1, "installed_at": time.time(),
                                      "files": files}
     return result
-
-
-@dataclass
-class Removal:
-    """What ``remove`` did: files and folders deleted, user files put back from backups."""
-
-    removed: list[Path] = field(default_factory=list)
-    restored: list[Path] = field(default_factory=list)
-    unmerged: list[Path] = field(default_factory=list)  # shared files our entries left
-
-
-def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
-    """Delete the files mlx-kit wrote for ``spec``, put back any user file a forced install
-    replaced, and delete the folders install created (if empty).
-
-    Falls back to the spec's paths when the manifest has no entry, deleting only files that
-    carry our marker. Checks every file before deleting any.
-
-    Raises:
-        HarnessError: one of our files was edited since we wrote it (and not ``force``).
-    """
-    result = Removal()
-    with _file_errors(f"remove {spec.name}'s config"), manifest.editing() as data:
-        entry = data["agents"].get(spec.name)
-        if entry:
-            files = entry["files"]
-        else:
-            files = [{"path": str(p), "sha256": None, "created_dirs": []}
-                     for _, p in spec.file_paths()]
-        merged = [f for f in files if f.get("mode") == "merge"]
-        files = [f for f in files if f.get("mode") != "merge"]
-        fspecs = {str(p): fs for fs, p in spec.file_paths()}
-        undone = [(f, _unmerged(f, fspecs.get(f["path"]), force)) for f in merged]
-        doomed = []
-        for f in files:
-            path = Path(f["path"])
-            if not path.is_file():
-                continue
-            text = read_text(path, errors="replace")
-            if not _is_ours(text):
-                if not entry:
-                    continue  # not ours and not recorded: never touch it
-                if not force:
-                    raise HarnessError(f"{path} no longer carries mlx-kit's marker; not removing",
-                                       hint="pass --force to delete it anyway")
-            if f["sha256"] and sha256_text(text) != f["sha256"] and not force:
-                raise HarnessError(f"{path} was edited since mlx-kit wrote it",
-                                   hint="pass --force to delete it anyway")
-            doomed.append((path, f))
-        for path, f in doomed:
-            path.unlink()
-            result.removed.append(path)
-        for f, outcome in undone:  # checked above, before anything was changed
-            _apply_unmerge(f, outcome, result)
-        for f in files + merged:
-            backup = Path(f["backup"]) if f.get("backup") else None
-            if backup and backup.is_file() and not Path(f["path"]).exists():
-                shutil.move(str(backup), f["path"])  # the user's own file, as it was
-                result.restored.append(Path(f["path"]))
-            for folder in sorted(map(Path, f.get("created_dirs", [])), key=lambda p: -len(p.parts)):
-                try:
-                    folder.rmdir()  # only if empty: never delete what the user put there
-                    result.removed.append(folder)
-                except OSError:
-                    pass
-        data["agents"].pop(spec.name, None)
-    return result
-
-
-def _unmerged(f: dict, fspec: FileSpec | None, force: bool) -> tuple[str, str | None]:
-    """What removing our entries from a merged file means: ("gone", None) when there is
-    nothing to do, ("delete", None), ("restore", None) or ("write", text).
-
-    Raises:
-        HarnessError: our entry was edited (and not ``force``), or the file no longer parses.
-    """
-    path = Path(f["path"])
-    if not path.is_file() or fspec is None or fspec.merge is None:
-        return "gone", None
-    current = read_text(path)
-    text, is_empty = unmerge(fspec.merge, current, f["owned"], str(path), force=force)
-    if is_empty and f.get("created_file"):
-        return "delete", None
-    backup = Path(f["backup"]) if f.get("backup") else None
-    if backup and backup.is_file() and f.get("original_fp") == content_fingerprint(
-            fspec.merge, text, str(path)):
-        return "restore", None  # same content as before install: put the exact bytes back
-    return "write", text
-
-
-def _apply_unmerge(f: dict, outcome: tuple[str, str | None], result: Removal) -> None:
-    action, text = outcome
-    path = Path(f["path"])
-    if action == "delete":
-        path.unlink()
-        result.removed.append(path)
-    elif action == "restore":
-        shutil.copyfile(f["backup"], path)  # copyfile keeps the file's own mode
-        Path(f["backup"]).unlink()
-        result.unmerged.append(path)
-    elif action == "write":
-        atomic_write(path, text)
-        result.unmerged.append(path)
 
 
 @dataclass(frozen=True)
@@ -352,7 +260,8 @@ def status(spec: HarnessSpec) -> AgentStatus:
             return False
         if fspec.merge is None:
             return _is_ours(read_text(p, errors="replace"))
-        return str(p) in recorded  # our entries were merged in
+        # our entries were merged in (the receipt says so when the manifest is lost)
+        return str(p) in recorded or evidence.read_receipt(spec.name, p) is not None
 
     installed = all(configured(fs, p) for fs, p in files)
     drift = tuple(p for fs, p in files if str(p) in recorded and _drifted(fs, p, recorded[str(p)]))

@@ -3,12 +3,25 @@
 Stored as JSON in the data dir (``manifest.json``), guarded by a file lock::
 
     {"version": 1, "agents": {"pi": {"base_url": ..., "installed_at": ...,
-        "files": [{"path": ..., "sha256": ..., "created_dirs": [...]}]}}}
+        "files": [{"path": ..., "sha256": ..., "created_dirs": [...],
+                   "install_id": ...}]}}}
+
+Each write replaces the file atomically and first keeps the generation it replaces as
+``manifest.json.prev``; a read falls back to that one when the current file is unreadable
+(corrupt, truncated, garbage). When neither can be read, the read commands go on with an
+empty manifest (a warning on stderr) and :func:`editing` moves the broken file aside
+(``manifest.json.broken-<time>``, kept for the user) and starts a fresh one: removal then
+works from the markers in the files and the evidence in the backups folder
+(:mod:`kit.harness.evidence`), never from a guess. Once no agent is recorded, the
+manifest, its previous generation and its lock file are deleted (no litter).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,38 +32,117 @@ from kit.errors import HarnessError
 from kit.harness.files import atomic_write
 from kit.paths import data_dir
 
+#: Warnings already printed by this process (each once).
+_warned: set[str] = set()
+
 
 def manifest_path() -> Path:
     return data_dir() / "manifest.json"
 
 
-def _read(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {"version": 1, "agents": {}}
+def previous_path() -> Path:
+    return manifest_path().with_name("manifest.json.prev")
+
+
+def _lock_path() -> Path:
+    return manifest_path().with_name("manifest.json.lock")
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` on stderr, once per process (the read commands and
+    launch go on after it)."""
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": 1, "agents": {}}
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    """The manifest at ``path``.
+
+    Raises:
+        HarnessError: it is not the manifest's JSON structure (FileNotFoundError: absent).
+    """
     try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise HarnessError(f"the manifest {path} is corrupt: {e}",
-                           hint="move it aside; `harness remove` then works from file markers") from None
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HarnessError(f"the manifest {path} is corrupt: {str(e)[:120]}") from None
     if not isinstance(data, dict) or not isinstance(data.setdefault("agents", {}), dict) or any(
             not isinstance(a, dict) or not isinstance(a.get("files", []), list)
-            or not all(isinstance(f, dict) and "path" in f for f in a.get("files", []))
+            or not all(isinstance(f, dict) and isinstance(f.get("path"), str)
+                       for f in a.get("files", []))
             for a in data["agents"].values()):
-        raise HarnessError(f"the manifest {path} is corrupt: unexpected structure",
-                           hint="move it aside; `harness remove` then works from file markers")
+        raise HarnessError(f"the manifest {path} is corrupt: unexpected structure")
     return data
 
 
+def load() -> tuple[dict[str, Any], str | None]:
+    """The manifest's content (no lock held), with what went wrong reading it.
+
+    Returns:
+        (the data, None) when the current file is readable or absent (absent: empty);
+        (the previous generation's data, a warning) when only that one is readable;
+        (an empty manifest, a warning) when neither is.
+    """
+    path, prev = manifest_path(), previous_path()
+    try:
+        return _parse(path), None
+    except FileNotFoundError:
+        if not prev.is_file():
+            return _empty(), None
+        problem = f"the manifest {path} is missing"  # .prev exists only beside a manifest
+    except HarnessError as e:
+        problem = e.message
+    try:
+        return _parse(prev), f"{problem}; using its previous generation {prev}"
+    except (FileNotFoundError, HarnessError):
+        return _empty(), (f"{problem}; going on without it (removal works from the file "
+                          "markers and mlx-kit's backups)")
+
+
 def read() -> dict[str, Any]:
-    """The manifest's current content (no lock held)."""
-    return _read(manifest_path())
+    """The manifest's current content (no lock held). A manifest that cannot be read is
+    warned about on stderr (see :func:`load`), never an error."""
+    data, warning = load()
+    if warning:
+        warn(warning)
+    return data
+
+
+def _keep_aside(path: Path) -> Path:
+    """Move an unreadable manifest out of the way, for the user to look at."""
+    aside = path.with_name(f"manifest.json.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.replace(path, aside)
+    return aside
 
 
 @contextmanager
 def editing() -> Iterator[dict[str, Any]]:
-    """Lock the manifest, yield its data for editing, write it back atomically."""
-    path = manifest_path()
-    with FileLock(str(path) + ".lock", timeout=30):
-        data = _read(path)
+    """Lock the manifest, yield its data for editing, write it back atomically (keeping
+    the replaced generation as ``manifest.json.prev``). An unreadable manifest is moved
+    aside (and said so on stderr) and editing starts from the previous generation or from
+    an empty manifest. With no agent left, the manifest files and the lock are deleted."""
+    path, prev, lock_path = manifest_path(), previous_path(), _lock_path()
+    with FileLock(str(lock_path), timeout=30):
+        data, warning = load()
+        if warning and path.is_file():
+            aside = _keep_aside(path)
+            warn(f"{warning}; the unreadable file is kept as {aside}")
+        elif warning:
+            warn(warning)
         yield data
-        atomic_write(path, json.dumps(data, indent=2) + "\n")
+        if not data["agents"]:
+            path.unlink(missing_ok=True)
+            prev.unlink(missing_ok=True)
+        else:
+            if path.is_file():  # the generation we replace (readable: load() said so)
+                atomic_write(prev, path.read_bytes().decode("utf-8"), mode=0o600)
+            atomic_write(path, json.dumps(data, indent=2) + "\n", mode=0o600)
+    if not data["agents"]:
+        # The lock file goes too: a process that waited on it holds a lock on the unlinked
+        # file, so two editors may overlap once, at the moment the last agent is removed
+        # (filelock offers no safe delete; an empty manifest is the worst outcome).
+        lock_path.unlink(missing_ok=True)

@@ -171,11 +171,13 @@ def test_remove_without_manifest_deletes_only_a_file_with_the_marker(pi, home, t
     hi.install(pi, parse_url(dead_url))
     manifest.manifest_path().unlink()
 
-    assert hi.remove(pi).removed == [target]
-    assert not target.exists()
+    # the receipt beside the backups says which folders the install created
+    assert hi.remove(pi).removed == [target, target.parent, target.parent.parent,
+                                     target.parent.parent.parent]
+    assert not target.exists() and not (home / ".pi").exists()
 
+    target.parent.mkdir(parents=True)
     target.write_text(USER_EXTENSION)  # the user's own file at our path
-    manifest.manifest_path().unlink()
     assert hi.remove(pi).removed == []
     assert target.read_text() == USER_EXTENSION
 
@@ -279,12 +281,15 @@ def test_install_does_not_overwrite_an_edited_extension_unless_forced(pi, home, 
     assert "// my tweak" not in target.read_text()
 
 
-def test_a_manifest_of_the_wrong_shape_is_a_clear_error(pi, home, dead_url):
+def test_a_manifest_of_the_wrong_shape_is_kept_aside_and_install_goes_on(pi, home, dead_url,
+                                                                        capsys):
     path = manifest.manifest_path()
     path.write_text('{"agents": {"pi": {"files": "oops"}}}')
-    with pytest.raises(HarnessError) as exc:
-        hi.install(pi, parse_url(dead_url))
-    assert "corrupt" in exc.value.message
+    hi.install(pi, parse_url(dead_url))
+    assert "corrupt" in capsys.readouterr().err
+    [aside] = path.parent.glob("manifest.json.broken-*")
+    assert aside.read_text() == '{"agents": {"pi": {"files": "oops"}}}'
+    assert "pi" in manifest.read()["agents"]
 
 
 def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url, monkeypatch):
@@ -293,7 +298,7 @@ def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url,
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(blocker / "agent"))
     with pytest.raises(HarnessError) as exc:
         hi.install(pi, parse_url(dead_url))
-    assert "cannot write" in exc.value.message
+    assert "cannot write" in exc.value.message and str(blocker) in exc.value.message
     assert blocker.read_text() == "not a folder"
 
 

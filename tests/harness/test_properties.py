@@ -11,7 +11,10 @@ API on a throwaway HOME must:
 (c) still give back the exact bytes after installing twice (``launch`` installs each time);
 (d) put back the user's own value under one of our keys (an entry ``model_id: local``),
     also when the file was edited elsewhere since, so that the exact bytes cannot be used;
-(e) refuse a file whose shape is not the agent's, writing nothing.
+(e) refuse a file whose shape is not the agent's, writing nothing;
+(f) give back the user's exact bytes, and leave nothing of mlx-kit's behind, whatever
+    happened to the manifest in between (deleted, truncated, garbage, stale, both
+    generations gone) and whichever install/remove/reinstall sequence follows.
 
 No agent merges into a TOML file now (Codex's profile is a file of our own). A failing
 example is printed as the user's file text; ``PROPERTY_EXAMPLES=1000`` hunts longer.
@@ -68,7 +71,7 @@ URL, OTHER_URL = "http://127.0.0.1:8090", "http://localhost:9123"
 #: What an edit made after install adds (generated keys and ids never start with it).
 LATER = "zz-added-later"
 
-#: Examples per test and agent (the whole file runs in about 15 s).
+#: Examples per test and agent (the JSONC agents' examples take ~0.1-0.5 s each).
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "20"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -523,6 +526,93 @@ def test_the_users_value_under_our_key_comes_back_after_an_edit_elsewhere(agent,
         expected = {**(expected or {}), LATER: [1, "two", None]}
     assert read(fmt, path) == expected
     assert json.dumps(read(fmt, path)) == json.dumps(expected)  # in order too
+
+
+# --- a damaged manifest ----------------------------------------------------------------------
+
+#: Examples per agent of the damage test (each runs up to five installs and removals).
+DAMAGE_EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "15"))
+#: How the manifest is damaged between install and removal: "stale" puts back the one
+#: written by the first install (an older generation, or another install's).
+DAMAGES = ["none", "deleted", "truncated", "garbage", "stale", "deleted-both"]
+#: What happens after the damage, ending with the agent removed.
+SEQUENCES = [("remove",), ("install", "remove"), ("remove", "remove"),
+             ("remove", "install", "remove"), ("launch", "remove")]
+
+
+def _damage(kind: str, snapshot: bytes, data) -> None:
+    path, prev = manifest.manifest_path(), manifest.previous_path()
+    if kind == "deleted":
+        path.unlink(missing_ok=True)
+    elif kind == "deleted-both":
+        path.unlink(missing_ok=True)
+        prev.unlink(missing_ok=True)
+    elif kind == "truncated" and path.is_file():
+        body = path.read_bytes()
+        cut = data.draw(st.floats(0, 1, exclude_max=True), label="cut at")  # a fraction:
+        path.write_bytes(body[:int(cut * len(body))])  # the length varies with tmp paths
+    elif kind == "garbage":
+        path.write_bytes(data.draw(st.one_of(st.binary(max_size=40), st.sampled_from(
+            [b"{}", b"[]", b"null", b'{"agents": []}', b'{"agents": {"x": 1}}',
+             b'{"agents": {"llm": {"files": [{"path": 3}]}}}'])), label="garbage"))
+    elif kind == "stale":
+        path.write_bytes(snapshot)
+
+
+def _litter(home: Path) -> list[str]:
+    """mlx-kit's files left in the data dir once nothing is installed (a broken manifest
+    kept aside for the user is not litter)."""
+    from kit.paths import data_dir
+
+    root = data_dir()
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if not p.name.startswith("manifest.json.broken-"))
+
+
+@pytest.mark.parametrize("agent", MERGE_AGENTS)
+@settings(max_examples=DAMAGE_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_users_bytes_survive_any_manifest_damage(agent, env, data):
+    """(f) install, perhaps again (or removed and installed again), damage the manifest
+    (deleted, truncated, garbage, stale), then remove / reinstall: the user's file comes
+    back byte for byte, nothing of mlx-kit's is left behind, and no step fails."""
+    text, before = data.draw(user_files(agent), label="user's file")
+    assume(not refused(agent, before))
+    spec, path = env(agent, text)
+    hi.install(spec, parse_url(URL))
+    snapshot = manifest.manifest_path().read_bytes()
+    between = data.draw(st.sampled_from(["nothing", "again", "reinstalled"]), label="between")
+    if between == "again":  # launch after the server loaded another model
+        env.switch_models()
+        hi.install(spec, parse_url(OTHER_URL))
+    elif between == "reinstalled":
+        hi.remove(spec)
+        assert raw(path) == encoded(text)
+        hi.install(spec, parse_url(OTHER_URL))
+    damage = data.draw(st.sampled_from(DAMAGES), label="damage")
+    _damage(damage, snapshot, data)
+    for step in data.draw(st.sampled_from(SEQUENCES), label="then"):
+        if step == "remove":
+            hi.remove(spec)
+            assert raw(path) == encoded(text)
+        else:
+            hi.install(spec, parse_url(URL if step == "install" else OTHER_URL))
+            assert spec.name in manifest.read()["agents"]
+
+    assert raw(path) == encoded(text)
+    assert text is not None or not path.parent.exists()
+    assert _litter(path) == []
+    _COUNTS["damage"] += 1
+
+
+_COUNTS = {"damage": 0}
+
+
+def test_zz_report_damage_examples(capsys):
+    """Prints how many damage examples ran in this session (for the report)."""
+    with capsys.disabled():
+        print(f"\n[damage property examples run: {_COUNTS['damage']}]")
 
 
 # --- every agent's templates with generated model names -------------------------------------
