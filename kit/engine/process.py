@@ -21,8 +21,13 @@ both ends, so each end sends under a lock):
 Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its
 clients time to finish), then the engine exits. If the server dies (even ``kill -9``), the
 engine's pipe reads end-of-file: it cancels what runs and exits. If the engine dies, every
-open request fails with :class:`EngineError`, ``state`` becomes ``failed``, ``/health``
-says why, and the next request starts a new engine. Ctrl-C reaches both processes (one
+open request fails with :class:`EngineError` and, if that engine had loaded its model, a new
+one starts at once on the same model (``state`` is ``restarting`` until it is ready; requests
+sent meanwhile wait for it). An engine that dies while loading is not restarted on its own
+(the load would likely kill it again): ``state`` is ``failed`` and the next request tries
+again; so is one that died :data:`_RESTART_LIMIT` times in :data:`_RESTART_WINDOW_S`
+seconds. A model that fails to load (the engine alive, reporting it) is ``failed`` too,
+until a swap to a model that loads. Ctrl-C reaches both processes (one
 process group); the engine ignores SIGINT (blocked from before its start until it does)
 and stops through the pipe.
 """
@@ -35,6 +40,7 @@ import itertools
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +53,10 @@ log = logging.getLogger("mlx_kit.engine")
 END = "end"  # _END on the wire (an object() does not survive pickling)
 _COUNTERS = ("requests_served", "swaps", "reloads", "unloads")
 _CALL_TIMEOUT_S = 30.0  # count_tokens: the engine answers from its pipe thread at once
+#: automatic restarts allowed per window: an engine that keeps dying (a model that crashes
+#: every decode, the OOM killer on every load) is left failed instead of restarted forever
+_RESTART_LIMIT = 3
+_RESTART_WINDOW_S = 300.0
 
 
 class _Link:
@@ -72,8 +82,10 @@ class EngineProcess:
     """Same interface as :class:`Engine` (``start``, ``wait_ready``, ``stop``,
     ``generate``, ``swap``, ``count_tokens``, ``capabilities``, ``memory`` and the state
     attributes), with the engine in a child process. If that process dies (a crash, the
-    OOM killer), open requests fail, ``state`` is ``failed`` with the reason in ``error``,
-    and the next request starts a new one on the same model (``restarts`` counts them).
+    OOM killer), open requests fail and a new one starts on the same model: ``state`` is
+    ``restarting`` (the reason in ``error``) until it is ready; ``restarts`` counts them.
+    If it died while loading, or too often (:data:`_RESTART_LIMIT`), ``state`` is
+    ``failed`` instead and the next request starts a new one.
 
     Args:
         model: what to load first.
@@ -99,6 +111,7 @@ class EngineProcess:
         self._stopping = False
         self._link: _Link | None = None
         self._base: dict[str, int] = {}  # counters of engines that ended
+        self._auto_restarts: list[float] = []  # monotonic times of restarts made on our own
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -221,12 +234,17 @@ class EngineProcess:
                 raise EngineError("the server is shutting down")
             assert self._link is not None, "start() first"
             if self._link.process.exitcode is not None:
-                log.info("starting a new engine process for %s", self.model_info.id)
-                self.restarts += 1
-                self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
-                self.state, self.error, self._ready = "loading", None, threading.Event()
-                self.start()
+                self._restart_locked("loading", None)
             return self._link
+
+    def _restart_locked(self, state: str, error: str | None) -> None:
+        """Start a new engine process on the current model (hold ``_start_lock``); its
+        first state report replaces ``state``/``error``."""
+        log.info("starting a new engine process for %s", self.model_info.id)
+        self.restarts += 1
+        self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
+        self.state, self.error, self._ready = state, error, threading.Event()
+        self.start()
 
     def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -271,18 +289,21 @@ class EngineProcess:
         self._gone(link)
 
     def _gone(self, link: _Link) -> None:
-        """An engine's pipe closed: fail what waited on it, say why."""
+        """An engine's pipe closed: fail what waited on it, say why, and start a new engine
+        if the dead one had loaded its model (see the class docstring)."""
         link.process.join(5)
         link.conn.close()
+        code = link.process.exitcode
         if self._stopping:
             error = EngineError("the server is shutting down")
         else:
-            error = EngineError(f"the engine process exited unexpectedly (exit code "
-                                f"{link.process.exitcode}); the next request starts a new one")
-            log.error("%s", error)
-        if self._link is link:  # not yet replaced by a new engine process
-            self.state = "stopped" if self._stopping else "failed"
-            self.error = None if self._stopping else str(error)
+            error = EngineError(f"the engine process exited unexpectedly (exit code {code})"
+                                "; a new one is starting")
+        with self._start_lock:
+            if self._link is link and self._stopping:
+                self.state, self.error = "stopped", None
+            elif self._link is link:  # not yet replaced by a new engine process
+                self._after_death(code, error)
         for sink in list(link.sinks.values()):
             sink(error)
             sink(_END)
@@ -293,6 +314,27 @@ class EngineProcess:
         if self._link is link:
             self._ready.set()
         link.closed.set()
+
+    def _after_death(self, code: int | None, error: EngineError) -> None:
+        """The current engine died unexpectedly (called holding ``_start_lock``): restart it,
+        or say ``failed`` and why when a restart would not help."""
+        now = time.monotonic()
+        recent = [t for t in self._auto_restarts if now - t < _RESTART_WINDOW_S]
+        if self.state in ("loading", "restarting"):  # died while loading: likely again
+            self.state, self.error = "failed", (
+                f"the engine process exited (exit code {code}) while loading "
+                f"{self.model_info.id}; the next request tries again")
+        elif len(recent) >= _RESTART_LIMIT:
+            self.state, self.error = "failed", (
+                f"the engine process exited unexpectedly (exit code {code}), the "
+                f"{len(recent) + 1}th time in {_RESTART_WINDOW_S:.0f} s; not restarting it "
+                "on its own (the next request tries again)")
+        else:
+            log.error("%s", error)
+            self._auto_restarts = recent + [now]
+            self._restart_locked("restarting", str(error))
+            return
+        log.error("%s", self.error)
 
 
 # -- the engine process ------------------------------------------------------------------
