@@ -10,23 +10,22 @@ from kit.cli.console import console, err_console
 from kit.cli.options import URL
 from kit.errors import PortInUseError
 
-#: `status` exit codes (also in its --help and docs/server.md); 3 = "not running" is the
-#: LSB/systemctl convention, 1 = "dead" there too
+#: `status` exit codes (listed in its --help and docs/server.md): 3 "not running" and
+#: 1 "dead" as in the LSB/systemctl convention
 EXIT_OK, EXIT_FAILED, EXIT_NO_SERVER, EXIT_NOT_READY = 0, 1, 3, 4
-
-STATUS_HELP = """Show whether an mlx-kit server answers, its pid and the model behind 'local'.
-
-\b
-Exit codes:
-  0  ok: the server answers and its model is loaded (or unloaded after --ttl)
-  1  failed: the model failed to load or the engine keeps dying (reason and fix printed),
-     or what answers is not mlx-kit
-  3  no server answers at the URL
-  4  not ready yet: loading, or restarting an engine that died (try again shortly)
-"""
 
 
 def status(url: Optional[str] = URL) -> None:
+    """Show whether an mlx-kit server answers, its pid and the model behind 'local'.
+
+    \b
+    Exit codes:
+      0  ok: the server answers and its model is loaded (or unloaded after --ttl)
+      1  failed: the model failed to load or the engine kept dying
+         (the reason and the fix are printed), or it is not mlx-kit
+      3  no server answers at the URL
+      4  not ready yet: loading, or restarting an engine that died (retry shortly)
+    """
     from kit.daemon import log_file, read_pid_file
     from kit.probe import probe
     from kit.urls import parse_url
@@ -61,15 +60,14 @@ def status(url: Optional[str] = URL) -> None:
     raise typer.Exit(EXIT_FAILED)
 
 
-status.__doc__ = STATUS_HELP
-
 
 def stop(url: Optional[str] = URL) -> None:
     """Stop the mlx-kit server at the URL, if this user started it on this machine.
 
-    It is signalled only when this user's pid file, the process's start time and command
-    line, and /health all name the same process on a loopback URL; otherwise it is asked
-    through the admin API (the token in the pid file), or left alone with the reason."""
+    It is signalled only when this user's pid file, the process's start time
+    and command line, and /health all name the same process on a loopback URL;
+    otherwise it is asked through the admin API (the token in the pid file),
+    or left alone with the reason (exit 1)."""
     from kit.daemon import stop_server
     from kit.urls import parse_url
 

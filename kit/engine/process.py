@@ -155,10 +155,11 @@ class EngineProcess:
         """Stop the engine: what still runs is cancelled (the server has already let its
         clients finish), then it exits; after ``timeout`` seconds it is terminated. Safe to
         call twice."""
-        link = self._link
-        if link is None or self._stopping:
-            return
-        self._stopping = True
+        with self._start_lock:  # so no restart (in _gone) starts an engine we miss here
+            link = self._link
+            if link is None or self._stopping:
+                return
+            self._stopping = True
         link.send(("stop",))
         if not link.closed.wait(timeout):  # the reader thread reaps it (one joiner only)
             log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
