@@ -347,10 +347,12 @@ def stop_server(url: ServerURL, timeout: float = 15.0) -> tuple[int | None, str]
     except httpx.HTTPError as e:
         raise ServerError(f"the server at {url.root} did not answer the shutdown: {e}") from None
     if r.status_code in (401, 403):
-        pid_file(url).unlink(missing_ok=True)  # the token is not this server's: stale file
+        stale = _process_matches(owned.info) is None  # else: that server lives elsewhere
+        if stale:
+            pid_file(url).unlink(missing_ok=True)
         raise ServerError(f"not stopping the server at {url.root}: it refused the admin token "
                           f"of {pid_file(url)} (HTTP {r.status_code}), so it is not the server "
-                          "that file named; the stale file was removed",
+                          "that file named" + ("; the stale file was removed" if stale else ""),
                           hint="stop it from the session or account that started it")
     if r.status_code != 200:
         raise ServerError(f"the server at {url.root} refused to shut down: HTTP {r.status_code}")

@@ -24,7 +24,7 @@ def status(url: Optional[str] = URL) -> None:
       1  failed: the model failed to load or the engine kept dying
          (the reason and the fix are printed), or it is not mlx-kit
       3  no server answers at the URL
-      4  not ready yet: loading, or restarting an engine that died (retry shortly)
+      4  not ready yet: loading, restarting an engine that died, or stopping
     """
     from kit.daemon import log_file, read_pid_file
     from kit.probe import probe
@@ -49,9 +49,10 @@ def status(url: Optional[str] = URL) -> None:
     if p.ready:
         return
     where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
-    if h.get("status") in ("loading", "restarting"):
-        err_console.print(f"not ready yet: {h.get('error') or 'the model is loading'}",
-                          markup=False)
+    if h.get("status") != "failed":  # loading, restarting, stopped (shutting down)
+        reason = h.get("error") or ("the server is shutting down" if h.get("status") ==
+                                    "stopped" else "the model is loading")
+        err_console.print(f"not ready yet: {reason}", markup=False)
         raise typer.Exit(EXIT_NOT_READY)
     err_console.print(f"error: {h.get('error') or 'the server is ' + str(h.get('status'))}\n"
                       "hint: `mlx-kit swap MODEL` to a model that loads, or `mlx-kit stop` "

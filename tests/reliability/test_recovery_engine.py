@@ -44,13 +44,12 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def kill_engine_and_watch(server, timeout: float = 120) -> tuple[int, list[str]]:
-    """kill -9 the idle engine, then poll /health until a new engine serves. Returns (the
-    new engine's pid, every status /health reported meanwhile)."""
-    old = server.health()["engine_pid"]
-    os.kill(old, signal.SIGKILL)
+def wait_ok(server, old: int | None = None, timeout: float = 120) -> tuple[int, list[str]]:
+    """Poll /health until an engine (not ``old``) serves. Returns (its pid, every status
+    /health reported meanwhile)."""
     seen: list[str] = []
     deadline = time.monotonic() + timeout
+    h: dict = {}
     while time.monotonic() < deadline:
         h = httpx.get(server.root + "/health", timeout=10).json()
         seen.append(h["status"])
@@ -59,7 +58,14 @@ def kill_engine_and_watch(server, timeout: float = 120) -> tuple[int, list[str]]
         if h["status"] == "failed":
             break
         time.sleep(0.02)
-    pytest.fail(f"no new engine after kill -9; /health said {seen[-5:]}: {h.get('error')}")
+    pytest.fail(f"no new engine; /health said {seen[-5:]}: {h.get('error')}")
+
+
+def kill_engine_and_watch(server) -> tuple[int, list[str]]:
+    """kill -9 the idle engine, then wait until a new one serves (see :func:`wait_ok`)."""
+    old = server.health()["engine_pid"]
+    os.kill(old, signal.SIGKILL)
+    return wait_ok(server, old)
 
 
 @pytest.fixture
@@ -69,17 +75,34 @@ def fresh(hf_home, tmp_path):
     stop(server)
 
 
-def test_the_server_restarts_an_engine_killed_while_idle_and_the_next_request_works(fresh):
-    new_engine, seen = kill_engine_and_watch(fresh)
-    assert set(seen) <= {"ok", "restarting"}, seen  # never "failed": recoverable
-    assert "restarting" in seen, "the restart was not visible in /health"
-    assert psutil.Process(new_engine).ppid() == fresh.proc.pid
+def test_the_server_restarts_an_engine_killed_while_idle_and_the_next_request_works(fresh,
+                                                                                     hf_home):
+    old = fresh.health()["engine_pid"]
+    os.kill(old, signal.SIGKILL)
+    new = old
+    deadline = time.monotonic() + 60
+    while new == old and time.monotonic() < deadline:  # no request: the server notices
+        new = httpx.get(fresh.root + "/health", timeout=10).json()["engine_pid"]
+        time.sleep(0.01)
+    assert new != old and psutil.Process(new).ppid() == fresh.proc.pid
+    os.kill(new, signal.SIGSTOP)  # hold the new engine mid-load: "restarting" stays visible
+    try:
+        r = httpx.get(fresh.root + "/health", timeout=10)
+        assert r.status_code == 503 and r.json()["status"] == "restarting"
+        assert "exited unexpectedly (exit code -9)" in r.json()["error"]
+        st = kit(fresh.home, hf_home, "status", "--url", fresh.root)
+        assert st.returncode == 4 and "not ready yet" in st.stderr, st.stderr
+    finally:
+        os.kill(new, signal.SIGCONT)
+    _, seen = wait_ok(fresh)
+    assert "failed" not in seen  # recoverable: never reported as failed
     health = fresh.health()
-    assert health["restarts"] == 1 and health["error"] is None
+    assert health["restarts"] == 1 and health["error"] is None and health["engine_pid"] == new
+    assert kit(fresh.home, hf_home, "status", "--url", fresh.root).returncode == 0
     r = httpx.post(fresh.v1 + "/chat/completions", json=CHAT, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
-    assert fresh.health()["engine_pid"] == new_engine  # served by it, no second restart
+    assert fresh.health()["engine_pid"] == new  # served by it, no second restart
 
 
 def test_launch_after_the_idle_engine_was_killed_runs_the_agent_and_its_request_works(
