@@ -356,7 +356,10 @@ def stop_server(url: ServerURL, timeout: float = 15.0) -> tuple[int | None, str]
                           hint="stop it from the session or account that started it")
     if r.status_code != 200:
         raise ServerError(f"the server at {url.root} refused to shut down: HTTP {r.status_code}")
-    pid = r.json().get("pid") if "json" in r.headers.get("content-type", "") else None
+    try:
+        pid = r.json().get("pid")
+    except (ValueError, AttributeError):
+        pid = None
     if not _gone(url, timeout):
         raise ServerError(f"the server at {url.root} accepted the shutdown but still answers "
                           f"after {timeout:.0f} s", hint=f"see {log_file(url)}")
