@@ -222,14 +222,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _is_serve_command(cmdline: list[str]) -> bool:
+    """Whether a command line is ``mlx-kit serve`` / ``python -m kit serve``."""
+    return "serve" in cmdline and any("kit" in c for c in cmdline[:3])
+
+
 def _process_matches(info: dict) -> psutil.Process | None:
     """The process the pid file ``info`` names, if it is still that process: same pid, the
     start time and command line recorded when it wrote the file (a pid the system has
-    since given to another program, or another user's process, is not). Else None."""
+    since given to another program, or another user's process, is not), and that command
+    line is an mlx-kit server's. Else None."""
     try:
         pid, started, cmdline = int(info["pid"]), float(info["create_time"]), info["cmdline"]
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - started) < 0.01 and proc.cmdline() == cmdline:
+        if (abs(proc.create_time() - started) < 0.01 and proc.cmdline() == cmdline
+                and _is_serve_command(cmdline)):
             return proc
     except (KeyError, TypeError, ValueError, psutil.Error):
         pass
@@ -284,7 +291,11 @@ def owned_server(url: ServerURL) -> Owned | None:
     health_pid = (p.health or {}).get("pid")
     if proc is not None and health_pid == proc.pid:
         return Owned(info, proc)
-    return Owned(info, None)  # only the admin token can prove it; the API decides
+    if proc is not None:  # our server lives, but something else answers: keep the token
+        raise ServerError(f"not stopping {url.root}: it reports pid {health_pid}, but the "
+                          f"server {pid_file(url)} names is pid {proc.pid}",
+                          hint="check what listens on that port (e.g. `ss -ltnp`)")
+    return Owned(info, None)  # not provable here: only the admin token can tell
 
 
 def _exited(proc: psutil.Process, timeout: float) -> bool:

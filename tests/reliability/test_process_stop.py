@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -113,6 +114,21 @@ def test_stop_never_signals_an_unrelated_process_that_our_pid_file_and_health_na
     assert "POST /admin/shutdown" in seen
 
 
+def test_stop_never_signals_a_process_whose_real_identity_is_in_the_pid_file_if_not_a_server(
+        tmp_path, bystander, fake_health):
+    # Even a pid file with the bystander's true start time and command line, and /health
+    # naming it: `sleep 60` is not an mlx-kit server's command line, so no signal.
+    url, seen = fake_health
+    me = psutil.Process(bystander.pid)
+    path = pid_file(tmp_path, int(url.rsplit(":", 1)[1]))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(),
+                                "cmdline": me.cmdline(), "admin_token": "t0ken"}))
+    r = kit(tmp_path, "stop", "--url", url)
+    assert r.returncode == 1 and "refused to shut down" in flat(r.stderr)
+    assert bystander.poll() is None
+
+
 def test_stop_with_a_non_loopback_url_refuses_and_signals_nothing(tmp_path, bystander):
     # Even a pid file that proves the bystander (its real start time and command line)
     # must not make a remote URL's port mean a local process.
@@ -181,16 +197,53 @@ def test_stop_asks_the_admin_api_when_the_pid_cannot_be_proven_and_leaves_no_pro
         stop(server)
 
 
-def test_stop_refuses_a_live_server_process_that_does_not_answer(tmp_path, bystander):
+@pytest.fixture
+def serve_lookalike(tmp_path):
+    """A live process whose command line reads like mlx-kit's server (`/bin/sh .../mlx-kit
+    serve`) but that serves nothing: a stand-in for a server that has not bound its port
+    yet, or is wedged. Yields its psutil.Process."""
+    script = tmp_path / "bin" / "mlx-kit"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), "serve"])
+    me = psutil.Process(proc.pid)
+    for _ in range(200):  # until the shell runs the script (its command line is final)
+        if "serve" in me.cmdline():
+            break
+        time.sleep(0.01)
+    yield me
+    proc.kill()
+    proc.wait()
+
+
+def write_proving_pid_file(home: Path, port: int, proc: psutil.Process) -> Path:
+    path = pid_file(home, port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": proc.pid, "create_time": proc.create_time(),
+                                "cmdline": proc.cmdline(), "admin_token": "t0ken"}))
+    return path
+
+
+def test_stop_refuses_a_live_server_process_that_does_not_answer(tmp_path, serve_lookalike):
     # The pid file proves the process (start time, command line) but nothing answers at the
     # URL: /health cannot confirm it, so stop says so instead of signalling it.
     port = free_port()
-    me = psutil.Process(bystander.pid)
-    path = pid_file(tmp_path, port)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(),
-                                "cmdline": me.cmdline(), "admin_token": "t0ken"}))
+    write_proving_pid_file(tmp_path, port, serve_lookalike)
     r = kit(tmp_path, "stop", "--url", f"http://127.0.0.1:{port}")
     assert r.returncode == 1 and "nothing answers" in flat(r.stderr)
-    assert f"kill {bystander.pid}" in flat(r.stderr)
-    assert bystander.poll() is None
+    assert f"kill {serve_lookalike.pid}" in flat(r.stderr)
+    assert serve_lookalike.is_running() and serve_lookalike.status() != psutil.STATUS_ZOMBIE
+
+
+def test_stop_refuses_when_health_names_another_pid_than_our_live_server_and_keeps_the_token(
+        tmp_path, serve_lookalike, bystander, fake_health):
+    # Our pid file proves a live server, but what answers on the port reports another pid:
+    # neither process is signalled and our admin token is not sent to it.
+    url, seen = fake_health
+    path = write_proving_pid_file(tmp_path, int(url.rsplit(":", 1)[1]), serve_lookalike)
+    r = kit(tmp_path, "stop", "--url", url)
+    assert r.returncode == 1
+    assert f"reports pid {bystander.pid}" in flat(r.stderr)
+    assert serve_lookalike.status() != psutil.STATUS_ZOMBIE and bystander.poll() is None
+    assert not [x for x in seen if x.startswith("POST")] and path.exists()
