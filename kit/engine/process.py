@@ -5,8 +5,7 @@ runs :class:`kit.engine.engine.Engine`'s worker loop on its main thread (that si
 :mod:`kit.engine.child`). Measured on an H200 (docs/performance.md): decode in a worker
 thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
-main thread. vLLM splits its engine core from its API
-server for the same reason.
+main thread. vLLM splits its engine core from its API server for the same reason.
 
 Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is written by
 both ends, so each end sends under a lock):
@@ -173,10 +172,13 @@ class EngineProcess:
         loaded weights' size."""
         return dict(self._memory)
 
-    async def current_memory(self, timeout: float = 2.0) -> dict[str, int | None]:
+    async def current_memory(self, timeout: float = 0.5) -> dict[str, int | None]:
         """mlx's allocator in the engine process now, asked through the pipe without
         blocking the event loop or a worker thread (``/health`` must answer even when every
-        worker thread waits on a stuck engine); after ``timeout`` seconds, :meth:`memory`."""
+        worker thread waits on a stuck engine); after ``timeout`` seconds, :meth:`memory`.
+        The engine's pipe thread answers at once, even while it loads; the timeout stays
+        well under the 1-2 s that ``status`` and ``launch`` give ``/health``, so a stuck
+        engine never makes the server look like something that is not mlx-kit."""
         try:
             if self._link is not None and self._link.process.exitcode is None:
                 self._memory = await asyncio.wait_for(
@@ -306,6 +308,8 @@ class EngineProcess:
                 self.state, self.error = "stopped", None
             elif self._link is link:  # not yet replaced by a new engine process
                 self._after_death(code, error)
+                if self.state == "failed":  # not restarted: tell open requests why
+                    error = EngineError(self.error)
         for sink in list(link.sinks.values()):
             sink(error)
             sink(_END)
