@@ -6,14 +6,27 @@ from typing import Optional
 
 import typer
 
-from kit.cli.console import console
+from kit.cli.console import console, err_console
 from kit.cli.options import URL
-from kit.errors import PortInUseError, ServerError
+from kit.errors import PortInUseError
+
+#: `status` exit codes (listed in its --help and docs/server.md): 3 "not running" and
+#: 1 "dead" as in the LSB/systemctl convention
+EXIT_OK, EXIT_FAILED, EXIT_NO_SERVER, EXIT_NOT_READY = 0, 1, 3, 4
 
 
 def status(url: Optional[str] = URL) -> None:
-    """Show whether an mlx-kit server answers, its pid and the model behind 'local'."""
-    from kit.daemon import read_pid_file
+    """Show whether an mlx-kit server answers, its pid and the model behind 'local'.
+
+    \b
+    Exit codes:
+      0  ok: the server answers and its model is loaded (or unloaded after --ttl)
+      1  failed: the model failed to load or the engine kept dying
+         (the reason and the fix are printed), or it is not mlx-kit
+      3  no server answers at the URL
+      4  not ready yet: loading, restarting an engine that died, or stopping
+    """
+    from kit.daemon import log_file, read_pid_file
     from kit.probe import probe
     from kit.urls import parse_url
 
@@ -21,28 +34,48 @@ def status(url: Optional[str] = URL) -> None:
     p = probe(u)
     if p.kind == "none":
         console.print(f"no server at {u.root}")
-        raise typer.Exit(3)
+        raise typer.Exit(EXIT_NO_SERVER)
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
     h = p.health or {}
     info = read_pid_file(u) or {}
     log = info.get("log") if info.get("pid") == h.get("pid") else None
     console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model {h.get('model_state')})"
-                  f"\npid:     {h.get('pid')}\n"
+                  f"\npid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
                   f"local -> {h.get('model')} (context window {h.get('context_window')})\n"
-                  f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps\n"
+                  f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps, "
+                  f"{h.get('restarts')} engine restarts\n"
                   f"log:     {log or 'the terminal running `mlx-kit serve`'}", markup=False)
+    if p.ready:
+        return
+    where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
+    if h.get("status") != "failed":  # loading, restarting, stopped (shutting down)
+        reason = h.get("error") or ("the server is shutting down" if h.get("status") ==
+                                    "stopped" else "the model is loading")
+        err_console.print(f"not ready yet: {reason}", markup=False)
+        raise typer.Exit(EXIT_NOT_READY)
+    err_console.print(f"error: {h.get('error') or 'the server is ' + str(h.get('status'))}\n"
+                      "hint: `mlx-kit swap MODEL` to a model that loads, or `mlx-kit stop` "
+                      f"and start it again (the next request also retries){where}",
+                      markup=False)
+    raise typer.Exit(EXIT_FAILED)
+
 
 
 def stop(url: Optional[str] = URL) -> None:
-    """Stop the mlx-kit server at the URL."""
+    """Stop the mlx-kit server at the URL, if this user started it on this machine.
+
+    It is signalled only when this user's pid file, the process's start time
+    and command line, and /health all name the same process on a loopback URL;
+    otherwise it is asked through the admin API (the token in the pid file),
+    or left alone with the reason (exit 1)."""
     from kit.daemon import stop_server
-    from kit.probe import probe
     from kit.urls import parse_url
 
     u = parse_url(url)
-    if probe(u).kind == "other":
-        raise ServerError(f"{u.root} is not an mlx-kit server; not stopping it")
-    pid = stop_server(u)
-    console.print(f"stopped the server at {u.root} (pid {pid})" if pid
-                  else f"no mlx-kit server at {u.root}")
+    stopped = stop_server(u)
+    if stopped is None:
+        console.print(f"no mlx-kit server at {u.root}")
+        return
+    pid, how = stopped
+    console.print(f"stopped the server at {u.root} (pid {pid}, via {how})", markup=False)

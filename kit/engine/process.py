@@ -1,11 +1,11 @@
 """The engine in its own process: generation never shares a GIL with HTTP.
 
 The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
-runs :class:`kit.engine.engine.Engine`'s worker loop on its main thread. Measured on an
-H200 (docs/performance.md): decode in a worker thread beside the server's event loop loses
-5-17% to GIL hand-overs and thread scheduling; in a child process it keeps the speed of
-``mlx_lm.stream_generate`` on a main thread. vLLM splits its engine core from its API
-server for the same reason.
+runs :class:`kit.engine.engine.Engine`'s worker loop on its main thread (that side:
+:mod:`kit.engine.child`). Measured on an H200 (docs/performance.md): decode in a worker
+thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
+scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
+main thread. vLLM splits its engine core from its API server for the same reason.
 
 Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is written by
 both ends, so each end sends under a lock):
@@ -21,8 +21,13 @@ both ends, so each end sends under a lock):
 Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its
 clients time to finish), then the engine exits. If the server dies (even ``kill -9``), the
 engine's pipe reads end-of-file: it cancels what runs and exits. If the engine dies, every
-open request fails with :class:`EngineError`, ``state`` becomes ``failed``, ``/health``
-says why, and the next request starts a new engine. Ctrl-C reaches both processes (one
+open request fails with :class:`EngineError` and, if that engine had loaded its model, a new
+one starts at once on the same model (``state`` is ``restarting`` until it is ready; requests
+sent meanwhile wait for it). An engine that dies while loading is not restarted on its own
+(the load would likely kill it again): ``state`` is ``failed`` and the next request tries
+again; so is one that died :data:`_RESTART_LIMIT` times in :data:`_RESTART_WINDOW_S`
+seconds. A model that fails to load (the engine alive, reporting it) is ``failed`` too,
+until a swap to a model that loads. Ctrl-C reaches both processes (one
 process group); the engine ignores SIGINT (blocked from before its start until it does)
 and stops through the pipe.
 """
@@ -35,18 +40,23 @@ import itertools
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kit.engine.engine import _END, Engine, LoopSink, SwapResult, _Job, _Swap
+from kit.engine.child import END, serve_engine
+from kit.engine.engine import _END, LoopSink, SwapResult
 from kit.engine.types import ChatRequest, EngineError, Event
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
-END = "end"  # _END on the wire (an object() does not survive pickling)
 _COUNTERS = ("requests_served", "swaps", "reloads", "unloads")
 _CALL_TIMEOUT_S = 30.0  # count_tokens: the engine answers from its pipe thread at once
+#: automatic restarts allowed per window: an engine that keeps dying (a model that crashes
+#: every decode, the OOM killer on every load) is left failed instead of restarted forever
+_RESTART_LIMIT = 3
+_RESTART_WINDOW_S = 300.0
 
 
 class _Link:
@@ -72,8 +82,10 @@ class EngineProcess:
     """Same interface as :class:`Engine` (``start``, ``wait_ready``, ``stop``,
     ``generate``, ``swap``, ``count_tokens``, ``capabilities``, ``memory`` and the state
     attributes), with the engine in a child process. If that process dies (a crash, the
-    OOM killer), open requests fail, ``state`` is ``failed`` with the reason in ``error``,
-    and the next request starts a new one on the same model (``restarts`` counts them).
+    OOM killer), open requests fail and a new one starts on the same model: ``state`` is
+    ``restarting`` (the reason in ``error``) until it is ready; ``restarts`` counts them.
+    If it died while loading, or too often (:data:`_RESTART_LIMIT`), ``state`` is
+    ``failed`` instead and the next request starts a new one.
 
     Args:
         model: what to load first.
@@ -99,6 +111,7 @@ class EngineProcess:
         self._stopping = False
         self._link: _Link | None = None
         self._base: dict[str, int] = {}  # counters of engines that ended
+        self._auto_restarts: list[float] = []  # monotonic times of restarts made on our own
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -142,10 +155,11 @@ class EngineProcess:
         """Stop the engine: what still runs is cancelled (the server has already let its
         clients finish), then it exits; after ``timeout`` seconds it is terminated. Safe to
         call twice."""
-        link = self._link
-        if link is None or self._stopping:
-            return
-        self._stopping = True
+        with self._start_lock:  # so no restart (in _gone) starts an engine we miss here
+            link = self._link
+            if link is None or self._stopping:
+                return
+            self._stopping = True
         link.send(("stop",))
         if not link.closed.wait(timeout):  # the reader thread reaps it (one joiner only)
             log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
@@ -158,10 +172,13 @@ class EngineProcess:
         loaded weights' size."""
         return dict(self._memory)
 
-    async def current_memory(self, timeout: float = 2.0) -> dict[str, int | None]:
+    async def current_memory(self, timeout: float = 0.5) -> dict[str, int | None]:
         """mlx's allocator in the engine process now, asked through the pipe without
         blocking the event loop or a worker thread (``/health`` must answer even when every
-        worker thread waits on a stuck engine); after ``timeout`` seconds, :meth:`memory`."""
+        worker thread waits on a stuck engine); after ``timeout`` seconds, :meth:`memory`.
+        The engine's pipe thread answers at once, even while it loads; the timeout stays
+        well under the 1-2 s that ``status`` and ``launch`` give ``/health``, so a stuck
+        engine never makes the server look like something that is not mlx-kit."""
         try:
             if self._link is not None and self._link.process.exitcode is None:
                 self._memory = await asyncio.wait_for(
@@ -221,12 +238,17 @@ class EngineProcess:
                 raise EngineError("the server is shutting down")
             assert self._link is not None, "start() first"
             if self._link.process.exitcode is not None:
-                log.info("starting a new engine process for %s", self.model_info.id)
-                self.restarts += 1
-                self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
-                self.state, self.error, self._ready = "loading", None, threading.Event()
-                self.start()
+                self._restart_locked("loading", None)
             return self._link
+
+    def _restart_locked(self, state: str, error: str | None) -> None:
+        """Start a new engine process on the current model (hold ``_start_lock``); its
+        first state report replaces ``state``/``error``."""
+        log.info("starting a new engine process for %s", self.model_info.id)
+        self.restarts += 1
+        self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
+        self.state, self.error, self._ready = state, error, threading.Event()
+        self.start()
 
     def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -271,18 +293,23 @@ class EngineProcess:
         self._gone(link)
 
     def _gone(self, link: _Link) -> None:
-        """An engine's pipe closed: fail what waited on it, say why."""
+        """An engine's pipe closed: fail what waited on it, say why, and start a new engine
+        if the dead one had loaded its model (see the class docstring)."""
         link.process.join(5)
         link.conn.close()
+        code = link.process.exitcode
         if self._stopping:
             error = EngineError("the server is shutting down")
         else:
-            error = EngineError(f"the engine process exited unexpectedly (exit code "
-                                f"{link.process.exitcode}); the next request starts a new one")
-            log.error("%s", error)
-        if self._link is link:  # not yet replaced by a new engine process
-            self.state = "stopped" if self._stopping else "failed"
-            self.error = None if self._stopping else str(error)
+            error = EngineError(f"the engine process exited unexpectedly (exit code {code})"
+                                "; a new one is starting")
+        with self._start_lock:
+            if self._link is link and self._stopping:
+                self.state, self.error = "stopped", None
+            elif self._link is link:  # not yet replaced by a new engine process
+                self._after_death(code, error)
+                if self.state == "failed":  # not restarted: tell open requests why
+                    error = EngineError(self.error)
         for sink in list(link.sinks.values()):
             sink(error)
             sink(_END)
@@ -294,94 +321,23 @@ class EngineProcess:
             self._ready.set()
         link.closed.set()
 
-
-# -- the engine process ------------------------------------------------------------------
-
-
-class _PipeEngine(Engine):
-    """The engine in the child: its worker loop runs on the main thread; a reader thread
-    turns pipe messages into queue items; events and state go back through the pipe."""
-
-    def __init__(self, conn: Any, model: ModelInfo, **options: Any) -> None:
-        super().__init__(model, **options)
-        self._conn = conn
-        self._send_lock = threading.Lock()
-        self._live: dict[int, _Job] = {}
-
-    def send(self, message: tuple) -> None:
-        with self._send_lock:
-            try:
-                self._conn.send(message)
-            except (OSError, ValueError):  # the server is gone; _read_commands ends us
-                pass
-            except Exception as e:  # an unpicklable event or reply: send the error instead
-                log.exception("cannot send %s to the server", message[0])
-                error = EngineError(f"{type(e).__name__}: {e}")
-                if message[0] == "ev":
-                    self._conn.send(("ev", message[1], error))
-                elif message[0] == "reply":
-                    self._conn.send(("reply", message[1], None, error))
-
-    def _changed(self) -> None:
-        self.send(("state", self.snapshot()))
-
-    def _event_sink(self, jid: int) -> Any:
-        def post(item: Any) -> None:
-            if item is _END:
-                self._live.pop(jid, None)
-                item = END
-            self.send(("ev", jid, item))
-        return post
-
-    def _read_commands(self) -> None:
-        """On a thread: queue what the server asks for until it says stop or goes away."""
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):  # the server died: stop what runs, then exit
-                for job in list(self._live.values()):
-                    job.cancelled.set()
-                self._jobs.put(None)
-                return
-            kind = message[0]
-            if kind == "gen":
-                job = _Job(message[2], self._event_sink(message[1]))
-                self._live[message[1]] = job
-                self._jobs.put(job)
-            elif kind == "cancel":
-                job = self._live.get(message[1])
-                if job is not None:
-                    job.cancelled.set()
-            elif kind == "swap":
-                cid = message[1]
-                self._jobs.put(_Swap(message[2], lambda r, e, cid=cid: self.send(
-                    ("reply", cid, r, e))))
-            elif kind == "memory":  # allocator counters: no need to queue
-                self.send(("reply", message[1], self.memory(), None))
-            elif kind == "count":  # the tokenizer is only read: no need to queue
-                try:
-                    self.send(("reply", message[1], self.count_tokens(message[2]), None))
-                except Exception as e:
-                    self.send(("reply", message[1], None, e))
-            elif kind == "stop":  # the server let its clients finish: the rest is abandoned
-                for job in list(self._live.values()):
-                    job.cancelled.set()
-                self._jobs.put(None)
-                return
-
-
-def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level: int) -> None:
-    """The engine process's entry point (``multiprocessing`` target): load ``model``, then
-    serve the pipe until told to stop or the server goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by start()
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mlx_kit").setLevel(log_level)
-    from kit.engine.blas import preload_blas
-
-    preload_blas()  # before mlx is imported
-    engine = _PipeEngine(conn, model, **options)
-    threading.Thread(target=engine._read_commands, name="mlx-kit-engine-pipe",
-                     daemon=True).start()
-    engine._run()
+    def _after_death(self, code: int | None, error: EngineError) -> None:
+        """The current engine died unexpectedly (called holding ``_start_lock``): restart it,
+        or say ``failed`` and why when a restart would not help."""
+        now = time.monotonic()
+        recent = [t for t in self._auto_restarts if now - t < _RESTART_WINDOW_S]
+        if self.state in ("loading", "restarting"):  # died while loading: likely again
+            self.state, self.error = "failed", (
+                f"the engine process exited (exit code {code}) while loading "
+                f"{self.model_info.id}; the next request tries again")
+        elif len(recent) >= _RESTART_LIMIT:
+            self.state, self.error = "failed", (
+                f"the engine process exited unexpectedly (exit code {code}), the "
+                f"{len(recent) + 1}th time in {_RESTART_WINDOW_S:.0f} s; not restarting it "
+                "on its own (the next request tries again)")
+        else:
+            log.error("%s", error)
+            self._auto_restarts = recent + [now]
+            self._restart_locked("restarting", str(error))
+            return
+        log.error("%s", self.error)

@@ -76,7 +76,7 @@ def test_stopping_the_server_stops_the_engine_process(fresh):
     assert "Traceback" not in fresh.log_text()
 
 
-def test_a_dead_engine_fails_the_open_stream_then_the_next_request_restarts_it(fresh):
+def test_a_dead_engine_fails_the_open_stream_and_the_server_restarts_it(fresh):
     engine_pid = fresh.health()["engine_pid"]
     lines = []
     with httpx.stream("POST", fresh.v1 + "/chat/completions", timeout=60,
@@ -89,10 +89,12 @@ def test_a_dead_engine_fails_the_open_stream_then_the_next_request_restarts_it(f
     errors = [x for x in lines if "engine process exited unexpectedly" in x]
     assert errors and '"error"' in errors[0]
 
+    # the server starts a new engine on its own (503 "restarting" naming the cause until
+    # it is ready; the new one may already be up)
     health = httpx.get(fresh.root + "/health", timeout=5)
-    assert health.status_code == 503
-    assert health.json()["model_state"] == "failed"
-    assert "exited unexpectedly" in health.json()["error"]
+    if health.json()["status"] != "ok":
+        assert health.status_code == 503 and health.json()["status"] == "restarting"
+        assert "exited unexpectedly" in health.json()["error"]
 
     r = httpx.post(fresh.v1 + "/chat/completions", timeout=120,
                    json={**CHAT, "max_tokens": 5})
@@ -106,15 +108,12 @@ def test_a_dead_engine_fails_the_open_stream_then_the_next_request_restarts_it(f
 
 def test_ctrl_c_while_the_engine_restarts_leaves_no_traceback(fresh):
     # Regression (new-user try): Ctrl-C that reached a just-spawned engine before it
-    # ignored SIGINT printed a KeyboardInterrupt traceback from its imports.
-    import threading
-
+    # ignored SIGINT printed a KeyboardInterrupt traceback from its imports. (The server
+    # restarts the killed engine on its own; no request waits on it, since one still
+    # waiting after uvicorn's 5 s grace would be cancelled with uvicorn's own traceback.)
     old = fresh.health()["engine_pid"]
     os.kill(old, signal.SIGKILL)
     assert _gone(old, 10)
-    threading.Thread(target=lambda: httpx.post(fresh.v1 + "/chat/completions", timeout=60,
-                                               json={**CHAT, "max_tokens": 2}),
-                     daemon=True).start()
     new = old
     for _ in range(500):
         new = httpx.get(fresh.root + "/health", timeout=5).json()["engine_pid"]
