@@ -38,6 +38,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kit.engine import reclaim
 from kit.engine.engine import _END, Engine, LoopSink, SwapResult, _Job, _Swap
 from kit.engine.types import ChatRequest, EngineError, Event
 from kit.models.resolve import ModelInfo
@@ -336,6 +337,10 @@ class _PipeEngine(Engine):
     def _read_commands(self) -> None:
         """On a thread: queue what the server asks for until it says stop or goes away."""
         while True:
+            message = job = None  # the last request (maybe megabytes) must not outlive it
+            if self.reclaim_heap:  # a large count_tokens: beside the worker, heap only
+                self.reclaim_heap = False
+                reclaim.give_back(mlx_cache=False)
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):  # the server died: stop what runs, then exit
