@@ -617,9 +617,9 @@ class Engine:
             large.append(True)
         bound = self._bound()
         if bound is not None:
-            at_least = bound.at_least(text)
-            window = self.model_info.context_window
-            if at_least + (max_tokens or 1) > window:
+            room = self.model_info.context_window - (max_tokens or 1)
+            at_least = bound.at_least(text, above=room)
+            if at_least > room:
                 self._max_tokens(at_least, max_tokens, at_least=True)  # raises
         if request.prompt is not None:
             return list(self._tokenizer.encode(text))

@@ -35,6 +35,7 @@ from typing import Any
 
 _NF_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
 _SPLITTERS = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation"}
+_CHUNK = 1 << 20  # characters counted at a time
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,26 @@ class TokenBound:
     longest: tuple[int, ...]
     forms: tuple[str, ...] = ()
 
-    def at_least(self, text: str) -> int:
+    def at_least(self, text: str, above: int | None = None) -> int:
         """A lower bound on the number of tokens ``text`` encodes to (special tokens the
-        tokenizer adds around it only add to the real count). Linear in ``len(text)``,
-        ~10 ms for 8 MB."""
+        tokenizer adds around it only add to the real count). The weights add up over
+        the text, so a prefix's bound bounds the whole: with ``above``, counting stops at
+        the first 1 MiB chunk that takes the bound past it (the result is then still a
+        lower bound, just not the tightest). ~12 ms per MiB."""
         import numpy as np
 
         for form in self.forms:
             text = unicodedata.normalize(form, text)
-        counts = np.bincount(np.frombuffer(text.encode("utf-8", "surrogatepass"),
-                                           dtype=np.uint8), minlength=256)
         # integer arithmetic: a float sum could round up past the true bound
-        total = 0
         denom = math.lcm(*(m for m in self.longest if m))
-        for b, m in enumerate(self.longest):
-            if m and counts[b]:
-                total += int(counts[b]) * (denom // m)
+        scale = np.array([denom // m if m else 0 for m in self.longest], dtype=object)
+        total = 0
+        for i in range(0, len(text), _CHUNK):  # chunks: bincount makes 8 bytes per byte
+            data = text[i:i + _CHUNK].encode("utf-8", "surrogatepass")
+            counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
+            total += int((counts.astype(object) * scale).sum())
+            if above is not None and total > above * denom:
+                break
         return -(-total // denom)
 
     @classmethod

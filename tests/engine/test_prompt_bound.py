@@ -173,3 +173,12 @@ def test_whitespace_pre_tokenizer_really_drops_input():
     tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     assert tok.encode(" " * 10_000 + "a").ids == [0]
+
+
+def test_counting_stops_early_with_a_bound_that_is_still_a_lower_bound(starter):
+    tok, bound = starter
+    text = "hello world " * 300_000  # 3.6 MB: four chunks
+    full = bound.at_least(text)
+    early = bound.at_least(text, above=1000)
+    assert 1000 < early < full <= len(tok.encode(text).ids)
+    assert bound.at_least(text, above=full) == full  # never past: counted to the end
