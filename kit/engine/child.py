@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import Any
 
+from kit.engine import reclaim
 from kit.engine.engine import _END, Engine, _Job, _Swap
 from kit.engine.types import EngineError
 from kit.models.resolve import ModelInfo
@@ -56,6 +57,10 @@ class _PipeEngine(Engine):
     def _read_commands(self) -> None:
         """On a thread: queue what the server asks for until it says stop or goes away."""
         while True:
+            message = job = None  # the last request (maybe megabytes) must not outlive it
+            if self.reclaim_heap:  # a large count_tokens: beside the worker, heap only
+                self.reclaim_heap = False
+                reclaim.give_back(mlx_cache=False)
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):  # the server died: stop what runs, then exit

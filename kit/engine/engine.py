@@ -147,6 +147,11 @@ def settle_from_thread(loop: asyncio.AbstractEventLoop, future: asyncio.Future
     return reply
 
 
+def _excerpt(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters, for error messages that may quote input."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def _merge(items: list[Any]) -> list[Any]:
     """Consecutive text (or reasoning) deltas joined into one, logprobs concatenated."""
     out: list[Any] = []
@@ -263,6 +268,9 @@ class Engine:
         self._prompt_cache: Any = None
         self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
         self._trimmable: bool | None = None  # the loaded model's KV cache, lazily
+        self._bound_for: tuple[Any, Any] | None = None  # (tokenizer, its TokenBound)
+        self._reclaim = False  # a large prompt was generated: give memory back when idle
+        self.reclaim_heap = False  # count_tokens saw a large prompt (see kit.engine.reclaim)
         self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="mlx-kit-engine", daemon=True)
         self._ready = threading.Event()
@@ -331,16 +339,23 @@ class Engine:
 
     def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens ``request`` would take (chat template applied), without queueing.
-        Thread-safe: the tokenizer is only read.
+        Thread-safe: the tokenizer is only read. Exact whenever it is the window or less;
+        a prompt provably over the window is not tokenized (see :meth:`_prompt_tokens`).
 
         Raises:
-            InvalidRequest: the template rejects the messages.
+            InvalidRequest: the template rejects the messages, or ``context_length_exceeded``
+                (the prompt alone fills the context window, by a lower bound).
             EngineError: no tokenizer is loaded (the model failed to load).
         """
         if self._tokenizer is None:
             raise EngineError(f"the model failed to load: {self.error}" if self.state ==
                               "failed" else "model is loading")
-        return len(self._prompt_tokens(request))
+        large: list[bool] = []
+        try:
+            return len(self._prompt_tokens(request, None, large=large))
+        finally:
+            if large:  # the caller gives memory back once it dropped the request
+                self.reclaim_heap = True
 
     async def swap(self, spec: str) -> SwapResult:
         """Make ``spec`` (a cache id or folder) the model behind ``local``.
@@ -385,8 +400,15 @@ class Engine:
         from kit.engine.batch import run_batch
 
         backlog: deque = deque()
+        item: Any = None
         while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self._model is not None else None
+            item = None  # a served request's prompt must not live on until the next one
+            if self._reclaim and not backlog and self._jobs.empty():
+                self._reclaim = False
+                from kit.engine import reclaim
+
+                reclaim.give_back()
             try:
                 item = backlog.popleft() if backlog else self._jobs.get(timeout=timeout)
             except queue.Empty:
@@ -480,6 +502,13 @@ class Engine:
         # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
         for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
             pass
+        from kit.engine.prompt_bound import TokenBound
+
+        bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
+        if bound is None:
+            log.info("no prompt-length bound for this tokenizer: prompts over the context "
+                     "window are tokenized in full before they are rejected")
+        self._bound_for = (tokenizer, bound)
         log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
                  blas or "bundled")
         return model, tokenizer
@@ -566,32 +595,89 @@ class Engine:
         log.info("swapped %s -> %s in %.2f s", previous, info.id, took)
         item.done(SwapResult(info.id, previous, took, True))
 
-    def _prompt_tokens(self, request: ChatRequest) -> list[int]:
+    def _prompt_tokens(self, request: ChatRequest, max_tokens: int | None,
+                       large: list[bool] | None = None) -> list[int]:
+        """The prompt's token ids: the raw prompt, or the messages through the chat
+        template. Before tokenizing, a prompt that provably cannot fit the window with
+        ``max_tokens`` more (None: with at least one more) is rejected on the lower bound
+        of :mod:`kit.engine.prompt_bound` (a 20 MB prompt costs milliseconds, not a
+        minute of tokenizing); what the bound does not decide is tokenized exactly and
+        checked by :meth:`_max_tokens`. ``large`` gets True appended for a prompt text of
+        :data:`kit.engine.reclaim.LARGE_BYTES` or more (the caller gives memory back).
+
+        Raises:
+            InvalidRequest: the template rejects the messages; ``context_length_exceeded``.
+        """
         from jinja2 import TemplateError
 
+        from kit.engine.reclaim import LARGE_BYTES
+
         if request.prompt is not None:
-            return list(self._tokenizer.encode(request.prompt))
+            text = request.prompt
+        else:
+            try:
+                text = self._render_text(request, request.messages, generation_prompt=True)
+            except (TemplateError, ValueError, TypeError, KeyError) as e:
+                raise InvalidRequest("the model's chat template rejected the messages: "
+                                     f"{_excerpt(str(e))}") from None
+        if large is not None and len(text) >= LARGE_BYTES:
+            large.append(True)
+        bound = self._bound()
+        if bound is not None:
+            room = self.model_info.context_window - (max_tokens or 1)
+            at_least = bound.at_least(text, above=room)
+            if at_least > room:
+                self._max_tokens(at_least, max_tokens, at_least=True)  # raises
         try:
-            return self._render(request, request.messages, generation_prompt=True)
-        except (TemplateError, ValueError, TypeError, KeyError) as e:
-            raise InvalidRequest(f"the model's chat template rejected the messages: {e}") from None
+            if request.prompt is not None:
+                return list(self._tokenizer.encode(text))
+            return self._encode_rendered(text)
+        except (TypeError, ValueError) as e:  # the tokenizer takes valid Unicode only
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest("the prompt is not valid Unicode (it contains a lone "
+                                     "UTF-16 surrogate)", param="prompt" if request.prompt
+                                     is not None else "messages") from None
+            raise InvalidRequest(f"the prompt cannot be tokenized: {_excerpt(str(e))}",
+                                 param="prompt" if request.prompt is not None
+                                 else "messages") from None
+
+    def _bound(self) -> Any:
+        """The loaded tokenizer's :class:`kit.engine.prompt_bound.TokenBound` (None: its
+        pipeline allows no proven bound), computed once per tokenizer (~0.1 s, at load)."""
+        from kit.engine.prompt_bound import TokenBound
+
+        tok = self._tokenizer
+        cached = self._bound_for  # set by _load; one tuple assignment: thread-safe
+        if cached is None or cached[0] is not tok:
+            cached = self._bound_for = (tok, TokenBound.from_tokenizer(tok))
+        return cached[1]
+
+    def _render_text(self, request: ChatRequest, messages: list[dict[str, Any]], *,
+                     generation_prompt: bool) -> str:
+        """``messages`` through the chat template with ``request``'s tools and template
+        variables, as text (raises whatever the template raises)."""
+        kwargs: dict[str, Any] = {**request.template_kwargs,
+                                  "add_generation_prompt": generation_prompt,
+                                  "tokenize": False, "return_dict": False}
+        if request.tools:
+            kwargs["tools"] = request.tools
+        text = self._tokenizer.apply_chat_template(messages, **kwargs)
+        if not isinstance(text, str):  # a template variable changed it
+            raise ValueError("the chat template did not return text")
+        return text
+
+    def _encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a rendered chat prompt, as ``apply_chat_template(tokenize=True)``
+        makes them (the template writes the special tokens itself)."""
+        return list(self._tokenizer._tokenizer.encode(text, add_special_tokens=False))
 
     def _render(self, request: ChatRequest, messages: list[dict[str, Any]], *,
                 generation_prompt: bool) -> list[int]:
-        """``messages`` through the chat template with ``request``'s tools and template
-        variables, as token ids (raises whatever the template raises)."""
-        kwargs: dict[str, Any] = {**request.template_kwargs,
-                                  "add_generation_prompt": generation_prompt,
-                                  "tokenize": True, "return_dict": False}
-        if request.tools:
-            kwargs["tools"] = request.tools
-        tokens = self._tokenizer.apply_chat_template(messages, **kwargs)
-        if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
-            tokens = tokens["input_ids"]
-        tokens = list(tokens)
-        if not all(isinstance(t, int) for t in tokens):  # a template variable changed it
-            raise ValueError("the chat template did not return token ids")
-        return tokens
+        """:meth:`_render_text`, as token ids."""
+        return self._encode_rendered(self._render_text(request, messages,
+                                                       generation_prompt=generation_prompt))
 
     def _constraint(self, request: ChatRequest,
                     prompt: list[int]) -> tuple[str | None, list[int], str]:
@@ -668,25 +754,27 @@ class Engine:
             raise InvalidRequest(f"top_k must be below this model's vocabulary size ({vocab})",
                                  param="top_k")
 
-    def _max_tokens(self, n_prompt: int, requested: int | None) -> int:
-        """Tokens to generate within the context window.
+    def _max_tokens(self, n_prompt: int, requested: int | None, at_least: bool = False) -> int:
+        """Tokens to generate within the context window. ``at_least``: ``n_prompt`` is a
+        lower bound, not the count (the prompt was not tokenized).
 
         Raises:
             InvalidRequest: ``context_length_exceeded`` (OpenAI's wording, which agents
-                such as pi recognise and answer by compacting).
+                such as pi recognise and answer by compacting); it never quotes the prompt.
         """
         window = self.model_info.context_window
+        more = "at least " if at_least else ""
         if requested is not None and n_prompt + requested > window:
             raise InvalidRequest(
                 f"This model's maximum context length is {window} tokens. However, you "
-                f"requested {n_prompt + requested} tokens ({n_prompt} in the messages, "
-                f"{requested} in the completion). Please reduce the length of the messages "
-                "or completion.", code="context_length_exceeded")
+                f"requested {more}{n_prompt + requested} tokens ({more}{n_prompt} in the "
+                f"messages, {requested} in the completion). Please reduce the length of the "
+                "messages or completion.", code="context_length_exceeded")
         if requested is None and n_prompt >= window:
             raise InvalidRequest(
                 f"This model's maximum context length is {window} tokens. However, your "
-                f"messages resulted in {n_prompt} tokens. Please reduce the length of the "
-                "messages.", code="context_length_exceeded")
+                f"messages resulted in {more}{n_prompt} tokens. Please reduce the length of "
+                "the messages.", code="context_length_exceeded")
         return requested if requested is not None else min(
             self.model_info.max_output_tokens, window - n_prompt)
 
@@ -727,7 +815,12 @@ class Engine:
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         self._check_sampling(params)
-        prompt = self._prompt_tokens(req)
+        large: list[bool] = []
+        try:
+            prompt = self._prompt_tokens(req, params.max_tokens, large=large)
+        finally:
+            if large:
+                self._reclaim = True  # given back once the worker is idle
         grammar, forced, source = self._constraint(req, prompt)
         prompt += forced
         max_tokens = self._max_tokens(len(prompt), params.max_tokens)

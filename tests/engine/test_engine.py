@@ -85,3 +85,117 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
     assert a[0] == alone[0] and b[0] == alone[1]
     assert b[1] < a[2]  # b's first token came before a's last: decoded together
     assert a[3].usage.completion_tokens == 60 and a[3].finish_reason == "length"
+
+
+# -- prompts over the context window ------------------------------------------------------
+
+def _spy_encode(engine, monkeypatch) -> list[int]:
+    """Record the length of every text the real tokenizer encodes (it still encodes)."""
+    hf = engine._tokenizer._tokenizer
+    seen: list[int] = []
+    real = hf.encode
+
+    def encode(text, *args, **kwargs):
+        seen.append(len(text))
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(hf, "encode", encode)
+    return seen
+
+
+async def _first_event(engine, request: ChatRequest):
+    """The first event of ``request`` (then the request is cancelled), or its error."""
+    from kit.engine.types import InvalidRequest
+
+    try:
+        async for ev in engine.generate(request):
+            return ev
+    except InvalidRequest as e:
+        return e
+
+
+BIG = "hello world " * 700_000  # 8.4 MB: ~1.4M tokens, 170x the starter's window
+
+
+@pytest.mark.parametrize("kind", ["messages", "legacy prompt"])
+def test_a_prompt_far_over_the_window_is_rejected_before_it_is_tokenized(engine, monkeypatch,
+                                                                        kind):
+    # Regression (issue 11): a 20 MB body was tokenized in full (10M tokens, 29-85 s of
+    # the engine's worker) before the context check.
+    from kit.engine.types import InvalidRequest
+
+    seen = _spy_encode(engine, monkeypatch)
+    req = ChatRequest(messages=[{"role": "user", "content": BIG}],
+                      params=SamplingParams(max_tokens=5)) if kind == "messages" else \
+        ChatRequest(messages=[], prompt=BIG, params=SamplingParams(max_tokens=5))
+    error = asyncio.run(_first_event(engine, req))
+    assert isinstance(error, InvalidRequest) and error.code == "context_length_exceeded"
+    message = str(error)
+    assert "maximum context length is 8192 tokens" in message and "at least" in message
+    assert "hello" not in message and len(message) < 300  # no echo of the prompt
+    assert not [n for n in seen if n > 100_000]  # nothing big was tokenized
+
+    with pytest.raises(InvalidRequest) as counted:
+        engine.count_tokens(ChatRequest(messages=[{"role": "user", "content": BIG}]))
+    assert counted.value.code == "context_length_exceeded"
+    assert not [n for n in seen if n > 100_000]
+
+
+def _text_of(engine, n_tokens: int) -> tuple[ChatRequest, int]:
+    """A one-message request whose prompt is exactly ``n_tokens`` tokens."""
+    def request(words: int) -> ChatRequest:
+        return ChatRequest(messages=[{"role": "user", "content": "x" + " y" * words}])
+
+    overhead = engine.count_tokens(request(0)) - 1
+    req = request(n_tokens - overhead - 1)
+    return req, engine.count_tokens(req)
+
+
+def test_a_prompt_that_fits_the_window_exactly_is_served_and_one_more_token_is_not(engine):
+    # the bound never rejects what fits: the decision at the edge is the exact count
+    from kit.engine.types import InvalidRequest, Started
+
+    window = engine.model_info.context_window
+    req, n = _text_of(engine, window - 4)
+    assert n == window - 4
+    req.params = SamplingParams(max_tokens=4)
+    started = asyncio.run(_first_event(engine, req))  # cancelled during its prefill
+    assert isinstance(started, Started) and started.prompt_tokens == window - 4
+    req.params = SamplingParams(max_tokens=5)
+    error = asyncio.run(_first_event(engine, req))
+    assert isinstance(error, InvalidRequest) and error.code == "context_length_exceeded"
+    assert f"({window - 4} in the messages, 5 in the completion)" in str(error)  # exact
+
+
+def test_count_tokens_is_exact_beyond_the_window_until_the_bound_decides(engine):
+    # what the bound does not decide is counted exactly, even above the window
+    req, n = _text_of(engine, 9000)
+    assert n == 9000 == len(engine._render(req, req.messages, generation_prompt=True))
+
+
+def test_rendering_then_encoding_gives_the_tokens_of_apply_chat_template(engine):
+    # the prompt is rendered to text first (to bound it), then encoded: same ids as the
+    # tokenizer's own apply_chat_template(tokenize=True)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi <|im_end|> there\n\n  é 🙂"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "42"}]
+    req = ChatRequest(messages=messages)
+    expected = engine._tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True)
+    if isinstance(expected, dict):
+        expected = expected["input_ids"]
+    assert engine._render(req, messages, generation_prompt=True) == list(expected)
+
+
+@pytest.mark.parametrize("kind", ["messages", "legacy prompt"])
+def test_a_lone_surrogate_is_a_400_naming_invalid_unicode(engine, kind):
+    # rendering and encoding are now two steps: the encoder's TypeError must stay a 400
+    from kit.engine.types import InvalidRequest
+
+    text = "hi \udc80 there"
+    req = ChatRequest(messages=[{"role": "user", "content": text}]) if kind == "messages" \
+        else ChatRequest(messages=[], prompt=text)
+    error = asyncio.run(_first_event(engine, req))
+    assert isinstance(error, InvalidRequest) and "lone UTF-16 surrogate" in str(error)
+    with pytest.raises(InvalidRequest, match="surrogate"):
+        engine.count_tokens(req)
