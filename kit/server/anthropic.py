@@ -5,8 +5,10 @@ events, like the OpenAI routers: no generation logic here.
 Requests become the engine's chat messages: ``system`` (and system-role turns) -> one
 leading system message;
 ``tool_result`` blocks -> ``tool`` messages; ``tool_use`` blocks -> assistant
-``tool_calls``; ``thinking`` blocks in history are dropped (templates re-render history
-without them). Unknown fields and beta features (``thinking``, ``context_management``,
+``tool_calls``; ``thinking`` and server-tool blocks in history are dropped (templates
+re-render history without them); image and document blocks are a 400 (text-only models);
+a block type Anthropic does not document is a 400 naming it (:mod:`kit.server.content`).
+Unknown fields and beta features (``thinking``, ``context_management``,
 ``output_config``, ``?beta=true``) are accepted and ignored.
 """
 

@@ -3,9 +3,11 @@
 
 Input items become the engine's chat messages: ``instructions`` and system/developer
 messages -> system; ``function_call`` items -> assistant ``tool_calls``;
-``function_call_output`` -> ``tool`` messages; ``reasoning`` items are dropped. Nothing is
-stored (``store`` is accepted; ``previous_response_id`` is refused with 400). Codex's
-``include``, ``reasoning``, ``prompt_cache_key``, ``parallel_tool_calls`` are accepted.
+``function_call_output`` -> ``tool`` messages; ``reasoning`` and hosted-tool items are
+dropped. Nothing is stored (``store`` is accepted; ``previous_response_id`` and
+``item_reference`` items are refused with 400). Codex's ``include``, ``reasoning``,
+``prompt_cache_key``, ``parallel_tool_calls`` are accepted. Items, content parts and roles
+are typed (:mod:`kit.server.content`): an unknown one is a 400 naming it.
 """
 
 from __future__ import annotations
