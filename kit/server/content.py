@@ -140,8 +140,13 @@ def either(text: Any, other: Any) -> Any:
 def refuse(kind: str, where: str) -> APIError:
     """The 400 for content this server documents but cannot use (images, files, audio):
     the models it serves read text only."""
-    return APIError(400, f"{kind} content is not supported by this model (it reads text "
-                    "only)", param=where, code="unsupported_content")
+    kind = _MEDIA.get(kind, kind)
+    return APIError(400, f"{kind} content is not supported by this text-only model",
+                    param=where, code="unsupported_content")
+
+
+_MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
+          "input_file": "file"}
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
@@ -353,7 +358,7 @@ def input_text(content: str | list, where: str) -> str:
     texts = []
     for i, part in enumerate(content):
         if isinstance(part, InputMedia):
-            raise refuse(part.type.removeprefix("input_"), f"{where}.{i}")
+            raise refuse(part.type, f"{where}.{i}")
         texts.append(part.refusal if isinstance(part, InputRefusal) else part.text)
     return "".join(texts)
 

@@ -4,7 +4,8 @@ break it (negative). The server must answer every one without a 5xx and stay ali
 
 Bounded: ``MLX_KIT_FUZZ_EXAMPLES`` examples per route and mode (default 12); generated
 token limits are capped at 4 so that valid bodies cost a few decode steps, not a context
-window. The totals are printed (``-s``) and kept in ``FUZZ_TOTALS`` for the report.
+window; on /v1 routes a generated model name becomes ``local`` so bodies reach the engine.
+The totals are printed (``-s``) and kept in ``FUZZ_TOTALS`` for the report.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ SCHEMA = schemathesis.openapi.from_dict(_schema())
 POST_ROUTES = sorted(path for path, ops in _schema()["paths"].items() if "post" in ops)
 
 
-def _capped(body):
+def _capped(body, path: str):
+    """``body`` with token limits capped at 4 and, on /v1 routes, a generated string
+    ``model`` replaced by ``local``, so that the rest of the body reaches the engine
+    instead of stopping at a 404 for a random model name."""
     if isinstance(body, dict):
         body = dict(body)
+        if path.startswith("/v1/") and isinstance(body.get("model"), str):
+            body["model"] = "local"
         for key in _CAPS:
             if isinstance(body.get(key), int) and not isinstance(body[key], bool) \
                     and body[key] > 4:
@@ -65,8 +71,12 @@ def test_no_generated_body_gets_a_5xx(server, path, mode):
     @given(case=SCHEMA[path]["POST"].as_strategy(generation_mode=mode))
     def run(case):
         body = case.body
-        content = b"" if isinstance(body, NotSet) else \
-            json.dumps(_capped(body)).encode()
+        if isinstance(body, NotSet):
+            content = b""
+        elif isinstance(body, (bytes, str)):  # negative mode: not JSON at all
+            content = body.encode(errors="surrogatepass") if isinstance(body, str) else body
+        else:
+            content = json.dumps(_capped(body, path)).encode()
         r = httpx.post(server.root + path, content=content, headers=headers, timeout=120)
         FUZZ_TOTALS["cases"] += 1
         FUZZ_TOTALS[f"{r.status_code // 100}xx"] += 1

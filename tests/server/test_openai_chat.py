@@ -488,7 +488,7 @@ def test_logit_bias_outside_the_vocabulary_is_400_not_a_crashed_engine(server, b
     pid = server.health()["engine_pid"]
     r = httpx.post(server.v1 + "/chat/completions", timeout=60,
                    json={"model": "local", "messages": QUESTION, "logit_bias": bias})
-    assert r.status_code == 400 and _error(r)["param"] == "logit_bias"
+    assert r.status_code == 400 and _error(r)["param"].startswith("logit_bias")
     assert server.health()["engine_pid"] == pid  # still the same engine
 
 
