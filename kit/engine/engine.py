@@ -578,7 +578,10 @@ class Engine:
                                      param="prompt")
             return list(request.prompt_ids)
         if request.prompt is not None:
-            return list(self._tokenizer.encode(request.prompt))
+            tokens = list(self._tokenizer.encode(request.prompt))
+            if not tokens:  # mlx-lm cannot start from nothing
+                raise InvalidRequest("the prompt has no tokens", param="prompt")
+            return tokens
         try:
             return self._render(request, request.messages, generation_prompt=True)
         except (TemplateError, ValueError, TypeError, KeyError) as e:

@@ -57,7 +57,7 @@ def _prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:
     """The prompt as text or as token ids (OpenAI accepts both; one prompt per request).
 
     Raises:
-        APIError: 400 for several prompts, an empty token list, echo or suffix.
+        APIError: 400 for several prompts, an empty prompt, echo or suffix.
     """
     prompt = body.prompt
     if isinstance(prompt, list) and not (prompt and isinstance(prompt[0], int)):
@@ -71,6 +71,8 @@ def _prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix", code="unsupported_value")
     if isinstance(prompt, str):
+        if not prompt:  # nothing to continue from (mlx-lm raised deep in generation)
+            raise APIError(400, "prompt is empty", param="prompt", code="invalid_value")
         return prompt, None
     if not prompt:
         raise APIError(400, "prompt: the token list is empty", param="prompt",

@@ -3,7 +3,7 @@ from the app's own OpenAPI schema: bodies that fit the schema (positive) and bod
 break it (negative). The server must answer every one without a 5xx and stay alive.
 
 Bounded: ``MLX_KIT_FUZZ_EXAMPLES`` examples per route and mode (default 12); generated
-token limits are capped at 4 so that valid bodies cost a few decode steps, not a context
+token limits are capped at 4 (and set where absent) so that valid bodies cost a few decode steps, not a context
 window; on /v1 routes a generated model name becomes ``local`` so bodies reach the engine.
 The totals are printed (``-s``) and kept in ``FUZZ_TOTALS`` for the report.
 """
@@ -39,16 +39,16 @@ POST_ROUTES = sorted(path for path, ops in _schema()["paths"].items() if "post" 
 
 
 def _capped(body, path: str):
-    """``body`` with token limits capped at 4 and, on /v1 routes, a generated string
+    """``body`` with token limits capped at 4 (set where absent) and, on /v1 routes, a generated string
     ``model`` replaced by ``local``, so that the rest of the body reaches the engine
     instead of stopping at a 404 for a random model name."""
     if isinstance(body, dict):
         body = dict(body)
         if path.startswith("/v1/") and isinstance(body.get("model"), str):
             body["model"] = "local"
-        for key in _CAPS:
-            if isinstance(body.get(key), int) and not isinstance(body[key], bool) \
-                    and body[key] > 4:
+        for key in _CAPS:  # absent means "up to the context window": minutes on a CPU
+            if key not in body or isinstance(body[key], int) and \
+                    not isinstance(body[key], bool) and body[key] > 4:
                 body[key] = 4
     return body
 

@@ -266,6 +266,8 @@ def test_a_token_id_prompt_runs_like_its_text(server, tokenizer):
     ([1, -1], "greater than or equal to 0"),
     ([[]], "the token list is empty"),
     ([[1], [2]], "only one prompt per request"),
+    ("", "prompt is empty"),  # found by the fuzz test: a 500 from deep in mlx-lm
+    ([""], "prompt is empty"),
 ])
 def test_bad_token_id_prompts_are_400_naming_the_prompt(server, prompt, message):
     err = openai_error(post(server, "/completions", {"model": "local", "prompt": prompt,
