@@ -242,7 +242,8 @@ async def responses(body: ResponsesRequest, request: Request):
                      if body.text and body.text.format else {"type": "text"}},
             "tool_choice": body.tool_choice.model_dump(exclude_none=True)
             if isinstance(body.tool_choice, ResponsesToolChoice) else body.tool_choice or "auto",
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []], "truncation": "disabled", "metadata": {},
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "truncation": "disabled", "metadata": {},
             "error": None, "incomplete_details": None, "user": None}
     items = _Items()
 

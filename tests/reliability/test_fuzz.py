@@ -2,10 +2,10 @@
 from the app's own OpenAPI schema: bodies that fit the schema (positive) and bodies that
 break it (negative). The server must answer every one without a 5xx and stay alive.
 
-Bounded: ``MLX_KIT_FUZZ_EXAMPLES`` examples per route and mode (default 12); generated
-token limits are capped at 4 (and set where absent) so that valid bodies cost a few decode steps, not a context
-window; on /v1 routes a generated model name becomes ``local`` so bodies reach the engine.
-The totals are printed (``-s``) and kept in ``FUZZ_TOTALS`` for the report.
+Bounded: ``MLX_KIT_FUZZ_EXAMPLES`` examples per route and mode (default 8: about 100 cases); generated
+token limits are capped at 4 (and set where absent) so that valid bodies cost a few decode
+steps, not a context window; on /v1 routes a generated model name becomes ``local`` so
+bodies reach the engine. The totals are printed (``-s``) and kept in ``FUZZ_TOTALS`` for the report.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from schemathesis.generation import GenerationMode
 from kit.server.app import create_app
 from kit.server.state import ServerState
 
-EXAMPLES = int(os.environ.get("MLX_KIT_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("MLX_KIT_FUZZ_EXAMPLES", "8"))
 _CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 FUZZ_TOTALS: Counter = Counter()
 
@@ -39,9 +39,9 @@ POST_ROUTES = sorted(path for path, ops in _schema()["paths"].items() if "post" 
 
 
 def _capped(body, path: str):
-    """``body`` with token limits capped at 4 (set where absent) and, on /v1 routes, a generated string
-    ``model`` replaced by ``local``, so that the rest of the body reaches the engine
-    instead of stopping at a 404 for a random model name."""
+    """``body`` with token limits capped at 4 (set where absent) and, on /v1 routes, a
+    generated string ``model`` replaced by ``local``, so that the rest of the body reaches
+    the engine instead of stopping at a 404 for a random model name."""
     if isinstance(body, dict):
         body = dict(body)
         if path.startswith("/v1/") and isinstance(body.get("model"), str):
