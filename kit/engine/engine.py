@@ -610,6 +610,14 @@ class Engine:
         """
         from jinja2 import TemplateError
 
+        if request.prompt_ids is not None:  # token ids (legacy completions)
+            vocab = len(self._tokenizer._tokenizer)
+            bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequest(f"prompt: token id {bad} is not in this model's "
+                                     f"vocabulary (0..{vocab - 1})", code="invalid_value",
+                                     param="prompt")
+            return list(request.prompt_ids)
         from kit.engine.reclaim import LARGE_BYTES
 
         if request.prompt is not None:
@@ -630,7 +638,10 @@ class Engine:
                 self._max_tokens(at_least, max_tokens, at_least=True)  # raises
         try:
             if request.prompt is not None:
-                return list(self._tokenizer.encode(text))
+                tokens = list(self._tokenizer.encode(text))
+                if not tokens:  # mlx-lm cannot start from nothing
+                    raise InvalidRequest("the prompt has no tokens", param="prompt")
+                return tokens
             return self._encode_rendered(text)
         except (TypeError, ValueError) as e:  # the tokenizer takes valid Unicode only
             try:
@@ -706,7 +717,7 @@ class Engine:
                 family = tok._tokenizer.init_kwargs.get("tool_parser_type")
                 start = list(tok.tool_call_start_tokens or ())
                 return tool_call_grammar(family, tools), close + start, "tools"
-            if request.response_schema is not None and request.prompt is None:
+            if request.response_schema is not None and not request.raw:
                 return json_grammar(request.response_schema), close, "response_format"
         except ValueError as e:
             raise InvalidRequest(str(e), param="tools" if request.force_tool is not None
@@ -845,7 +856,7 @@ class Engine:
             rest = prompt[-1:]
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
-        parser = OutputParser(stops=params.stop) if req.prompt is not None else \
+        parser = OutputParser(stops=params.stop) if req.raw else \
             OutputParser.for_model(self._tokenizer, prompt, stops=params.stop, tools=req.tools,
                                    in_tool_call=req.force_tool is not None and bool(forced))
         return _Run(job, key, prompt, rest, cache, cached, max_tokens, sampler, processors,
@@ -870,7 +881,7 @@ class Engine:
                               run.parser.stop_string))
         if cache is None:
             return
-        if finish_reason != "cancelled" and run.job.request.prompt is None:
+        if finish_reason != "cancelled" and not run.job.request.raw:
             tokens = self._cache_for_next_turn(run, tokens, cache)
         self._prompt_cache.insert_cache(run.key, tokens, cache)
 

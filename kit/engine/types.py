@@ -56,6 +56,8 @@ class ChatRequest:
         params: sampling parameters.
         prompt: raw prompt text, used as is instead of ``messages`` and the chat template
             (legacy completions); no reasoning or tool-call parsing then.
+        prompt_ids: the raw prompt as token ids instead (legacy completions accept them);
+            the engine checks them against the vocabulary.
         tools: OpenAI-style function tool schemas handed to the chat template, or None.
         model: the real model id the request must run on, or None for whatever is
             behind ``local`` when its turn comes.
@@ -72,12 +74,18 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     params: SamplingParams = field(default_factory=SamplingParams)
     prompt: str | None = None
+    prompt_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     model: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_tool: str | None = None
     response_schema: dict[str, Any] | None = None
     request_id: str = ""
+
+    @property
+    def raw(self) -> bool:
+        """The prompt is used as is (text or token ids): no chat template, no parsing."""
+        return self.prompt is not None or self.prompt_ids is not None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,33 @@ from pathlib import Path
 from kit.errors import ModelError, ModelNotFoundError
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, Progress, ensure_starter, no_progress
 
+MAX_SPEC = 1024  # characters: hub ids are under 100, folder paths rarely over a few hundred
+
+
+class InvalidModelSpec(ModelError):
+    """``--model`` / a swap target that cannot name a model: too long, control
+    characters, or a folder that is not a model (the server answers 400)."""
+
+
+def _short(spec: str, limit: int = 80) -> str:
+    """``spec`` cut for messages (errors never echo more than a short excerpt)."""
+    return spec if len(spec) <= limit else spec[:limit] + "..."
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a spec no model can have, before touching the file system or the hub cache.
+
+    Raises:
+        InvalidModelSpec: longer than :data:`MAX_SPEC` characters, or holding control
+            characters (a NUL makes every path call raise).
+    """
+    if len(spec) > MAX_SPEC:
+        raise InvalidModelSpec(f"model name too long ({len(spec)} characters; at most "
+                               f"{MAX_SPEC}): {_short(spec, 40)!r}")
+    if not spec.strip() or any(ord(c) < 32 or ord(c) == 127 for c in spec):
+        raise InvalidModelSpec(f"model name {_short(spec)!r} is empty or holds control "
+                               "characters")
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -87,16 +114,24 @@ def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelIn
 
     Raises:
         ModelNotFoundError: nothing by that name is on this machine.
-        ModelError: the folder lacks config.json.
+        InvalidModelSpec: a name no model can have, or a folder (or hub snapshot) without
+            config.json.
     """
     if spec is None or spec in STARTER_VARIANTS:
         repo_id = spec or STARTER_ID
         path = ensure_starter(progress, repo_id)
         return ModelInfo(repo_id, path, read_context_window(path))
+    check_spec(spec)
     folder = Path(spec).expanduser()
-    if folder.is_dir():
+    try:
+        is_dir = folder.is_dir()
+    except (OSError, ValueError):  # e.g. a path component over NAME_MAX
+        is_dir = False
+    if is_dir:
         if not (folder / "config.json").is_file():
-            raise ModelError(f"{folder} is not a model folder (no config.json)")
+            raise InvalidModelSpec(f"{_short(str(folder))} is not a model folder (no "
+                                   "config.json)", hint="name a folder with config.json "
+                                   "and weights, or a hub id in the local cache")
         folder = folder.resolve()
         return ModelInfo(str(folder), folder, read_context_window(folder))
     from huggingface_hub import snapshot_download
@@ -106,7 +141,8 @@ def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelIn
         path = Path(snapshot_download(spec, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError, OSError):
         known = dict.fromkeys([*STARTER_VARIANTS, *cached_model_ids()])  # ordered, unique
-        raise ModelNotFoundError(spec, list(known)) from None
+        raise ModelNotFoundError(_short(spec), list(known)) from None
     if not (path / "config.json").is_file():
-        raise ModelError(f"{spec} in the hub cache has no config.json: not an MLX model")
+        raise InvalidModelSpec(f"{_short(spec)} in the hub cache has no config.json: not an "
+                               "MLX model")
     return ModelInfo(spec, path, read_context_window(path))

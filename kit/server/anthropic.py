@@ -5,8 +5,10 @@ events, like the OpenAI routers: no generation logic here.
 Requests become the engine's chat messages: ``system`` (and system-role turns) -> one
 leading system message;
 ``tool_result`` blocks -> ``tool`` messages; ``tool_use`` blocks -> assistant
-``tool_calls``; ``thinking`` blocks in history are dropped (templates re-render history
-without them). Unknown fields and beta features (``thinking``, ``context_management``,
+``tool_calls``; ``thinking`` and server-tool blocks in history are dropped (templates
+re-render history without them); image and document blocks are a 400 (text-only models);
+a block type Anthropic does not document is a 400 naming it (:mod:`kit.server.content`).
+Unknown fields and beta features (``thinking``, ``context_management``,
 ``output_config``, ``?beta=true``) are accepted and ignored.
 """
 
@@ -16,7 +18,7 @@ import asyncio
 import json
 from dataclasses import replace
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import Field
@@ -30,9 +32,29 @@ from kit.engine.types import (
     TextDelta,
     ToolCall,
 )
+from kit.server.content import (
+    AnthropicTool,
+    AnthropicToolChoice,
+    Block,
+    DroppedBlock,
+    Id,
+    MediaBlock,
+    SystemBlock,
+    Text,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    block_text,
+    either,
+    function_schema,
+    refuse,
+)
 from kit.server.errors import APIError
 from kit.server.openai_common import (
+    MAX_STOPS,
+    MAX_TOKENS,
     Open,
+    number,
     choose_tools,
     collect,
     engine_error,
@@ -50,60 +72,45 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 class Message(Open):
     # Claude Code also puts "system" messages among the turns (e.g. its agent list)
     role: Literal["user", "assistant", "system"]
-    content: Union[str, list[dict[str, Any]]]
-
-
-class Tool(Open):
-    name: str
-    description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    content: either(Text, list[Block])
 
 
 class MessagesRequest(Open):
-    model: str
+    """In the ranges Anthropic's API documents (temperature 0-1)."""
+
+    model: Id
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    system: Union[str, list[dict[str, Any]], None] = None
-    stop_sequences: list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    system: either(Text, list[SystemBlock]) | None = None
+    stop_sequences: list[Text] | None = Field(default=None, max_length=MAX_STOPS)
+    temperature: float | None = number(0, 1)
+    top_p: float | None = number(0, 1, above=True)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     stream: bool = False
-    tools: list[Tool] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
 
 
 class CountTokensRequest(Open):
-    model: str
+    model: Id
     messages: list[Message] = Field(min_length=1)
-    system: Union[str, list[dict[str, Any]], None] = None
-    tools: list[Tool] | None = None
-
-
-def _text(blocks: Any, where: str) -> str:
-    """The text of a string or a list of blocks; images are refused (text-only models)."""
-    if isinstance(blocks, str):
-        return blocks
-    parts = []
-    for b in blocks or []:
-        kind = b.get("type")
-        if kind == "text":
-            parts.append(str(b.get("text", "")))
-        elif kind in ("image", "document"):
-            raise APIError(400, f"{kind} content is not supported by this text-only model",
-                           param=where)
-        elif kind == "tool_result":  # nested in tool results: flattened the same way
-            parts.append(_text(b.get("content"), where))
-    return "".join(parts)
+    system: either(Text, list[SystemBlock]) | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
 
 
 def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]]:
+    """The engine's chat messages for ``body.system`` and ``body.messages``.
+
+    Raises:
+        APIError: 400 for image, document and other non-text content.
+    """
     out: list[dict[str, Any]] = []
     # System text from `system` and from system-role turns goes first, as one message:
     # many chat templates accept a system message only at the start.
-    system = [_text(body.system, "system")] if body.system else []
-    system += [_text(m.content, f"messages.{i}.content") for i, m in enumerate(body.messages)
-               if m.role == "system"]
+    system = [block_text(body.system, "system")] if body.system else []
+    system += [_turn_text(m.content, f"messages.{i}.content")
+               for i, m in enumerate(body.messages) if m.role == "system"]
     if system:
         out.append({"role": "system", "content": "\n\n".join(system)})
     for i, m in enumerate(body.messages):
@@ -113,22 +120,21 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        texts, calls = [], []
-        for b in m.content:
-            kind = b.get("type")
-            if kind == "tool_result":
-                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id", ""),
-                            "content": _text(b.get("content"), where)})
-            elif kind == "tool_use":
-                calls.append({"id": b.get("id", ""), "type": "function", "function": {
-                    "name": b.get("name", ""), "arguments": b.get("input") or {}}})
-            elif kind == "text":
-                texts.append(str(b.get("text", "")))
-            elif kind in ("image", "document"):
-                _text([b], where)  # raises the 400
-            # thinking / redacted_thinking / server tool blocks: not re-sent to the model
-        if texts or calls or m.role == "user" and not any(
-                b.get("type") == "tool_result" for b in m.content):
+        texts, calls, results = [], [], False
+        for j, b in enumerate(m.content):
+            if isinstance(b, ToolResultBlock):
+                results = True
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                            "content": block_text(b.content, f"{where}.{j}.content")})
+            elif isinstance(b, ToolUseBlock):
+                calls.append({"id": b.id, "type": "function", "function": {
+                    "name": b.name, "arguments": b.input}})
+            elif isinstance(b, TextBlock):
+                texts.append(b.text)
+            elif isinstance(b, MediaBlock):
+                raise refuse(b.type, f"{where}.{j}")
+            # DroppedBlock (thinking, server tools): not re-sent to the model
+        if texts or calls or m.role == "user" and not results:
             msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
             if calls:
                 msg["tool_calls"] = calls
@@ -136,17 +142,26 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
     return out
 
 
+def _turn_text(content: str | list, where: str) -> str:
+    """The text of a system-role turn (text blocks only)."""
+    if isinstance(content, str):
+        return content
+    for j, b in enumerate(content):
+        if not isinstance(b, (TextBlock, DroppedBlock)):
+            raise APIError(400, f"a system turn holds text only, not {b.type}",
+                           param=f"{where}.{j}", code="invalid_value")
+    return "".join(b.text for b in content if isinstance(b, TextBlock))
+
+
 def _tools(body: MessagesRequest | CountTokensRequest,
            supports_tools: bool) -> tuple[list | None, str | None]:
     """Anthropic tools as function schemas and the call to force, after ``tool_choice``
     (auto / any / tool / none; see :func:`choose_tools`)."""
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description
-                                               or "", "parameters": t.input_schema}}
-             for t in body.tools or []]
-    choice = getattr(body, "tool_choice", None) or {"type": "auto"}
-    kind = {"any": "required", "tool": "named"}.get(choice.get("type", "auto"),
-                                                    choice.get("type", "auto"))
-    return choose_tools(tools, kind, choice.get("name"), supports_tools)
+    tools = [function_schema(t.name, t.description, t.input_schema) for t in body.tools or []]
+    choice = body.tool_choice
+    kind = {"any": "required", "tool": "named"}.get(choice.type, choice.type) if choice \
+        else "auto"
+    return choose_tools(tools, kind, getattr(choice, "name", None), supports_tools)
 
 
 def _usage(fin: Finished | None) -> dict[str, int]:

@@ -115,8 +115,9 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    from kit.server.content import field_path  # the path without pydantic's union tags
+
+    param = field_path(first.get("loc", ()), exc.body)
     if first.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
     msg = first.get("msg", "invalid request")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import Field
@@ -19,8 +19,23 @@ from kit.engine.types import (
     TextDelta,
     ToolCall,
 )
+from kit.server.content import (
+    ChatPart,
+    ChatResponseFormat,
+    ChatTool,
+    ChatToolCall,
+    ChatToolChoice,
+    Id,
+    JSONObject,
+    Text,
+    chat_text,
+    either,
+    function_schema,
+    tool_arguments,
+)
 from kit.server.errors import APIError
 from kit.server.openai_common import (
+    MAX_TOKENS,
     Open,
     SamplingFields,
     choose_tools,
@@ -36,59 +51,37 @@ from kit.server.state import ServerState
 router = APIRouter()
 
 
-class ContentPart(Open):
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[ContentPart], None] = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    content: either(Text, list[ChatPart]) | None = None
+    name: Id | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: Id | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    reasoning_effort: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ChatResponseFormat | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: either(Literal["auto", "none", "required"], ChatToolChoice) | None = None
+    reasoning_effort: Id | None = None
+    chat_template_kwargs: JSONObject | None = None
 
 
 def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
-    """One message for the chat template: content as a string, ``developer`` as ``system``."""
-    content = message.content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if part.type in ("text", "input_text"):
-                texts.append(part.text or "")
-            else:
-                raise APIError(400, f"content part type {part.type!r} is not supported by "
-                               "this text-only model", param=f"messages.{index}.content",
-                               code="unsupported_content")
-        content = "".join(texts)
+    """One message for the chat template: content as a string, ``developer`` as ``system``,
+    tool-call arguments as mappings (what templates expect)."""
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
-                           "content": content or ""}
+                           "content": chat_text(message.content, f"messages.{index}.content")}
     if message.tool_calls:
-        calls = []
-        for call in message.tool_calls:
-            call = dict(call)
-            fn = dict(call.get("function") or {})
-            if isinstance(fn.get("arguments"), str):  # templates expect a mapping
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"] or "{}")
-                except ValueError:
-                    pass
-            call["function"] = fn
-            calls.append(call)
-        out["tool_calls"] = calls
+        out["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {
+                "name": call.function.name,
+                "arguments": tool_arguments(call.function.arguments)}}
+            for call in message.tool_calls]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     if message.name:
@@ -99,24 +92,25 @@ def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
 def _tools(body: ChatCompletionRequest,
            supports_tools: bool) -> tuple[list[dict] | None, str | None]:
     """The tools and the call to force after ``tool_choice`` (see :func:`choose_tools`)."""
+    tools = [function_schema(t.function.name, t.function.description, t.function.parameters)
+             for t in body.tools or []]
     choice = body.tool_choice
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        return choose_tools(body.tools or [], "named",
-                            fn.get("name") if isinstance(fn, dict) else None, supports_tools)
-    return choose_tools(body.tools or [], choice or "auto", None, supports_tools)
+    if isinstance(choice, ChatToolChoice):
+        return choose_tools(tools, "named", choice.function.name, supports_tools)
+    return choose_tools(tools, choice or "auto", None, supports_tools)
 
 
 def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
                       supports_tools: bool = False) -> ChatRequest:
-    """Translate a Chat Completions request into the engine's :class:`ChatRequest`;
-    ``defaults`` fills temperature and top_p when the request omits them (an omitted
-    max_tokens stays None: the engine fits it to the model and context window).
+    """Translate a validated Chat Completions request into the engine's
+    :class:`ChatRequest`; ``defaults`` fills temperature and top_p when the request omits
+    them (an omitted max_tokens stays None: the engine fits it to the model and context
+    window).
 
     Raises:
-        APIError: 400 for what this server cannot honour (n > 1, non-text content,
-            an unknown response_format type, bad logit_bias keys, a forced tool call on a
-            model without tool support).
+        APIError: 400 for what this server cannot honour (n > 1, image/audio/file content,
+            a json_schema without a schema, a forced tool call on a model without tool
+            support).
     """
     schema = response_schema(body.response_format, "response_format")
     params = sampling(body, defaults, max_tokens=body.max_completion_tokens or body.max_tokens,

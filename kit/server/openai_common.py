@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Union
+from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic_core import PydanticCustomError
 
 from kit.engine.types import (
     ChatRequest,
@@ -19,6 +20,7 @@ from kit.engine.types import (
     SamplingParams,
     Started,
 )
+from kit.server.content import Id, Text, either, excerpt
 from kit.server.errors import APIError
 from kit.server.state import ServerState
 
@@ -31,23 +33,45 @@ class StreamOptions(Open):
     include_usage: bool = False
 
 
-class SamplingFields(Open):
-    """Request fields both OpenAI text endpoints accept."""
+MAX_TOKENS = 2**31 - 1  # token counts beyond an int32 are mistakes, not requests
+MAX_STOPS = 64  # stop strings (OpenAI allows 4; agents send a few more)
+MAX_LOGIT_BIAS = 1024  # logit_bias entries
+TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
-    model: str
+
+def number(lo: float, hi: float | None = None, *, above: bool = False) -> Any:
+    """A finite float field defaulting to None, in [lo, hi] (``above``: (lo, hi])."""
+    bounds = {"gt": lo} if above else {"ge": lo}
+    return Field(default=None, le=hi, allow_inf_nan=False, **bounds)
+
+
+class SamplingFields(Open):
+    """Request fields both OpenAI text endpoints accept, in the ranges OpenAI's API
+    documents (top_k and min_p are extensions)."""
+
+    model: Id
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: Union[str, list[str], None] = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = number(0, 2)
+    top_p: float | None = number(0, 1, above=True)
+    stop: either(Text, list[Text]) | None = Field(default=None)
     seed: int | None = Field(default=None, ge=0, lt=2**64)
-    n: int | None = Field(default=None, ge=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    min_p: float | None = number(0, 1)
+    presence_penalty: float | None = number(-2, 2)
+    frequency_penalty: float | None = number(-2, 2)
+    logit_bias: dict[TokenKey, Bias] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    user: Id | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: Any) -> Any:
+        if isinstance(stop, list) and len(stop) > MAX_STOPS:
+            raise PydanticCustomError("too_many", "at most {n} stop strings", {"n": MAX_STOPS})
+        return stop
 
 
 def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int | None,
@@ -83,26 +107,6 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
     )
 
 
-def _check_tools(tools: list[Any]) -> None:
-    """Every tool must be ``{"type": "function", "function": {"name": str, "parameters":
-    object?}}``.
-
-    Raises:
-        APIError: 400 naming the first malformed tool.
-    """
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
-                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not fn["name"]:
-            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
-                           "{\"name\": ..., \"parameters\": {...}}}", param=f"tools[{i}]",
-                           code="invalid_value")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object",
-                           param=f"tools[{i}].function.parameters", code="invalid_value")
-
-
 def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
                  supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The tools to hand the chat template (OpenAI function schemas) and the call to
@@ -114,13 +118,15 @@ def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
     change with ``tool_choice``. Tools sent to a model without tool support reach its
     template, which ignores them (``capabilities.tools`` in /v1/models says so).
 
+    The tools are already validated by the protocol's request model
+    (:mod:`kit.server.content`).
+
     Raises:
-        APIError: 400 for a malformed tool, a forced call without tools, on a model
-            without tool support, or naming a tool that is not in ``tools``.
+        APIError: 400 for a forced call without tools, on a model without tool support,
+            or naming a tool that is not in ``tools``.
     """
-    _check_tools(tools or [])
     if kind not in ("auto", "none", "required", "named"):
-        raise APIError(400, f"tool_choice {kind!r} is not supported (auto, none, required, "
+        raise APIError(400, f"tool_choice {excerpt(kind)} is not supported (auto, none, required, "
                        "or a function)", param="tool_choice", code="invalid_value")
     if kind in ("required", "named") and not tools:
         raise APIError(400, "tool_choice requires a tool call, but no (function) tools were "
@@ -139,33 +145,32 @@ def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
         raise APIError(400, "tool_choice must name a function", param="tool_choice",
                        code="invalid_value")
     if not any(t["function"]["name"] == name for t in tools):
-        raise APIError(400, f"tool_choice names {name!r}, which is not in tools",
+        raise APIError(400, f"tool_choice names {excerpt(name)}, which is not in tools",
                        param="tool_choice", code="invalid_value")
     return tools, name
 
 
-def response_schema(fmt: dict[str, Any] | None, param: str) -> dict[str, Any] | None:
+def response_schema(fmt: Any, param: str) -> dict[str, Any] | None:
     """The JSON schema an answer must follow (``ChatRequest.response_schema``) from a
-    ``response_format`` (Chat Completions: ``{"type": "json_schema", "json_schema":
-    {"schema": ...}}``) or ``text.format`` (Responses: ``{"type": "json_schema",
-    "schema": ...}``); ``{"type": "object"}`` for json_object; None for text.
+    validated ``response_format`` (Chat Completions: ``{"type": "json_schema",
+    "json_schema": {"schema": ...}}``) or ``text.format`` (Responses: ``{"type":
+    "json_schema", "schema": ...}``); ``{"type": "object"}`` for json_object; None for text
+    or no format.
 
     Raises:
-        APIError: 400 for another type or a json_schema without a schema object.
+        APIError: 400 for a json_schema without a schema object.
     """
-    kind = (fmt or {}).get("type", "text")
+    kind = getattr(fmt, "type", "text")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "object"}
-    if kind == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema", fmt.get("schema"))
-        if isinstance(schema, dict):
-            return schema
+    spec = getattr(fmt, "json_schema", fmt)  # chat nests the spec; Responses does not
+    if spec.schema_ is None:
         raise APIError(400, f"{param} json_schema needs a 'schema' object",
-                       param=param, code="invalid_value")
-    raise APIError(400, f"{param} type {kind!r} is not supported (text, json_object, "
-                   "json_schema)", param=param, code="unsupported_value")
+                       param=f"{param}.json_schema.schema" if spec is not fmt
+                       else f"{param}.schema", code="invalid_value")
+    return spec.schema_
 
 
 def usage(fin: Finished | None) -> dict[str, Any] | None:

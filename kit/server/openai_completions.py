@@ -5,31 +5,63 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import Discriminator, Field, StrictInt, Tag
 from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import ChatRequest, Finished, TextDelta, TokenLogprob
+from kit.server.content import Text
 from kit.server.errors import APIError
-from kit.server.openai_common import SamplingFields, collect, sampling, start, stream_events, usage
+from kit.server.openai_common import (
+    MAX_TOKENS,
+    SamplingFields,
+    collect,
+    sampling,
+    start,
+    stream_events,
+    usage,
+)
 from kit.server.state import ServerState
 
 router = APIRouter()
 
 
+TokenId = Annotated[StrictInt, Field(ge=0)]  # checked against the vocabulary by the engine
+
+
+def _prompt_kind(value: Any) -> str:
+    first = value[0] if isinstance(value, list) and value else None
+    if isinstance(value, str):
+        return "text"
+    return {int: "ids", list: "batch"}.get(type(first), "texts")
+
+
+Prompt = Annotated[Union[Annotated[Text, Tag("text")], Annotated[list[Text], Tag("texts")],
+                         Annotated[list[TokenId], Tag("ids")],
+                         Annotated[list[list[TokenId]], Tag("batch")]],
+                   Discriminator(_prompt_kind)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str]]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for this endpoint
+    prompt: Prompt = Field(description="text, a list of one text, token ids, or a list of "
+                           "one list of token ids")
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_TOKENS)  # OpenAI's default here
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
 
 
-def _prompt(body: CompletionRequest) -> str:
+def _prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:
+    """The prompt as text or as token ids (OpenAI accepts both; one prompt per request).
+
+    Raises:
+        APIError: 400 for several prompts, an empty prompt, echo or suffix.
+    """
     prompt = body.prompt
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and not (prompt and isinstance(prompt[0], int)):
+        # a list of texts or of token lists: OpenAI batches them, we take exactly one
         if len(prompt) != 1:
             raise APIError(400, "only one prompt per request is supported", param="prompt",
                            code="unsupported_value")
@@ -38,7 +70,14 @@ def _prompt(body: CompletionRequest) -> str:
         raise APIError(400, "echo is not supported", param="echo", code="unsupported_value")
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix", code="unsupported_value")
-    return prompt
+    if isinstance(prompt, str):
+        if not prompt:  # nothing to continue from (mlx-lm raised deep in generation)
+            raise APIError(400, "prompt is empty", param="prompt", code="invalid_value")
+        return prompt, None
+    if not prompt:
+        raise APIError(400, "prompt: the token list is empty", param="prompt",
+                       code="invalid_value")
+    return None, list(prompt)
 
 
 def _logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
@@ -59,7 +98,8 @@ async def completions(body: CompletionRequest, request: Request):
     params = sampling(body, state.sampling_defaults(), max_tokens=body.max_tokens,
                       logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-    req = ChatRequest(messages=[], prompt=_prompt(body), params=params, model=model,
+    text, ids = _prompt(body)
+    req = ChatRequest(messages=[], prompt=text, prompt_ids=ids, params=params, model=model,
                       request_id=completion_id)
     started, events = await start(state, req)
     base = {"id": completion_id, "object": "text_completion", "created": int(time.time()),

@@ -3,9 +3,11 @@
 
 Input items become the engine's chat messages: ``instructions`` and system/developer
 messages -> system; ``function_call`` items -> assistant ``tool_calls``;
-``function_call_output`` -> ``tool`` messages; ``reasoning`` items are dropped. Nothing is
-stored (``store`` is accepted; ``previous_response_id`` is refused with 400). Codex's
-``include``, ``reasoning``, ``prompt_cache_key``, ``parallel_tool_calls`` are accepted.
+``function_call_output`` -> ``tool`` messages; ``reasoning`` and hosted-tool items are
+dropped. Nothing is stored (``store`` is accepted; ``previous_response_id`` and
+``item_reference`` items are refused with 400). Codex's ``include``, ``reasoning``,
+``prompt_cache_key``, ``parallel_tool_calls`` are accepted. Items, content parts and roles
+are typed (:mod:`kit.server.content`): an unknown one is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -14,16 +16,36 @@ import json
 import time
 from dataclasses import replace
 import uuid
-from typing import Any, Union
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import ChatRequest, Finished, ReasoningDelta, TextDelta, ToolCall
+from kit.server.content import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Id,
+    InputItem,
+    ItemReference,
+    MessageItem,
+    ReasoningConfig,
+    ResponsesFunctionTool,
+    ResponsesTool,
+    ResponsesToolChoice,
+    Text,
+    TextConfig,
+    either,
+    function_schema,
+    input_text,
+    tool_arguments,
+)
 from kit.server.errors import APIError
 from kit.server.openai_common import (
+    MAX_TOKENS,
     Open,
+    number,
     choose_tools,
     collect,
     response_schema,
@@ -36,80 +58,66 @@ router = APIRouter()
 
 
 class ResponsesRequest(Open):
-    model: str
-    input: Union[str, list[dict[str, Any]]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    model: Id
+    input: either(Text, list[InputItem])
+    instructions: Text | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: either(Literal["auto", "none", "required"], ResponsesToolChoice) | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = number(0, 2)
+    top_p: float | None = number(0, 1, above=True)
     stream: bool = False
-    previous_response_id: str | None = None
-    reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for p in content or []:
-        kind = p.get("type")
-        if kind in ("input_text", "output_text", "text"):
-            parts.append(str(p.get("text", "")))
-        elif kind in ("input_image", "input_file"):
-            raise APIError(400, f"{kind} is not supported by this text-only model",
-                           param="input", code="unsupported_content")
-    return "".join(parts)
+    previous_response_id: Id | None = None
+    reasoning: ReasoningConfig | None = None
+    text: TextConfig | None = None
 
 
 def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The engine's chat messages for ``body.instructions`` and ``body.input``.
+
+    Raises:
+        APIError: 400 for image/file/audio content and item references.
+    """
     out: list[dict[str, Any]] = []
     if body.instructions:
         out.append({"role": "system", "content": body.instructions})
-    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role", "user")
-            out.append({"role": "system" if role in ("system", "developer") else role,
-                        "content": _text_of(item.get("content"))})
-        elif kind == "function_call":
-            call = {"id": item.get("call_id", ""), "type": "function", "function": {
-                "name": item.get("name", ""), "arguments": _json(item.get("arguments"))}}
+    if isinstance(body.input, str):
+        return out + [{"role": "user", "content": body.input}]
+    for i, item in enumerate(body.input):
+        where = f"input.{i}"
+        if isinstance(item, MessageItem):
+            role = "system" if item.role in ("system", "developer") else item.role
+            out.append({"role": role, "content": input_text(item.content, f"{where}.content")})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function", "function": {
+                "name": item.name, "arguments": tool_arguments(item.arguments)}}
             if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
-                        "content": output if isinstance(output, str) else _text_of(output)})
-        # reasoning items and others: not re-sent to the model
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append({"role": "tool", "tool_call_id": item.call_id,
+                        "content": input_text(item.output, f"{where}.output")})
+        elif isinstance(item, ItemReference):
+            raise APIError(400, "item_reference is not supported: this server stores no "
+                           "items; send the item itself", param=where,
+                           code="unsupported_value")
+        # HistoryItem (reasoning, hosted tool calls): not re-sent to the model
     return out
-
-
-def _json(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments or "{}")
-        except ValueError:
-            return arguments
-    return arguments or {}
 
 
 def _tools(body: ResponsesRequest,
            supports_tools: bool) -> tuple[list[dict] | None, str | None]:
     """Responses function tools as chat-template schemas and the call to force, after
-    ``tool_choice`` (see :func:`choose_tools`)."""
-    tools = [{"type": "function", "function": {"name": t["name"], "description":
-                                               t.get("description") or "",
-                                               "parameters": t.get("parameters") or {}}}
-             for t in body.tools or [] if t.get("type") == "function" and t.get("name")]
+    ``tool_choice`` (see :func:`choose_tools`); hosted tools are not offered."""
+    tools = [function_schema(t.name, t.description, t.parameters)
+             for t in body.tools or [] if isinstance(t, ResponsesFunctionTool)]
     choice = body.tool_choice
-    if isinstance(choice, dict):
-        return choose_tools(tools, "named", choice.get("name"), supports_tools)
+    if isinstance(choice, ResponsesToolChoice):
+        if choice.type != "function":
+            raise APIError(400, "tool_choice: only function tools can be forced here",
+                           param="tool_choice.type", code="unsupported_value")
+        return choose_tools(tools, "named", choice.name, supports_tools)
     return choose_tools(tools, choice or "auto", None, supports_tools)
 
 
@@ -210,12 +218,12 @@ async def responses(body: ResponsesRequest, request: Request):
         raise APIError(400, "previous_response_id is not supported: this server stores no "
                        "responses; send the whole input", param="previous_response_id",
                        code="unsupported_value")
-    schema = response_schema((body.text or {}).get("format"), "text.format")
+    schema = response_schema(body.text.format if body.text else None, "text.format")
     model = await state.resolve(body.model)
     params = replace(state.sampling_defaults(), max_tokens=body.max_output_tokens,
                      **{k: v for k, v in (("temperature", body.temperature),
                                           ("top_p", body.top_p)) if v is not None})
-    effort = (body.reasoning or {}).get("effort")
+    effort = body.reasoning.effort if body.reasoning else None
     resp_id = f"resp_{uuid.uuid4().hex[:24]}"
     tools, force = _tools(body, state.engine.capabilities()["tools"])
     req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=resp_id,
@@ -227,11 +235,15 @@ async def responses(body: ResponsesRequest, request: Request):
     base = {"id": resp_id, "object": "response", "created_at": int(time.time()),
             "model": started.model, "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
-            "previous_response_id": None, "reasoning": body.reasoning or {},
+            "previous_response_id": None,
+            "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else {},
             "store": False, "temperature": params.temperature, "top_p": params.top_p,
-            "text": {"format": (body.text or {}).get("format") or {"type": "text"}},
-            "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [], "truncation": "disabled", "metadata": {},
+            "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
+                     if body.text and body.text.format else {"type": "text"}},
+            "tool_choice": body.tool_choice.model_dump(exclude_none=True)
+            if isinstance(body.tool_choice, ResponsesToolChoice) else body.tool_choice or "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "truncation": "disabled", "metadata": {},
             "error": None, "incomplete_details": None, "user": None}
     items = _Items()
 

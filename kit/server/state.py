@@ -13,6 +13,7 @@ from kit.engine.process import EngineProcess
 from kit.engine.types import EngineError, SamplingParams
 from kit.errors import KitError, ModelError, ModelNotFoundError
 from kit.models.aliases import AliasTable
+from kit.models.resolve import InvalidModelSpec
 from kit.server.errors import APIError
 
 _CATALOG_TTL_S = 10.0
@@ -101,12 +102,16 @@ class ServerState:
         return requested
 
     async def swap(self, spec: str) -> dict:
-        """Swap the model behind ``local``; errors become API errors (404/507/500)."""
+        """Swap the model behind ``local``; errors become API errors (400 a name or folder
+        that cannot be a model, 404 none by that name, 507 does not fit, 500 load failed)."""
         try:
             result = await self.engine.swap(spec)
         except ModelNotFoundError as e:
             raise APIError(404, e.message + (f"; {e.hint}" if e.hint else ""),
                            type="not_found_error", param="model", code="model_not_found") from None
+        except InvalidModelSpec as e:  # /etc, ../.., a megabyte of name: the client's mistake
+            raise APIError(400, e.message + (f" ({e.hint})" if e.hint else ""),
+                           param="model", code="invalid_model") from None
         except ModelError as e:
             fits = "does not fit" in e.message
             raise APIError(507 if fits else 500, e.message + (f" ({e.hint})" if e.hint else ""),

@@ -312,7 +312,8 @@ def test_response_format_json_schema_answer_follows_the_schema_streamed_too(clie
 def test_response_format_that_cannot_be_honoured_is_refused_not_ignored(server, fmt):
     r = httpx.post(server.v1 + "/chat/completions",
                    json={"model": "local", "messages": QUESTION, "response_format": fmt})
-    assert r.status_code == 400 and _error(r)["param"] == "response_format"
+    # param: the field at fault, down to the nested one where the schema names it
+    assert r.status_code == 400 and _error(r)["param"].startswith("response_format")
 
 
 def test_response_format_text_is_fine(client):
@@ -487,7 +488,7 @@ def test_logit_bias_outside_the_vocabulary_is_400_not_a_crashed_engine(server, b
     pid = server.health()["engine_pid"]
     r = httpx.post(server.v1 + "/chat/completions", timeout=60,
                    json={"model": "local", "messages": QUESTION, "logit_bias": bias})
-    assert r.status_code == 400 and _error(r)["param"] == "logit_bias"
+    assert r.status_code == 400 and _error(r)["param"].startswith("logit_bias")
     assert server.health()["engine_pid"] == pid  # still the same engine
 
 

@@ -1,0 +1,98 @@
+"""Typed content of Anthropic Messages: blocks, tool results, tools, tool_choice."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kit.server.content.base import Id, JSONObject, Name, Part, Text, either, one_of, refuse
+
+
+class TextBlock(Part):
+    type: Literal["text"]
+    text: Text
+
+
+class MediaBlock(Part):
+    type: Literal["image", "document", "search_result", "container_upload"]
+
+
+class ToolUseBlock(Part):
+    type: Literal["tool_use"]
+    id: Id
+    name: Name
+    input: JSONObject = Field(default_factory=dict)
+
+
+ToolResultPart = one_of(TextBlock, MediaBlock, what="tool_result content block")
+
+
+class ToolResultBlock(Part):
+    type: Literal["tool_result"]
+    tool_use_id: Id
+    content: either(Text, list[ToolResultPart]) | None = None
+    is_error: bool | None = None
+
+
+class DroppedBlock(Part):
+    """Blocks Anthropic documents that carry nothing this server re-sends to the model:
+    thinking (templates re-render history without it) and server-tool blocks."""
+
+    type: Literal["thinking", "redacted_thinking", "server_tool_use",
+                  "web_search_tool_result", "web_fetch_tool_result",
+                  "code_execution_tool_result", "bash_code_execution_tool_result",
+                  "text_editor_code_execution_tool_result", "tool_search_tool_result",
+                  "mcp_tool_use", "mcp_tool_result"]
+
+
+Block = one_of(TextBlock, MediaBlock, ToolUseBlock, ToolResultBlock, DroppedBlock,
+               what="content block")
+SystemBlock = one_of(TextBlock, what="system block")
+
+
+class AnthropicTool(Part):
+    type: Id | None = None  # custom tools; server tools (bash_20250124...) offered by name
+    name: Name
+    description: Text | None = None
+    input_schema: JSONObject = Field(default_factory=lambda: {"type": "object"})
+
+
+class ChoiceAuto(Part):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class ChoiceAny(Part):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class ChoiceTool(Part):
+    type: Literal["tool"]
+    name: Name
+    disable_parallel_tool_use: bool | None = None
+
+
+class ChoiceNone(Part):
+    type: Literal["none"]
+
+
+AnthropicToolChoice = one_of(ChoiceAuto, ChoiceAny, ChoiceTool, ChoiceNone,
+                             what="tool_choice")
+
+
+def block_text(content: str | list | None, where: str) -> str:
+    """The text of a string or a list of text blocks (system, tool_result content).
+
+    Raises:
+        APIError: 400 for image, document and other non-text blocks.
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for i, block in enumerate(content):
+        if isinstance(block, MediaBlock):
+            raise refuse(block.type, f"{where}.{i}")
+        texts.append(block.text)
+    return "".join(texts)

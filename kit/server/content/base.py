@@ -1,0 +1,171 @@
+"""The rules every protocol's request content follows (see :mod:`kit.server.content`):
+valid-Unicode strings, bounded ids and JSON, type-tagged unions whose errors name the
+field without echoing the input, and the translation pieces the protocols share."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Union, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, StringConstraints, Tag
+from pydantic_core import PydanticCustomError
+
+from kit.server.errors import APIError
+
+MAX_ID = 256  # characters in a model id, tool name, call id
+MAX_DEPTH = 64  # nesting levels of free JSON values (tool schemas are a few levels deep)
+EXCERPT = 60  # characters of input an error message may quote
+
+
+def excerpt(value: Any, limit: int = EXCERPT) -> str:
+    """``repr(value)`` cut to ``limit`` characters (errors never echo more of the input)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...'"
+
+
+def _unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError(
+            "invalid_unicode", "invalid Unicode: a lone surrogate at character {at}",
+            {"at": e.start}) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+"""Any valid Unicode string."""
+
+Id = Annotated[str, StringConstraints(max_length=MAX_ID), AfterValidator(_unicode)]
+"""An id or a name: valid Unicode, at most :data:`MAX_ID` characters."""
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID),
+                 AfterValidator(_unicode)]
+"""A non-empty :data:`Id` (tool and function names)."""
+
+
+def _json_value(value: Any) -> Any:
+    # iterative, not recursive: the depth we check is the depth that would overflow
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise PydanticCustomError("json_too_deep", "nested deeper than {limit} levels "
+                                      "(at {where})", {"limit": MAX_DEPTH, "where": where[:80]})
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise PydanticCustomError("invalid_unicode", "invalid Unicode: a lone "
+                                          "surrogate (at {where})",
+                                          {"where": where[:80] or "the value"}) from None
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((k, where, depth))
+                stack.append((v, f"{where}.{k}"[:100], depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}.{i}", depth + 1) for i, v in enumerate(item))
+    return value
+
+
+JSONObject = Annotated[dict[str, Any], AfterValidator(_json_value)]
+"""A JSON object: valid Unicode, at most :data:`MAX_DEPTH` levels deep."""
+
+
+class Part(BaseModel):
+    """A content part, item or block: unknown fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _types(model: type[BaseModel]) -> tuple[str, ...]:
+    return get_args(model.model_fields["type"].annotation)
+
+
+def one_of(*models: type[BaseModel], what: str, default: str | None = None) -> Any:
+    """A union of ``models`` told apart by their ``type`` field (a ``Literal``).
+
+    ``default`` is the type of an object without one (Responses' message items). An
+    unknown or missing type is a 400 at the object, listing the types accepted, without
+    echoing the input.
+    """
+    by_type = {t: m.__name__ for m in models for t in _types(m)}
+    names = ", ".join(by_type)
+
+    def tag(value: Any) -> str | None:
+        kind = value.get("type", default) if isinstance(value, dict) else \
+            getattr(value, "type", None)
+        return by_type.get(kind) if isinstance(kind, str) else None
+
+    return Annotated[Union[tuple(Annotated[m, Tag(m.__name__)] for m in models)],
+                     Discriminator(tag, custom_error_type=f"invalid_{what}_type",
+                                   custom_error_message=f"unknown or missing {what} type "
+                                   f"(accepted: {names})")]
+
+
+def _str_or_other(value: Any) -> str:
+    return "str" if isinstance(value, str) else "other"
+
+
+def either(text: Any, other: Any) -> Any:
+    """``text`` for a JSON string, ``other`` for anything else; unlike a plain union,
+    an error names only the branch the input was meant for."""
+    return Annotated[Union[Annotated[text, Tag("str")], Annotated[other, Tag("other")]],
+                     Discriminator(_str_or_other)]
+
+
+def refuse(kind: str, where: str) -> APIError:
+    """The 400 for content this server documents but cannot use (images, files, audio):
+    the models it serves read text only."""
+    kind = _MEDIA.get(kind, kind)
+    return APIError(400, f"{kind} content is not supported by this text-only model",
+                    param=where, code="unsupported_content")
+
+
+_MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
+          "input_file": "file"}
+
+
+# --- shared translation pieces -------------------------------------------------------------
+
+def function_schema(name: str, description: str | None,
+                    parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool as the OpenAI function schema chat templates expect."""
+    return {"type": "function", "function": {"name": name, "description": description or "",
+                                             "parameters": parameters or {}}}
+
+
+def tool_arguments(arguments: str | dict[str, Any]) -> Any:
+    """A tool call's arguments as the mapping templates expect (a JSON string is parsed;
+    one that is not JSON is passed on as it is)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments or "{}")
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def field_path(loc: tuple | list, body: Any) -> str | None:
+    """The dotted path into ``body`` that a pydantic error ``loc`` names, without the
+    union tags pydantic adds (``str``, ``other``, model names): a segment counts only where
+    it indexes the input, or names the missing field at the end.
+
+    E.g. ``("body", "messages", 0, "content", "other", 0, "TextBlock", "text")`` ->
+    ``"messages.0.content.0.text"``.
+    """
+    segments = list(loc[1:]) if loc and loc[0] == "body" else list(loc)
+    if not isinstance(body, (dict, list)):  # no body to walk: the loc as it is
+        return ".".join(str(s) for s in segments)[:200] or None
+    parts: list[str] = []
+    cur = body
+    for i, seg in enumerate(segments):
+        if isinstance(cur, dict) and isinstance(seg, str) and seg in cur:
+            parts.append(seg)
+            cur = cur[seg]
+        elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
+            parts.append(str(seg))
+            cur = cur[seg]
+        elif i == len(segments) - 1 and isinstance(cur, dict):
+            parts.append(str(seg))  # a missing field
+    return ".".join(parts)[:200] or None
