@@ -36,6 +36,12 @@ KNOWN: dict[str, list[tuple[str, str]]] = {
         # docs/agents/codex.md.
         (r"Model metadata for `local` not found\. Defaulting to fallback metadata",
          "open: needs a model_catalog_json file (docs/agents/codex.md)"),
+        (r"^ERROR: Reconnecting\.\.\. \d+/\d+$", "a stream retry: on a loaded 2-core machine "
+         "the starter's prefill of Codex's ~4,300-token prompt outlasts Codex's idle timeout"),
+    ],
+    "aider": [
+        (r"^Warning: Input is not a terminal \(fd=0\)\.$", "the test runs aider with stdin "
+         "from /dev/null"),
     ],
     "claude": [
         # A telemetry line Claude Code 2.1.332 prints for any id outside its catalog
