@@ -4,7 +4,7 @@
 HOME while doing so (opencode creates ~/.cache, ~/.config, ~/.local/share; Continue's cn a
 log under ~/.continue), even when mlx-kit never configured them, so each probe runs with a
 throwaway HOME and XDG folders, the agents' own config-dir variables removed, and in a
-throwaway working folder. The probes run in parallel (each agent takes 0.1-2.5 s to start).
+throwaway working folder. The probes run in parallel, one per CPU core (each agent takes 0.1-4 s to start).
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def probe_versions(agents: list[tuple[HarnessSpec, str]], timeout: float = 15
         home.mkdir()
         cwd.mkdir()
         env = probe_env([spec for spec, _ in agents], home)
-        with ThreadPoolExecutor(max_workers=min(16, len(agents))) as pool:
+        # One probe per core: agents' start-up is CPU-bound (Node compiling its bundle), so
+        # on a 2-core box 8 at once were slower than one after another (bench/harness_status.py).
+        with ThreadPoolExecutor(max_workers=max(1, min(len(agents), os.cpu_count() or 1))
+                                ) as pool:
             futures = [(spec, pool.submit(_run, binary, env, cwd, timeout))
                        for spec, binary in agents]
             for spec, future in futures:
