@@ -117,31 +117,49 @@ def status_(
         None, "--url", envvar="MLX_KIT_URL", help="Also say which configured agents point "
         "elsewhere than this server (env MLX_KIT_URL)."),
 ) -> None:
-    """Per agent: binary and version, configured?, drift since written, server reachable
-    (each agent's own recorded URL is probed)."""
+    """Per agent: binary and version (flagged when newer than the newest version mlx-kit
+    verified), configured?, drift since written, server reachable (each agent's own
+    recorded URL is probed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.table import Table
 
     from kit.harness import install as hi
     from kit.harness.spec import all_specs
+    from kit.harness.versions import probe_versions
     from kit.probe import probe
     from kit.urls import parse_url
 
     here = parse_url(url) if url else None
-    table = Table("agent", "binary", "configured", "drift", "server")
+    specs = list(all_specs().values())
+    states = {spec.name: hi.status(spec) for spec in specs}
+    # Version probes (agent start-up: up to ~2.5 s each) and URL probes, all at once; each
+    # distinct URL is probed once.
+    urls = sorted({st.base_url for st in states.values() if st.base_url})
+    with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
+        url_probes = {u: pool.submit(probe, parse_url(u), timeout=1.0) for u in urls}
+        versions = probe_versions([(s, states[s.name].binary) for s in specs
+                                   if states[s.name].binary])
+        reachable = {u: f.result() for u, f in url_probes.items()}
+    table = Table("agent", "binary", "verified", "configured", "drift", "server")
     for column in table.columns:
         column.overflow = "fold"
-    for spec in all_specs().values():
-        st = hi.status(spec)
-        version = hi.binary_version(st.binary) if st.binary else None
+    for spec in specs:
+        st, v = states[spec.name], versions.get(spec.name)
         server = "-"
         if st.base_url:
-            p = probe(parse_url(st.base_url), timeout=1.0)
+            p = reachable[st.base_url]
             server = f"{st.base_url}: " + ("up" if p.ready else "down" if p.kind == "none"
                                            else p.kind)
             if here is not None and parse_url(st.base_url).root != here.root:
                 server += f" (not {here.root})"
-        table.add_row(spec.name, f"{version or st.binary}" if st.binary else "not found",
-                      "yes" if st.installed else "no",
+        verified = "-" if spec.verified is None else spec.verified[0] if \
+            spec.verified[0] == spec.verified[1] else "-".join(spec.verified)
+        if v is not None and v.newer:
+            verified += f" (installed {v.version} is newer: untested)"
+        binary = (v.line if v is not None and v.line else st.binary) if st.binary \
+            else "not found"
+        table.add_row(spec.name, binary, verified, "yes" if st.installed else "no",
                       ", ".join(map(str, st.drift)) or "-", server)
     console.print(table)
 

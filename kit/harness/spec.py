@@ -7,6 +7,9 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     binary = "pi"                     # executable looked up on PATH
     install = "npm install -g ..."    # the exact command that installs the agent
     api = "openai-completions"        # the wire API the agent speaks to our server
+    verified = ["0.73.1", "1.6.0"]    # oldest and newest agent version the template was
+                                      #   tested with (optional; `harness status` flags
+                                      #   an installed version newer than the last)
     [config_dir]                      # the agent's config folder
     env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional), or a list
                                       #   of "VAR" / "VAR/sub/dir", the first set one wins
@@ -36,6 +39,7 @@ Schema (unknown keys are an error, so a typo never passes silently)::
 from __future__ import annotations
 
 import os
+import re
 import string
 import sys
 from dataclasses import dataclass
@@ -54,7 +58,8 @@ else:  # pragma: no cover
 
 MODES = ("drop-in", "merge")
 STRATEGIES = ("list-by-key", "keys")
-_TOP_KEYS = {"name", "description", "binary", "install", "api", "config_dir", "files", "launch"}
+_TOP_KEYS = {"name", "description", "binary", "install", "api", "verified", "config_dir",
+             "files", "launch"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class HarnessSpec:
     launch_env: tuple[tuple[str, str], ...]
     config_dir_darwin_env: tuple[str, ...] | None = None
     launch_env_defaults: tuple[tuple[str, str], ...] = ()
+    verified: tuple[str, str] | None = None
 
     def config_dir(self, environ: dict[str, str] | None = None) -> Path:
         """The agent's config folder: the first of its env vars that is set (with its sub
@@ -234,6 +240,11 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
         raise HarnessError(f"{where}: launch.args must be a list of strings")
     _check_placeholders([*launch.get("args", ()), *launch.get("env", {}).values(),
                          *launch.get("env_defaults", {}).values()], len(files), where)
+    verified = data.get("verified")
+    if verified is not None and not (isinstance(verified, list) and len(verified) == 2 and all(
+            isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)*", v) for v in verified)):
+        raise HarnessError(f"{where}: verified must be [oldest, newest] versions, "
+                           "e.g. [\"0.73.1\", \"1.6.0\"]")
     unknown_cfg = set(cfg) - {"env", "darwin_env", "default", "darwin"}
     if unknown_cfg:
         raise HarnessError(f"{where}: config_dir: unknown keys {sorted(unknown_cfg)}")
@@ -252,6 +263,7 @@ def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
         config_dir_darwin_env=_env_list(cfg["darwin_env"], f"{where}: config_dir")
         if "darwin_env" in cfg else None,
         launch_env_defaults=tuple(sorted(launch.get("env_defaults", {}).items())),
+        verified=tuple(verified) if verified else None,
     )
 
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +29,7 @@ def test_aider_answers_through_our_server(server, tmp_path):
                        env=env, cwd=project, capture_output=True, text=True, timeout=400,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert_no_config_warnings("aider", r.stdout, r.stderr)
     out = r.stdout + r.stderr
     assert "Model: openai/local" in out
     assert "Unknown context window" not in out and "unknown" not in out.lower().split("model:")[0]

@@ -4,6 +4,7 @@ request on the agent's own wire API."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +35,11 @@ def test_claude_code_answers_through_messages(server, tmp_path):
     before = served(server)
     r = launch(server, tmp_path, "claude", "-p", "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    # Claude Code >= 2.1.3xx warns that it "assumes a context window of 1m tokens" for a
+    # model it does not know, unless the settings' env block names the real window.
+    assert_no_config_warnings("claude", r.stdout, r.stderr)
+    settings = json.loads((tmp_path / ".claude" / "mlx-kit.settings.json").read_text())
+    assert settings["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192"
     assert "Paris" in r.stdout
     assert served(server) >= before + 1
     assert "POST /v1/messages?beta=true" in server.log_text()
@@ -45,6 +52,7 @@ def test_codex_answers_through_responses(server, tmp_path):
     r = launch(server, tmp_path, "codex", "exec", "--skip-git-repo-check",
                "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert_no_config_warnings("codex", r.stdout, r.stderr)  # e.g. "... is ignored"
     assert "Paris" in r.stdout
     assert served(server) >= before + 1
     assert "POST /v1/responses" in server.log_text()

@@ -12,6 +12,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from tests.conftest import clean_env, generated_texts, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +30,7 @@ def test_continue_cli_answers_through_our_server(server, tmp_path):
                         "--", "-p", "What is the capital of France?"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert_no_config_warnings("continue", r.stdout, r.stderr)
     assert "Paris" in r.stdout
     assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
     assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]

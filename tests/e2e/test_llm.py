@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,7 @@ def test_llm_answers_through_our_server_and_remove_restores_the_file(server, tmp
     answer = subprocess.run([llm, "-m", "local", "--no-log", "What is the capital of France?"],
                             env=env, text=True, capture_output=True, timeout=180)
     assert answer.returncode == 0, answer.stderr
+    assert_no_config_warnings("llm", answer.stdout, answer.stderr, models.stderr)
     assert "Paris" in answer.stdout
     assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
 

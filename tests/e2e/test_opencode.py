@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,7 @@ def test_opencode_answers_through_our_server(server, tmp_path):
                         "--", "run", "What is the capital of France?"], env=env, cwd=project,
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert_no_config_warnings("opencode", r.stdout, r.stderr)
     assert "Paris" in r.stdout
     # opencode sent its main request (and a title request) to our server
     assert httpx.get(server.root + "/health").json()["requests_served"] >= before + 1

@@ -1,9 +1,15 @@
 """End to end: `mlx-kit launch pi -- -p ...` with a real pi binary, a throwaway HOME and the
-real starter model behind a real server process that launch starts (or reuses)."""
+real starter model behind a real server process that launch starts (or reuses).
+
+Every test runs on the newest and the oldest pi that harnesses/pi.toml says is verified:
+`pi` on PATH (today's @earendil-works/pi-coding-agent, Node >= 22.19) and the pi in the
+folder MLX_KIT_PI_OLDEST_BIN (the last @mariozechner/pi-coding-agent, 0.73.1), which goes
+first on PATH for that run. .ci/run installs both."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import clean_env, free_port, generated_texts, require_binary
+from kit.harness.spec import load_spec
+from tests.conftest import (clean_env, free_port, generated_texts, require_binary,
+                            start_server, stop)
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -21,13 +30,30 @@ F32 = "mlx-kit/SmolLM2-135M-Instruct"
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
 
 
+VERIFIED = load_spec("pi").verified
+
+
+def pi_path(which: str) -> str:
+    """The PATH under which `pi` is the newest or the oldest verified pi."""
+    if which == "newest":
+        require_binary("pi")
+        return os.environ["PATH"]
+    folder = os.environ.get("MLX_KIT_PI_OLDEST_BIN")
+    if not folder or not (Path(folder) / "pi").is_file():
+        if os.environ.get("MLX_KIT_REQUIRE_AGENTS") == "1":
+            pytest.fail("MLX_KIT_PI_OLDEST_BIN does not name a folder with pi, but "
+                        "MLX_KIT_REQUIRE_AGENTS=1")
+        pytest.skip("MLX_KIT_PI_OLDEST_BIN (the oldest verified pi's folder) is not set")
+    return folder + os.pathsep + os.environ["PATH"]
+
+
 class Env:
-    def __init__(self, home: Path, hf_home: Path, port: int):
+    def __init__(self, home: Path, hf_home: Path, port: int, path: str):
         self.home, self.port = home, port
         self.url = f"http://127.0.0.1:{port}"
         # Greedy, so answers are short and repeatable (pi sends no temperature).
         self.env = clean_env(home, hf_home, MLX_KIT_URL=self.url, MLX_KIT_LOG_LEVEL="debug",
-                             MLX_KIT_TEMPERATURE="0")
+                             MLX_KIT_TEMPERATURE="0", PATH=path)
         self.agent_dir = home / ".pi" / "agent"
         self.server_log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
 
@@ -37,7 +63,8 @@ class Env:
 
     def pi(self, *args: str, timeout: float = 120, input: str | None = None
            ) -> subprocess.CompletedProcess:
-        return subprocess.run([require_binary("pi"), *args], env=self.env, cwd=self.home,
+        pi = shutil.which("pi", path=self.env["PATH"])
+        return subprocess.run([pi, *args], env=self.env, cwd=self.home,
                               capture_output=True, text=True, timeout=timeout, input=input)
 
     def health(self) -> dict:
@@ -48,10 +75,10 @@ class Env:
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir())} if folder.exists() else {}
 
 
-@pytest.fixture(scope="module")
-def env(hf_home, tmp_path_factory):
-    require_binary("pi")
-    e = Env(tmp_path_factory.mktemp("home-pi"), hf_home, free_port())
+@pytest.fixture(scope="module", params=["newest", "oldest"])
+def env(request, hf_home, tmp_path_factory):
+    e = Env(tmp_path_factory.mktemp("home-pi"), hf_home, free_port(), pi_path(request.param))
+    e.version = VERIFIED[1] if request.param == "newest" else VERIFIED[0]
     # The user already has pi set up: one extension of their own, retries off so a failed
     # request fails fast instead of retrying for ~20 s.
     (e.agent_dir / "extensions").mkdir(parents=True)
@@ -62,9 +89,15 @@ def env(hf_home, tmp_path_factory):
     e.kit("stop")
 
 
+def test_the_pi_under_test_is_the_verified_version(env):
+    r = env.pi("--version")
+    assert (r.stdout + r.stderr).strip() == env.version
+
+
 def test_launch_starts_the_server_and_pi_answers_through_it(env):
     r = env.kit("launch", "pi", "--", "-p", "What is the capital of France?", "--no-session")
     assert r.returncode == 0, r.stderr
+    assert_no_config_warnings("pi", r.stdout, r.stderr)
     assert "started mlx-kit server" in r.stderr
     answer = r.stdout.strip()
     assert answer
@@ -81,6 +114,7 @@ def test_second_launch_reuses_the_same_server_process(env):
     r = env.kit("launch", "pi", "--", "-p", "What is 2 + 2?", "--no-session")
     assert r.returncode == 0, r.stderr
     assert "reusing mlx-kit server" in r.stderr
+    assert_no_config_warnings("pi", r.stdout, r.stderr)
     health = env.health()
     assert health["pid"] == env.first_pid
     assert health["requests_served"] == 2
@@ -123,6 +157,7 @@ def test_launch_with_model_swaps_the_running_server_back(env):
 def test_pi_lists_local_with_the_real_model_name(env):
     r = env.pi("--list-models")
     assert r.returncode == 0, r.stderr
+    assert_no_config_warnings("pi", r.stdout, r.stderr)
     out = r.stdout + r.stderr
     assert re.search(r"mlx-kit\s+local\b", out), out
     assert "SmolLM2-135M-Instruct" in out
@@ -146,3 +181,32 @@ def test_harness_remove_leaves_the_extensions_folder_as_it_was(env):
     assert r.returncode == 0, r.stderr
     assert "mlx-kit.ts" in r.stdout
     assert env.extensions() == env.before
+
+
+def test_a_server_started_with_api_key_accepts_pis_requests(env, hf_home):
+    """pi >= 0.77 sends a plain apiKey string as the key itself: the extension must hand
+    pi MLX_KIT_API_KEY's value, else every request is a 401 (issue 13)."""
+    (env.home / "keyed").mkdir(exist_ok=True)
+    server = start_server(env.home / "keyed", hf_home, "--api-key", "sekret-123",
+                          "--temperature", "0")
+    try:
+        keyed = {**env.env, "MLX_KIT_URL": server.v1, "MLX_KIT_API_KEY": "sekret-123"}
+        run = lambda e: subprocess.run(  # noqa: E731
+            [sys.executable, "-m", "kit", "launch", "pi", "--", "-p",
+             "What is the capital of France?", "--no-session"],
+            env=e, cwd=env.home, capture_output=True, text=True, timeout=300)
+        r = run(keyed)
+        assert r.returncode == 0, r.stderr
+        assert_no_config_warnings("pi", r.stdout, r.stderr)
+        assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
+        assert '"POST /v1/chat/completions HTTP/1.1" 200' in server.log_text()
+        # The same extension without the key in the environment: the server says 401
+        # (launch itself refuses first, so pi is run directly).
+        no_key = {k: v for k, v in keyed.items() if k != "MLX_KIT_API_KEY"}
+        r = subprocess.run([shutil.which("pi", path=env.env["PATH"]), "--provider", "mlx-kit",
+                            "--model", "local", "-p", "hi", "--no-session"], env=no_key,
+                           cwd=env.home, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "401" in r.stdout + r.stderr
+        assert '"POST /v1/chat/completions HTTP/1.1" 401' in server.log_text()
+    finally:
+        stop(server)

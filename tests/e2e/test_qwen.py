@@ -6,17 +6,18 @@ error for the server's 400, and removal still works after qwen rewrote the file.
 Why the answering test slims Qwen's prompt: its first request carries ~8,700 system-prompt
 tokens (plus ~7,000 of tool schemas, which the starter's template does not render), over
 the starter's 8,192-token window, and with it ~5,400 more tokens in a background
-"auto-memory" request after each answer. With Qwen's own switches the request is ~420
-tokens (a few seconds of CPU prefill): `--system-prompt` replaces the built-in prompt,
-`--exclude-tools` drops every tool (the starter cannot call them anyway), and the project's
-.qwen/settings.json sets memory.enableManagedAutoMemory = false (no CLI flag does that;
-`--bare` would, but it also ignores the settings we write). See docs/agents/qwen.md.
+"auto-memory" request after each answer. With Qwen's own switches the request is ~2.2 KB
+(0.24.4; 30 KB with 0.15.10's switches alone): `--system-prompt` replaces the built-in
+prompt, `--exclude-tools` drops every tool (the starter cannot call them anyway), and the
+project's .qwen/settings.json sets memory.enableManagedAutoMemory = false (no CLI flag does
+that; `--bare` would, but it also ignores the settings we write) and disables Qwen's
+bundled skills, whose ~7,100-character reminder excluding the `skill` tool leaves in
+(`--safe-mode` leaves it too, and prints a banner). See docs/agents/qwen.md.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
+from tests.e2e.warnings import assert_no_config_warnings
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +43,19 @@ USER_SETTINGS = json.dumps({
     "$version": 4,
 }, indent=2)
 
-#: Every tool Qwen Code 0.15.10 offers in a headless run (the last two are "deferred").
+#: Every tool Qwen Code offers in a headless run: 0.15.10's (the last two are "deferred"),
+#: then those 0.24.4 added. Unknown names are ignored silently, so one list fits both.
 QWEN_TOOLS = ["tool_search", "agent", "task_stop", "send_message", "skill", "list_directory",
               "read_file", "grep_search", "glob", "todo_write", "web_fetch",
-              "ask_user_question", "exit_plan_mode"]
+              "ask_user_question", "exit_plan_mode",
+              "cron_create", "cron_delete", "cron_list", "enter_worktree", "exit_worktree",
+              "get_goal", "list_agents", "loop_wakeup", "read_mcp_resource", "record_artifact",
+              "report_findings", "tool_call", "update_goal"]
+#: The skills Qwen Code 0.24.4 bundles (its package's bundled/ folder).
+QWEN_SKILLS = ["batch", "browser-use", "computer-use", "coordinate", "dataviz",
+               "extension-creator", "goal-draft", "loop", "new-app", "qc-helper", "review",
+               "simplify", "stuck", "workflow-authoring", "workflow-creator",
+               "zvec-grep-install"]
 SLIM = ["--system-prompt", "You are a helpful assistant. Answer in one sentence.",
         "--exclude-tools", ",".join(QWEN_TOOLS)]
 QUESTION = "What is the capital of France?"
@@ -66,12 +77,14 @@ def kit(env: dict, *args: str, cwd: Path | None = None,
 
 
 def project(tmp_path: Path, memory: bool) -> Path:
-    """A project folder; its .qwen/settings.json turns Qwen's auto-memory off unless asked."""
+    """A project folder; its .qwen/settings.json turns Qwen's auto-memory and bundled
+    skills off unless asked."""
     folder = tmp_path / "project"
     (folder / ".qwen").mkdir(parents=True)
     if not memory:
         (folder / ".qwen" / "settings.json").write_text(json.dumps(
-            {"memory": {"enableManagedAutoMemory": False}, "$version": 4}, indent=2))
+            {"memory": {"enableManagedAutoMemory": False},
+             "skills": {"disabled": QWEN_SKILLS}, "$version": 4}, indent=2))
     return folder
 
 
@@ -87,6 +100,7 @@ def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tm
     r = kit(env, "launch", "qwen", "--url", server.v1, "--", *SLIM, "-p", QUESTION, cwd=cwd)
 
     assert r.returncode == 0, r.stderr[-2000:]
+    assert_no_config_warnings("qwen", r.stdout, r.stderr)
     answer = r.stdout.strip()
     assert answer  # the starter, greedy, said "The capital of France is Paris." here
     assert answer in [t.strip() for t in generated_texts(server.log_text())]
@@ -126,10 +140,13 @@ def test_qwen_shows_the_servers_context_error_and_remove_survives_its_rewrite(se
     assert "API Error: 400 This model's maximum context length is 8192 tokens" in r.stderr
     assert '"POST /v1/chat/completions HTTP/1.1" 400' in server.log_text()[log_start:]
     rewritten = json.loads(settings.read_text())
-    assert rewritten["$version"] == 4 and settings.with_name("settings.json.orig").is_file()
+    assert rewritten["$version"] == 4  # qwen migrated (rewrote) the file
+    # 0.15.10 kept the file it migrated as settings.json.orig; 0.24.4 keeps none
+    orig = settings.with_name("settings.json.orig")
+    kept = orig.read_bytes() if orig.is_file() else None
 
     r = kit(env, "harness", "remove", "qwen")
     assert r.returncode == 0, r.stderr
     after = json.loads(settings.read_text())
     assert after == {**user, "$version": 4}
-    assert os.path.isfile(settings.with_name("settings.json.orig"))  # qwen's, left alone
+    assert (orig.read_bytes() if orig.is_file() else None) == kept  # qwen's, left alone
