@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from kit import __version__
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
+from kit.server import gemini
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import install_error_handlers
 from kit.server.state import ServerState
@@ -55,5 +56,6 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     app.include_router(openai_completions.router)
     app.include_router(anthropic.router)
     app.include_router(openai_responses.router)
+    app.include_router(gemini.router)
     app.include_router(admin.router)
     return app
