@@ -226,3 +226,83 @@ def test_api_key_by_header_bearer_or_query_and_401_otherwise(keyed_server):
     assert e.value.code == 401
     log = keyed_server.log_text()
     assert "key=REDACTED" in log and "s3cret" not in log  # the key never reaches the log
+
+
+# Function calling: the starter's weights behind a ChatML template with tool calls
+# (tests/data/chatml-tools.jinja, as in test_tool_calls.py); the 135M model does not call
+# tools by itself, so calls are forced through toolConfig mode ANY.
+DATA = __import__("pathlib").Path(__file__).parent.parent / "data"
+WEATHER = {"name": "get_weather", "description": "Get the current weather for a city",
+           "parametersJsonSchema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                    "required": ["city"]}}
+TIME = {"name": "get_time", "description": "Get the current time in a timezone",
+        "parameters": {"type": "OBJECT", "properties": {"timezone": {"type": "STRING"}},
+                       "required": ["timezone"]}}  # Gemini's own Schema, upper-case types
+ASK = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def tools_client(hf_home, tmp_path_factory):
+    from tests.conftest import starter_with_template
+
+    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
+                                  DATA / "chatml-tools.jinja", tool_parser="json_tools")
+    s = start_server(tmp_path_factory.mktemp("home-gemini-tools"), hf_home, "--model",
+                     str(model), "--temperature", "0")
+    yield make_client(s.root)
+    stop(s)
+
+
+def tool_config(mode: str, names: list[str] | None = None) -> types.GenerateContentConfig:
+    return config(
+        max_output_tokens=60,
+        tools=[types.Tool(function_declarations=[types.FunctionDeclaration.model_validate(WEATHER),
+                                                 types.FunctionDeclaration.model_validate(TIME)])],
+        tool_config=types.ToolConfig(function_calling_config=types.FunctionCallingConfig(
+            mode=mode, allowed_function_names=names)))
+
+
+def test_mode_any_with_one_allowed_name_returns_that_function_call(tools_client):
+    r = tools_client.models.generate_content(model="local", contents=ASK,
+                                             config=tool_config("ANY", ["get_weather"]))
+    [call] = r.function_calls
+    assert call.name == "get_weather" and call.args == {"city": "Paris"} and call.id
+    assert r.candidates[0].finish_reason == types.FinishReason.STOP
+
+
+def test_mode_any_calls_a_declared_function_with_arguments_of_its_schema(tools_client):
+    r = tools_client.models.generate_content(model="local", contents="What time is it in Tokyo?",
+                                             config=tool_config("ANY"))
+    [call] = r.function_calls
+    assert set(call.args) == {"get_weather": {"city"}, "get_time": {"timezone"}}[call.name]
+
+
+def test_a_streamed_function_call_comes_whole_in_one_chunk(tools_client):
+    chunks = list(tools_client.models.generate_content_stream(
+        model="local", contents=ASK, config=tool_config("ANY", ["get_weather"])))
+    calls = [c for chunk in chunks for c in chunk.function_calls or []]
+    assert [(c.name, c.args) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+
+
+def test_mode_none_answers_in_text(tools_client):
+    r = tools_client.models.generate_content(model="local", contents=ASK,
+                                             config=tool_config("NONE"))
+    assert not r.function_calls and r.text
+
+
+def test_the_function_response_turn_is_answered_in_text(tools_client):
+    first = tools_client.models.generate_content(model="local", contents=ASK,
+                                                 config=tool_config("ANY", ["get_weather"]))
+    call = first.function_calls[0]
+    history = [
+        types.Content(role="user", parts=[types.Part(text=ASK)]),
+        first.candidates[0].content,
+        types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+            id=call.id, name=call.name, response={"output": "Sunny, 24 degrees Celsius."}))])]
+    r = tools_client.models.generate_content(model="local", contents=history,
+                                             config=tool_config("AUTO"))
+    assert r.text and not r.function_calls
+    # everything but the function response came from turn 1's cache
+    u = r.usage_metadata
+    assert u.cached_content_token_count > first.usage_metadata.prompt_token_count
