@@ -28,7 +28,8 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     env = {}                          # extra environment for the agent's process
     env_defaults = {}                 # environment set only where the user has not set it
                                       # Values may name {file0} (our first file's path),
-                                      # {config_dir}, and {context_window}/{max_tokens}
+                                      # {config_dir}, {root_url} (the server's root URL,
+                                      # no /v1), and {context_window}/{max_tokens}
                                       # of the model behind `local` (as the server reports)
 """
 
@@ -114,11 +115,13 @@ class HarnessSpec:
 
     def launch_command(self, binary: str, extra: list[str],
                        local: dict[str, Any] | None = None,
-                       environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+                       environ: dict[str, str] | None = None,
+                       root_url: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The agent's argv and the extra environment for its process.
 
         Values may name ``{file0}``, ``{file1}``... (our files' paths), ``{config_dir}``,
-        and ``{context_window}`` / ``{max_tokens}`` of ``local`` (the /v1/models entry of
+        ``{root_url}`` (the server's root URL, for agents that take it only from the
+        environment, e.g. Gemini CLI's GOOGLE_GEMINI_BASE_URL), and ``{context_window}`` / ``{max_tokens}`` of ``local`` (the /v1/models entry of
         the model behind ``local``). ``env_defaults`` are left out where ``environ`` (the
         process environment by default) already sets them.
 
@@ -128,6 +131,8 @@ class HarnessSpec:
         env = os.environ if environ is None else environ
         values = {f"file{i}": str(p) for i, (_, p) in enumerate(self.file_paths())}
         values["config_dir"] = str(self.config_dir())
+        if root_url is not None:
+            values["root_url"] = root_url
         for limit in _MODEL_VALUES:
             if isinstance((local or {}).get(limit), int):
                 values[limit] = str(local[limit])
@@ -152,7 +157,7 @@ _MODEL_VALUES = ("context_window", "max_tokens")
 def _check_placeholders(values: list[str], files: int, where: str) -> None:
     """Refuse a launch value that names anything but our files, the config dir and the
     model's limits (a typo would otherwise only fail when the agent is launched)."""
-    known = {f"file{i}" for i in range(files)} | {"config_dir", *_MODEL_VALUES}
+    known = {f"file{i}" for i in range(files)} | {"config_dir", "root_url", *_MODEL_VALUES}
     for value in values:
         try:
             names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]

@@ -25,7 +25,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from sse_starlette.sse import EventSourceResponse
 
 from kit import STABLE_MODEL_ID
 from kit.engine.types import (
@@ -387,11 +386,15 @@ async def _generate(model: str, body: GenerateContentRequest, request: Request,
             held = [part]
 
     if request.query_params.get("alt") == "sse":
+        # Plain SSE data lines and no keep-alive comments: the @google/genai JS SDK (Gemini
+        # CLI) parses only "data:" lines, and a ": ping" line stalls its parser (the CLI
+        # then retried every answer that took longer than the ping interval).
         async def sse():
             async for c in chunks():
-                yield {"data": json.dumps(c, ensure_ascii=False)}
+                yield "data: " + json.dumps(c, ensure_ascii=False) + "\r\n\r\n"
 
-        return EventSourceResponse(sse(), ping=15)
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     async def array():  # without alt=sse Google streams one JSON array of responses
         first = True
