@@ -132,6 +132,21 @@ def test_gemini_cli_classifier_request_with_upper_case_json_schema_types(server)
     assert answer["model_choice"] in ("flash", "pro") and isinstance(answer["reasoning"], str)
 
 
+def test_sse_stream_has_only_data_lines_so_gemini_cli_never_stalls(server):
+    # Regression: keep-alive comment lines (": ping", every 15 s) stalled the @google/genai
+    # JS SDK's parser, and Gemini CLI re-sent every request whose answer took longer.
+    with httpx.stream("POST", server.root + "/v1beta/models/local:streamGenerateContent",
+                      params={"alt": "sse"}, timeout=120, json={
+                          "contents": [{"parts": [{"text": QUESTION}]}],
+                          "generationConfig": {"maxOutputTokens": 30}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines and all(ln.startswith("data: {") for ln in lines)
+    last = json.loads(lines[-1][6:])
+    assert last["candidates"][0]["finishReason"] in ("STOP", "MAX_TOKENS")
+    assert last["candidates"][0]["content"]["parts"][0]["text"]  # never an empty last part
+
+
 def test_stream_without_alt_sse_is_one_json_array(server):
     r = httpx.post(server.root + "/v1beta/models/local:streamGenerateContent", timeout=120,
                    json={"contents": [{"parts": [{"text": QUESTION}]}],
