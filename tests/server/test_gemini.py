@@ -321,3 +321,34 @@ def test_the_function_response_turn_is_answered_in_text(tools_client):
     # everything but the function response came from turn 1's cache
     u = r.usage_metadata
     assert u.cached_content_token_count > first.usage_metadata.prompt_token_count
+
+
+@pytest.fixture(scope="module")
+def think_client(hf_home, tmp_path_factory):
+    """The starter behind a thinking template (tests/data/chatml-think.jinja: the
+    generation prompt opens <think>), as in test_thinking_cache.py."""
+    from tests.conftest import starter_with_template
+
+    model = starter_with_template(
+        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think", DATA / "chatml-think.jinja",
+        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
+    s = start_server(tmp_path_factory.mktemp("home-gemini-think"), hf_home, "--model",
+                     str(model), "--temperature", "0")
+    yield make_client(s.root)
+    stop(s)
+
+
+def test_reasoning_comes_as_thought_parts_only_when_include_thoughts(think_client):
+    # (seeded sampling: greedy, the 135M model never trained on <think> ends at once)
+    sampling = dict(max_output_tokens=16, temperature=1.5, seed=5)
+    ask = "Think step by step: what is 2+2?"
+    shown = think_client.models.generate_content(model="local", contents=ask, config=config(
+        thinking_config=types.ThinkingConfig(include_thoughts=True), **sampling))
+    parts = shown.candidates[0].content.parts
+    thoughts = [p.text for p in parts if p.thought]
+    assert thoughts and thoughts[0]  # what the model wrote inside <think>
+    hidden = think_client.models.generate_content(model="local", contents=ask,
+                                                  config=config(**sampling))
+    assert not any(p.thought for p in hidden.candidates[0].content.parts)
+    assert hidden.usage_metadata.candidates_token_count == \
+        shown.usage_metadata.candidates_token_count  # the same generation, thoughts hidden
