@@ -448,6 +448,18 @@ for _version in ("v1beta", "v1"):
                              methods=["POST"])
 
 
+async def not_served(rest: str) -> None:
+    method = rest.rpartition(":")[2] if ":" in rest else rest
+    raise APIError(404, f"{method!r} is not served by mlx-kit (generateContent, "
+                   "streamGenerateContent and countTokens are)", type="not_found_error")
+
+
+# Registered after the methods above: embedContent, batchEmbedContents... are 404s (the GET
+# route below would otherwise answer them 405).
+for _version in ("v1beta", "v1"):
+    router.add_api_route(f"/{_version}/models/{{rest:path}}", not_served, methods=["POST"])
+
+
 def _model_entry(entry: dict[str, Any]) -> dict[str, Any]:
     window = entry.get("context_window") or 0
     return {"name": f"models/{entry['id']}", "baseModelId": entry["id"], "version": "mlx-kit",

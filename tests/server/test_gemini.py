@@ -211,6 +211,12 @@ def test_the_sdk_raises_googles_error_for_a_400_and_an_unknown_model(client):
     assert e.value.code == 404 and e.value.status == "NOT_FOUND"
 
 
+def test_methods_not_served_are_a_404_in_googles_shape(server):
+    r = httpx.post(server.root + "/v1beta/models/local:batchEmbedContents", json={}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+    assert "batchEmbedContents" in r.json()["error"]["message"]
+
+
 def test_invalid_json_body_is_a_400_not_a_500(server):
     r = httpx.post(server.root + "/v1beta/models/local:generateContent", content=b"{nope",
                    headers={"content-type": "application/json"}, timeout=30)
