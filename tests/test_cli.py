@@ -161,8 +161,8 @@ def test_install_of_an_unknown_agent_is_a_clean_error(home):
     r = kit(home, "harness", "install", "nosuchagent")
     assert r.returncode == 1
     assert "unknown agent 'nosuchagent'" in r.stderr
-    assert ("known agents: aider, claude, codex, continue, crush, goose, llm, opencode, pi, "
-            "qwen, zed") in r.stderr
+    assert ("known agents: aider, claude, codex, continue, crush, gemini, goose, llm, opencode, "
+            "pi, qwen, zed") in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
 

@@ -66,5 +66,5 @@ def launch(
     if spec.uses_model_limits:  # e.g. Goose's output limit, an env var of the launch
         models, _ = hi.baked_models(u)
         local = models[0] if models else None
-    argv, extra_env = spec.launch_command(binary, ctx.args, local=local)
+    argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
     os.execvpe(binary, argv, {**os.environ, **extra_env})

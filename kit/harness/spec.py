@@ -31,7 +31,8 @@ Schema (unknown keys are an error, so a typo never passes silently)::
     env = {}                          # extra environment for the agent's process
     env_defaults = {}                 # environment set only where the user has not set it
                                       # Values may name {file0} (our first file's path),
-                                      # {config_dir}, {api_key} ($MLX_KIT_API_KEY, else
+                                      # {config_dir}, {root_url} (the server's root URL,
+                                      # no /v1), {api_key} ($MLX_KIT_API_KEY, else
                                       # a placeholder), and {context_window}/{max_tokens}
                                       # of the model behind `local` (as the server reports)
 """
@@ -121,12 +122,16 @@ class HarnessSpec:
 
     def launch_command(self, binary: str, extra: list[str],
                        local: dict[str, Any] | None = None,
-                       environ: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+                       environ: dict[str, str] | None = None,
+                       root_url: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The agent's argv and the extra environment for its process.
 
         Values may name ``{file0}``, ``{file1}``... (our files' paths), ``{config_dir}``,
-        ``{api_key}`` (``$MLX_KIT_API_KEY`` of ``environ``, else ``mlx-kit``: agents that
-        refuse to run without a key get one a keyless server ignores), and ``{context_window}`` / ``{max_tokens}`` of ``local`` (the /v1/models entry of
+        ``{root_url}`` (the server's root URL, for agents that take it only from the
+        environment, e.g. Gemini CLI's GOOGLE_GEMINI_BASE_URL), ``{api_key}``
+        (``$MLX_KIT_API_KEY`` of ``environ``, else ``mlx-kit``: agents that refuse to run
+        without a key get one a keyless server ignores), and ``{context_window}`` /
+        ``{max_tokens}`` of ``local`` (the /v1/models entry of
         the model behind ``local``). ``env_defaults`` are left out where ``environ`` (the
         process environment by default) already sets them.
 
@@ -137,6 +142,8 @@ class HarnessSpec:
         values = {f"file{i}": str(p) for i, (_, p) in enumerate(self.file_paths())}
         values["config_dir"] = str(self.config_dir())
         values["api_key"] = env.get(API_KEY_ENV) or "mlx-kit"
+        if root_url is not None:
+            values["root_url"] = root_url
         for limit in _MODEL_VALUES:
             if isinstance((local or {}).get(limit), int):
                 values[limit] = str(local[limit])
@@ -162,7 +169,8 @@ API_KEY_ENV = "MLX_KIT_API_KEY"  # the server's --api-key variable; render.py na
 def _check_placeholders(values: list[str], files: int, where: str) -> None:
     """Refuse a launch value that names anything but our files, the config dir and the
     model's limits (a typo would otherwise only fail when the agent is launched)."""
-    known = {f"file{i}" for i in range(files)} | {"config_dir", "api_key", *_MODEL_VALUES}
+    known = {f"file{i}" for i in range(files)} | {"config_dir", "root_url", "api_key",
+                                                  *_MODEL_VALUES}
     for value in values:
         try:
             names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]

@@ -1,4 +1,4 @@
-"""Model-name aliases: names that agents insist on (``claude-*``, ``gpt-*``) served by
+"""Model-name aliases: names that agents insist on (``claude-*``, ``gpt-*``, ``gemini-*``) served by
 ``local`` or by a real model. Patterns are shell-style (fnmatch), first match wins."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ DEFAULT_ALIASES: tuple[tuple[str, str], ...] = (
     ("o3*", STABLE_MODEL_ID),
     ("o4*", STABLE_MODEL_ID),
     ("codex-*", STABLE_MODEL_ID),
+    ("gemini-*", STABLE_MODEL_ID),
 )
 
 

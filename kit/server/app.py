@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from kit import __version__
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
+from kit.server import gemini
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
 from kit.server.guard import EdgeGuard, EdgePolicy
@@ -77,7 +78,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     async def models() -> dict:
         return {"object": "list", "data": state.model_entries()}
 
-    for module in (openai_chat, openai_completions, anthropic, openai_responses, admin):
+    for module in (openai_chat, openai_completions, anthropic, openai_responses, gemini,
+                   admin):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)
     return app

@@ -2,7 +2,8 @@
 
 Every error the server returns has OpenAI's body
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``, or
-under ``/v1/messages`` Anthropic's ``{"type": "error", "error": {"type", "message"}}``; no
+under ``/v1/messages`` Anthropic's ``{"type": "error", "error": {"type", "message"}}``, or
+under ``/v1beta`` (and /v1/models/*:method) Google's ``{"error": {"code": int, "message": str, "status": str}}``; no
 traceback ever reaches a client (unexpected errors are logged and reported as 500).
 """
 
@@ -64,6 +65,13 @@ ERROR_RESPONSES = {
 }
 
 
+def is_gemini_path(path: str) -> bool:
+    """Whether ``path`` is a Gemini API route: under /v1beta, or a Gemini method on a
+    model under /v1 (``/v1/models/local:generateContent``, the SDKs' stable version)."""
+    return path.startswith("/v1beta/") or path == "/v1beta" or (
+        path.startswith("/v1/models/") and ":" in path)
+
+
 class APIError(Exception):
     """An error to send to the client.
 
@@ -99,12 +107,32 @@ class APIError(Exception):
             kind = "overloaded_error"
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
+    def gemini_body(self) -> dict:
+        """Google's error object (``{"error": {"code", "message", "status", "details"}}``,
+        the field at fault as a ``google.rpc.BadRequest`` field violation)."""
+        status = _GOOGLE_STATUS.get(self.status, "INTERNAL" if self.status >= 500
+                                    else "INVALID_ARGUMENT")
+        error: dict = {"code": self.status, "message": self.message, "status": status}
+        if self.param:
+            error["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                                 "fieldViolations": [{"field": self.param,
+                                                      "description": self.message}]}]
+        return {"error": error}
+
     def response(self, path: str = "") -> JSONResponse:
         """The error as a response in the protocol of ``path`` (Anthropic under
-        /v1/messages, OpenAI elsewhere)."""
-        body = self.anthropic_body() if path.startswith("/v1/messages") else self.body()
+        /v1/messages, Google's under /v1beta, OpenAI elsewhere)."""
+        body = self.anthropic_body() if path.startswith("/v1/messages") else \
+            self.gemini_body() if is_gemini_path(path) else self.body()
         return JSONResponse(body, status_code=self.status)
 
+
+# google.rpc.Code names by HTTP status (Gemini API errors)
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                  404: "NOT_FOUND", 405: "UNIMPLEMENTED", 409: "ABORTED",
+                  413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
+                  500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+                  504: "DEADLINE_EXCEEDED", 507: "RESOURCE_EXHAUSTED"}
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",

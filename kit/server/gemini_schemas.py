@@ -1,0 +1,215 @@
+"""The Gemini API's request bodies (``generateContent``, ``countTokens``) as pydantic models,
+and the conversion of Gemini's OpenAPI-style ``Schema`` to JSON Schema.
+
+Field names are Google's lowerCamelCase (``systemInstruction``, ``functionDeclarations``);
+the proto field names (``system_instruction``) are accepted too, as Google's JSON mapping
+does. Unknown fields are accepted and ignored, as in the other protocols. Every list and
+string is bounded, so a bad request gets a 400 naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+#: Bounds on what one request may carry (Google's own limits where it documents one:
+#: 5 stop sequences; the rest are far above what any agent sends).
+MAX_TEXT = 4_000_000          # characters in one text part (~1M tokens)
+MAX_CONTENTS = 10_000         # turns
+MAX_PARTS = 1_000             # parts per turn
+MAX_FUNCTIONS = 512           # function declarations over all tools
+MAX_NAME = 128                # function name length
+
+
+class G(BaseModel):
+    """A Gemini request object: camelCase names (snake_case accepted), extra fields ignored."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
+
+
+class FunctionCall(G):
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    args: dict[str, Any] | None = None
+    id: str | None = Field(default=None, max_length=256)
+
+
+class FunctionResponse(G):
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    response: dict[str, Any] | None = None
+    id: str | None = Field(default=None, max_length=256)
+    parts: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_PARTS)
+
+
+class Part(G):
+    """One part of a turn. Exactly one of text / functionCall / functionResponse is used;
+    media and code-execution parts are refused by the router (text-only models)."""
+
+    text: str | None = Field(default=None, max_length=MAX_TEXT)
+    thought: bool | None = None
+    thought_signature: str | None = Field(default=None, max_length=MAX_TEXT)
+    function_call: FunctionCall | None = None
+    function_response: FunctionResponse | None = None
+    inline_data: dict[str, Any] | None = None
+    file_data: dict[str, Any] | None = None
+    executable_code: dict[str, Any] | None = None
+    code_execution_result: dict[str, Any] | None = None
+
+
+class Content(G):
+    # "function" is the older role of turns that carry functionResponse parts
+    role: Literal["user", "model", "function"] | None = None
+    parts: list[Part] = Field(default_factory=list, max_length=MAX_PARTS)
+
+
+class FunctionDeclaration(G):
+    name: str = Field(min_length=1, max_length=MAX_NAME,
+                      pattern=r"^[A-Za-z_][A-Za-z0-9_.:\-]*$")
+    description: str | None = Field(default=None, max_length=MAX_TEXT)
+    parameters: dict[str, Any] | None = None
+    parameters_json_schema: dict[str, Any] | None = None
+
+
+#: Tool kinds Google runs on its side (search, code execution...): refused with a 400.
+SERVER_TOOLS = ("googleSearch", "googleSearchRetrieval", "codeExecution", "urlContext",
+                "retrieval", "computerUse", "fileSearch", "googleMaps",
+                "enterpriseWebSearch")
+
+
+class Tool(G):
+    function_declarations: list[FunctionDeclaration] | None = Field(default=None,
+                                                                     max_length=MAX_FUNCTIONS)
+
+
+class FunctionCallingConfig(G):
+    mode: Literal["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"] = "AUTO"
+    allowed_function_names: list[str] | None = Field(default=None, max_length=MAX_FUNCTIONS)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+class ToolConfig(G):
+    function_calling_config: FunctionCallingConfig | None = None
+
+
+class ThinkingConfig(G):
+    include_thoughts: bool | None = None
+    thinking_budget: int | None = Field(default=None, ge=-1)  # -1: dynamic, 0: off
+    thinking_level: Literal["THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM",
+                            "HIGH"] | None = None
+
+    @field_validator("thinking_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+class GenerationConfig(G):
+    stop_sequences: list[str] | None = Field(default=None, max_length=5)
+    candidate_count: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    response_mime_type: str | None = Field(default=None, max_length=100)
+    response_schema: dict[str, Any] | None = None
+    response_json_schema: dict[str, Any] | None = None
+    response_modalities: list[str] | None = Field(default=None, max_length=8)
+    response_logprobs: bool | None = None
+    logprobs: int | None = None
+    speech_config: dict[str, Any] | None = None
+    thinking_config: ThinkingConfig | None = None
+
+
+class GenerateContentRequest(G):
+    """``models.generateContent`` / ``models.streamGenerateContent``."""
+
+    model: str | None = Field(default=None, max_length=512)  # in countTokens' copy only
+    contents: list[Content] = Field(min_length=1, max_length=MAX_CONTENTS)
+    system_instruction: Content | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_FUNCTIONS)
+    tool_config: ToolConfig | None = None
+    generation_config: GenerationConfig | None = None
+    safety_settings: list[dict[str, Any]] | None = Field(default=None, max_length=64)
+    cached_content: str | None = Field(default=None, max_length=512)
+
+
+class CountTokensRequest(G):
+    """``models.countTokens``: ``contents`` alone, or a whole ``generateContentRequest``."""
+
+    contents: list[Content] | None = Field(default=None, max_length=MAX_CONTENTS)
+    generate_content_request: GenerateContentRequest | None = None
+
+
+# Gemini's Schema is an OpenAPI 3.0 subset with upper-case type enums; JSON Schema, which
+# the chat templates and the constrained decoder take, has lower-case types and no
+# `nullable`. No library converts between the two, so this walk is our own.
+_TYPES = {"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+_INT_KEYS = {"minItems", "maxItems", "minLength", "maxLength", "minProperties",
+             "maxProperties"}  # int64 fields, which Google's JSON mapping sends as strings
+_DROP_KEYS = {"propertyOrdering", "example"}
+_DROP_FORMATS = {"enum", "int32", "int64", "float", "double"}
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
+
+
+def _type(t: Any) -> Any:
+    if isinstance(t, str) and t.upper() in _TYPES:
+        return t.lower()
+    if isinstance(t, list):
+        return [_type(x) for x in t]
+    return t
+
+
+def to_json_schema(schema: Any, depth: int = 0) -> Any:
+    """A JSON Schema for a Gemini ``Schema`` (``{"type": "OBJECT", "properties": ...,
+    "nullable": true}``) or a JSON Schema that uses Gemini's upper-case type names (as
+    Gemini CLI's ``responseJsonSchema`` does). Types become lower-case, ``nullable`` becomes
+    a ``"null"`` type, int64 strings become ints, OpenAPI-only keys are dropped; everything
+    else is kept. Non-dict input is returned as is.
+
+    Raises:
+        ValueError: nesting deeper than 64 levels.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    if depth > 64:
+        raise ValueError("schema nesting is deeper than 64 levels")
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROP_KEYS or key == "nullable":
+            continue
+        if key == "type":
+            value = _type(value)
+            if value == "type_unspecified" or (isinstance(value, str)
+                                               and value.upper() == "TYPE_UNSPECIFIED"):
+                continue
+        elif key == "format" and value in _DROP_FORMATS:
+            continue
+        elif key in _INT_KEYS and isinstance(value, str) and value.isdigit():
+            value = int(value)
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            value = {k: to_json_schema(v, depth + 1) for k, v in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [to_json_schema(v, depth + 1) for v in value]
+        elif key in _SCHEMA_ONE:
+            value = [to_json_schema(v, depth + 1) for v in value] if isinstance(value, list) \
+                else to_json_schema(value, depth + 1)
+        out[key] = value
+    if schema.get("nullable") is True:
+        t = out.get("type")
+        if isinstance(t, str):
+            out["type"] = [t, "null"]
+        elif isinstance(t, list) and "null" not in t:
+            out["type"] = t + ["null"]
+        elif "anyOf" in out:
+            out["anyOf"] = out["anyOf"] + [{"type": "null"}]
+    return out
