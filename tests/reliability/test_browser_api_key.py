@@ -16,6 +16,7 @@ CAPS = {"tools": True, "reasoning": False, "vision": False}
 MODELS = [{"id": "local", "name": "local", "model": "m", "context_window": 8192,
            "max_tokens": 1024, "capabilities": CAPS}]
 LOCAL = MODELS[0]
+ROOT = "http://127.0.0.1:8090"  # {root_url} (Gemini CLI takes the server root from the env)
 
 
 def _agents() -> list[str]:
@@ -31,7 +32,7 @@ def test_every_agent_takes_the_key_from_MLX_KIT_API_KEY(agent, monkeypatch, tmp_
     monkeypatch.setenv("MLX_KIT_API_KEY", KEY)
     spec = all_specs()[agent]
     files = render(spec, context("http://127.0.0.1:8090/v1", MODELS, "test"))
-    _, env = spec.launch_command("/bin/" + agent, [], local=LOCAL,
+    _, env = spec.launch_command("/bin/" + agent, [], local=LOCAL, root_url=ROOT,
                                  environ={"MLX_KIT_API_KEY": KEY})
     passes_value = KEY in env.values()
     names_variable = any("MLX_KIT_API_KEY" in text for text in files.values())
@@ -51,7 +52,8 @@ def test_a_keyless_launch_still_gives_agents_a_placeholder_key(agent, monkeypatc
     monkeypatch.delenv("MLX_KIT_API_KEY", raising=False)
     spec = all_specs()[agent]
     files = render(spec, context("http://127.0.0.1:8090/v1", MODELS, "test"))
-    _, env = spec.launch_command("/bin/" + agent, [], local=LOCAL, environ={})
+    _, env = spec.launch_command("/bin/" + agent, [], local=LOCAL, environ={},
+                                 root_url=ROOT)
     for name in ("OPENAI_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
         assert env.get(name, "mlx-kit") == "mlx-kit"
     assert not any("api_key_name" in text for text in files.values())
