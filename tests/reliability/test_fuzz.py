@@ -70,8 +70,14 @@ def test_the_schema_lists_every_post_route():
             "/v1/messages/count_tokens", "/admin/swap"} <= set(POST_ROUTES)
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-@pytest.mark.parametrize("path", POST_ROUTES)
+# The Gemini catch-all routes (`models/{rest}`: a method we do not serve -> 404) take no
+# body, so there is nothing to break in negative mode.
+CASES = [(path, mode) for path in POST_ROUTES
+         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+         if not (mode is GenerationMode.NEGATIVE and "{rest}" in path)]
+
+
+@pytest.mark.parametrize("path,mode", CASES, ids=[f"{p}-{m.value}" for p, m in CASES])
 def test_no_generated_body_gets_a_5xx(server, path, mode):
     headers = {"Content-Type": "application/json"}
     if path.startswith("/admin/"):  # reach the validation behind the admin token
