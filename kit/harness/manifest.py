@@ -126,6 +126,8 @@ def editing() -> Iterator[dict[str, Any]]:
     aside (and said so on stderr) and editing starts from the previous generation or from
     an empty manifest. With no agent left, the manifest files and the lock are deleted."""
     path, prev, lock_path = manifest_path(), previous_path(), _lock_path()
+    folder_was_there = path.parent.is_dir()
+    path.parent.mkdir(parents=True, exist_ok=True)  # the lock lives there
     with FileLock(str(lock_path), timeout=30):
         data, warning = load()
         if warning and path.is_file():
@@ -146,3 +148,8 @@ def editing() -> Iterator[dict[str, Any]]:
         # file, so two editors may overlap once, at the moment the last agent is removed
         # (filelock offers no safe delete; an empty manifest is the worst outcome).
         lock_path.unlink(missing_ok=True)
+        if not folder_was_there:  # made only for the lock: leave a fresh HOME as it was
+            try:
+                path.parent.rmdir()  # refused when anything else is in it
+            except OSError:
+                pass
