@@ -31,8 +31,6 @@ KNOWN: dict[str, list[tuple[str, str]]] = {
          r"temporary dir", "the test's HOME is under /tmp; a user's is not"),
         (r"could not find bubblewrap on PATH", "this machine has no bubblewrap; Codex "
          "uses its bundled copy"),
-        (r"^ERROR: Reconnecting\.\.\. \d+/\d+$", "a stream retry: on a loaded 2-core machine "
-         "the starter's prefill of Codex's ~4,300-token prompt outlasts Codex's idle timeout"),
     ],
     "aider": [
         (r"^Warning: Input is not a terminal \(fd=0\)\.$", "the test runs aider with stdin "

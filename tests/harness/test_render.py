@@ -209,7 +209,7 @@ def test_codex_profile_names_a_catalog_with_the_local_models_window():
     assert entry["context_window"] == entry["max_context_window"] == 32768
     assert entry["input_modalities"] == ["text"]
     assert EVERYTHING in entry["base_instructions"]
-    assert MARKER in files["mlx-kit.models.json"]
+    assert MARKER in files["mlx-kit.models.json"][:300]  # where removal looks for it
 
 
 @pytest.mark.slow
