@@ -44,6 +44,7 @@ def write_pid_file(url: ServerURL, model: str, log: Path | None, admin_token: st
     from kit.harness.files import atomic_write
 
     path = pid_file(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
     text = json.dumps({"pid": me.pid, "create_time": me.create_time(),
                        "cmdline": me.cmdline(), "url": url.root, "model": model,
@@ -84,6 +85,7 @@ def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = 
                    ) -> tuple[subprocess.Popen, Path]:
     """Start ``mlx-kit serve`` in its own session, logging to the log file."""
     log = log_file(url)
+    log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),
            "--log-file", str(log)]
     if model:
@@ -150,7 +152,7 @@ def ensure_server(url: ServerURL, model: str | None, timeout: float,
     # One launcher at a time may start a server for this port: a second one waits here,
     # then finds the first one's server and reuses it.
     try:
-        with FileLock(str(state_dir() / f"server-{url.port}.lock"), timeout=timeout):
+        with FileLock(str(state_dir(create=True) / f"server-{url.port}.lock"), timeout=timeout):
             p = probe(url)
             if p.ready:
                 return p, False

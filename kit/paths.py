@@ -17,25 +17,30 @@ import platformdirs
 APP = "mlx-kit"
 
 
-def state_dir() -> Path:
-    """Directory for pid files; created on demand."""
-    p = Path(platformdirs.user_state_dir(APP))
-    p.mkdir(parents=True, exist_ok=True)
+def _dir(path: str, create: bool) -> Path:
+    p = Path(path)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 
-def log_dir() -> Path:
-    """Directory for server logs; created on demand."""
-    p = Path(platformdirs.user_log_dir(APP))
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+# Not created by default: a read-only command (`status`, `models`, `harness list/status`)
+# must leave nothing in a fresh HOME. Writers pass create=True (or mkdir the subfolder
+# they write into, with parents).
+def state_dir(create: bool = False) -> Path:
+    """Directory for pid files and launch locks; created only with ``create=True``."""
+    return _dir(platformdirs.user_state_dir(APP), create)
 
 
-def data_dir() -> Path:
-    """Directory for the harness manifest and downloaded model sources; created on demand."""
-    p = Path(platformdirs.user_data_dir(APP))
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+def log_dir(create: bool = False) -> Path:
+    """Directory for server and crash logs; created only with ``create=True``."""
+    return _dir(platformdirs.user_log_dir(APP), create)
+
+
+def data_dir(create: bool = False) -> Path:
+    """Directory for the harness manifest, backups and downloaded model sources; created
+    only with ``create=True``."""
+    return _dir(platformdirs.user_data_dir(APP), create)
 
 
 def kernel_cache_dir() -> Path:

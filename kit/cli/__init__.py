@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         from kit.paths import log_dir
 
         with tempfile.NamedTemporaryFile("w", prefix="crash-", suffix=".log", delete=False,
-                                         dir=log_dir()) as f:
+                                         dir=log_dir(create=True)) as f:
             traceback.print_exc(file=f)
         err_console.print(f"[bold red]unexpected error:[/] {type(e).__name__}: {e}\n"
                           f"details: {f.name}", highlight=False)

@@ -119,6 +119,15 @@ def _keep_aside(path: Path) -> Path:
     return aside
 
 
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
 @contextmanager
 def editing() -> Iterator[dict[str, Any]]:
     """Lock the manifest, yield its data for editing, write it back atomically (keeping
@@ -126,6 +135,8 @@ def editing() -> Iterator[dict[str, Any]]:
     aside (and said so on stderr) and editing starts from the previous generation or from
     an empty manifest. With no agent left, the manifest files and the lock are deleted."""
     path, prev, lock_path = manifest_path(), previous_path(), _lock_path()
+    made = _missing_folders(path.parent)  # deepest first
+    path.parent.mkdir(parents=True, exist_ok=True)  # the lock lives there
     with FileLock(str(lock_path), timeout=30):
         data, warning = load()
         if warning and path.is_file():
@@ -146,3 +157,8 @@ def editing() -> Iterator[dict[str, Any]]:
         # file, so two editors may overlap once, at the moment the last agent is removed
         # (filelock offers no safe delete; an empty manifest is the worst outcome).
         lock_path.unlink(missing_ok=True)
+        for folder in made:  # made only for the lock: leave a fresh HOME as it was
+            try:
+                folder.rmdir()  # refused when anything else is in it
+            except OSError:
+                break

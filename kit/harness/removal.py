@@ -95,7 +95,10 @@ def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
                 result.notes.append(f"the manifest's record of {p} is from another install; "
                                     "worked from the file's markers and mlx-kit's backups")
             steps.append(_recovered(spec, fspecs.get(p), Path(p), result.notes, force))
-        for step in steps:  # all checked above, before anything was changed
+        # All checked above, before anything was changed. Undone in reverse order of
+        # install: only the first file written into a new folder records it as created, so
+        # that file goes last, when the others have left the folder empty.
+        for step in reversed(steps):
             _apply(spec, step, result)
         data["agents"].pop(spec.name, None)
     evidence.prune(spec.name)

@@ -31,13 +31,6 @@ KNOWN: dict[str, list[tuple[str, str]]] = {
          r"temporary dir", "the test's HOME is under /tmp; a user's is not"),
         (r"could not find bubblewrap on PATH", "this machine has no bubblewrap; Codex "
          "uses its bundled copy"),
-        # Open: Codex 0.171 wants a model catalog (model_catalog_json) for a model id it
-        # does not know; model_context_window alone does not silence it. See
-        # docs/agents/codex.md.
-        (r"Model metadata for `local` not found\. Defaulting to fallback metadata",
-         "open: needs a model_catalog_json file (docs/agents/codex.md)"),
-        (r"^ERROR: Reconnecting\.\.\. \d+/\d+$", "a stream retry: on a loaded 2-core machine "
-         "the starter's prefill of Codex's ~4,300-token prompt outlasts Codex's idle timeout"),
     ],
     "aider": [
         (r"^Warning: Input is not a terminal \(fd=0\)\.$", "the test runs aider with stdin "

@@ -284,6 +284,7 @@ def test_install_does_not_overwrite_an_edited_extension_unless_forced(pi, home, 
 def test_a_manifest_of_the_wrong_shape_is_kept_aside_and_install_goes_on(pi, home, dead_url,
                                                                         capsys):
     path = manifest.manifest_path()
+    path.parent.mkdir(parents=True)  # mlx-kit makes its data folder only when it writes
     path.write_text('{"agents": {"pi": {"files": "oops"}}}')
     hi.install(pi, parse_url(dead_url))
     assert "corrupt" in capsys.readouterr().err
@@ -370,3 +371,16 @@ def test_remove_gives_back_an_empty_or_crlf_file_byte_for_byte(agent, text, home
     hi.remove(spec)
 
     assert path.read_bytes() == text.encode()
+
+
+def test_remove_deletes_the_folder_install_made_for_several_files(home, dead_url):
+    """Codex's profile and model catalog both go into a new ~/.codex: only the first file
+    recorded the folder as created, and removal in install order tried to delete it while
+    the catalog was still there, so an empty ~/.codex stayed behind."""
+    codex = load_spec("codex")
+    hi.install(codex, parse_url(dead_url))
+    assert sorted(p.name for p in (home / ".codex").iterdir()) == [
+        "mlx-kit.config.toml", "mlx-kit.models.json"]
+    removed = hi.remove(codex).removed
+    assert home / ".codex" in removed
+    assert not (home / ".codex").exists()

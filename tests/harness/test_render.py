@@ -192,6 +192,41 @@ def test_a_codex_profile_for_a_model_named_beyond_the_bmp_is_valid_toml():
     assert "\u2028" not in text and "\x7f" not in text
 
 
+
+def test_codex_profile_names_a_catalog_with_the_local_models_window():
+    """Codex 0.171 warned "Model metadata for `local` not found. Defaulting to fallback
+    metadata" on every run: the profile now names a catalog file (a relative path, read
+    from the profile's folder) whose one entry is `local`, with the served model's window,
+    text-only input and instructions; hostile model names stay inert JSON strings."""
+    files = render(load_spec("codex"), context("http://127.0.0.1:1/v1", _models(EVERYTHING),
+                                               "t"))
+    profile = tomllib.loads(files["mlx-kit.config.toml"])
+    assert profile["model_catalog_json"] == "mlx-kit.models.json"
+    assert profile["model_context_window"] == 32768
+    (entry,) = json.loads(files["mlx-kit.models.json"])["models"]
+    assert entry["slug"] == entry["display_name"] == "local"
+    assert entry["description"] == EVERYTHING
+    assert entry["context_window"] == entry["max_context_window"] == 32768
+    assert entry["input_modalities"] == ["text"]
+    assert EVERYTHING in entry["base_instructions"]
+    assert MARKER in files["mlx-kit.models.json"][:300]  # where removal looks for it
+
+
+@pytest.mark.slow
+def test_real_codex_reads_the_installed_catalog(home, dead_url, monkeypatch):
+    """The real Codex parses the catalog we write (a missing key is a parse error in 0.171)
+    and lists `local` from it with the served window, not its 272,000-token fallback."""
+    codex = require_binary("codex")
+    monkeypatch.setattr(hi, "baked_models", lambda url: (_models(EVERYTHING), "test"))
+    hi.install(load_spec("codex"), parse_url(dead_url))
+    catalog = home / ".codex" / "mlx-kit.models.json"
+    r = subprocess.run([codex, "debug", "models", "-c",
+                        f"model_catalog_json={json.dumps(str(catalog))}"],
+                       env=clean_env(home), cwd=home, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (entry,) = json.loads(r.stdout)["models"]
+    assert (entry["slug"], entry["context_window"]) == ("local", 32768)
+
 def test_opencode_does_not_expand_env_or_file_references_in_a_model_name():
     """opencode replaces {env:VAR} and {file:path} in its config's raw text before parsing
     it: a model named "{file:x}" stopped it from loading the file ("bad file reference"),
