@@ -152,7 +152,7 @@ def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
     empty.mkdir()
     r = kit(home, "launch", "pi", PATH=str(empty))
     assert r.returncode == 1
-    assert "npm install -g @mariozechner/pi-coding-agent" in r.stderr
+    assert "npm install -g @earendil-works/pi-coding-agent" in r.stderr
     assert "not installed" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
