@@ -42,8 +42,9 @@ def _unicode_first(value: Any) -> Any:
 def bounded_text(max_length: int, min_length: int = 0) -> Any:
     """A string type: valid Unicode (checked first, so a lone surrogate gets the
     ``invalid_unicode`` error, not pydantic's), ``min_length``..``max_length`` characters."""
-    return Annotated[str, BeforeValidator(_unicode_first),
-                     StringConstraints(min_length=min_length, max_length=max_length)]
+    # the validator listed after the constraints runs before them (pydantic wraps)
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length),
+                     BeforeValidator(_unicode_first)]
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
