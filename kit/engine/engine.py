@@ -152,6 +152,21 @@ def _excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+def _reserved_template_keys(tokenizer: Any) -> frozenset[str]:
+    """The names a request's template variables may not take: the named parameters of
+    ``tokenizer.apply_chat_template`` (read from the installed transformers, so a new one
+    is covered) and the variables its renderer sets itself."""
+    import inspect
+
+    try:
+        params = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        params = ()
+    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return frozenset(named | {"messages", "conversation", "tools", "documents",
+                              "chat_template", "add_generation_prompt", "tokenize"})
+
+
 def _merge(items: list[Any]) -> list[Any]:
     """Consecutive text (or reasoning) deltas joined into one, logprobs concatenated."""
     out: list[Any] = []
@@ -608,8 +623,6 @@ class Engine:
         Raises:
             InvalidRequest: the template rejects the messages; ``context_length_exceeded``.
         """
-        from jinja2 import TemplateError
-
         if request.prompt_ids is not None:  # token ids (legacy completions)
             vocab = len(self._tokenizer._tokenizer)
             bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
@@ -625,9 +638,14 @@ class Engine:
         else:
             try:
                 text = self._render_text(request, request.messages, generation_prompt=True)
-            except (TemplateError, ValueError, TypeError, KeyError) as e:
+            except InvalidRequest:
+                raise
+            except Exception as e:
+                # Anything the template raises on a request is about the request
+                # (OverflowError from the sandbox's range limit, RecursionError, a
+                # SecurityError...): a 400 with a short excerpt, never a 500.
                 raise InvalidRequest("the model's chat template rejected the messages: "
-                                     f"{_excerpt(str(e))}") from None
+                                     f"{_excerpt(str(e) or type(e).__name__, 200)}") from None
         if large is not None and len(text) >= LARGE_BYTES:
             large.append(True)
         bound = self._bound()
@@ -668,7 +686,19 @@ class Engine:
     def _render_text(self, request: ChatRequest, messages: list[dict[str, Any]], *,
                      generation_prompt: bool) -> str:
         """``messages`` through the chat template with ``request``'s tools and template
-        variables, as text (raises whatever the template raises)."""
+        variables, as text (raises whatever the template raises).
+
+        Raises:
+            InvalidRequest: a template variable names an argument of the renderer itself
+                (``chat_template``, ``messages``, ``tokenize``...; the HTTP schemas refuse
+                them first, this guards every caller of the engine).
+        """
+        reserved = _reserved_template_keys(self._tokenizer)
+        bad = next((k for k in request.template_kwargs if k in reserved), None)
+        if bad is not None:
+            raise InvalidRequest(f"chat_template_kwargs.{_excerpt(str(bad), 60)} is set by the "
+                                 "server, not by a request", code="invalid_value",
+                                 param=f"chat_template_kwargs.{_excerpt(str(bad), 60)}")
         kwargs: dict[str, Any] = {**request.template_kwargs,
                                   "add_generation_prompt": generation_prompt,
                                   "tokenize": False, "return_dict": False}

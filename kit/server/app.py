@@ -45,7 +45,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
                   description="OpenAI- and Anthropic-compatible API of a local MLX server. "
                               "Errors are 4xx/5xx with an `{\"error\": {...}}` body "
                               "(Anthropic's shape under /v1/messages), never 422.",
-                  docs_url="/docs" if docs else None, redoc_url=None,
+                  docs_url=None, redoc_url=None,  # /docs: kit.server.docs_ui, no CDN
                   openapi_url="/openapi.json" if docs else None)
     app.state.kit = state
     install_error_handlers(app)
@@ -82,6 +82,10 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
                    admin):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     app.openapi = lambda: _openapi(app)
+    if docs:
+        from kit.server.docs_ui import add_docs
+
+        add_docs(app)
     return app
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from kit.server.content.base import JSONObject, bounded_text
 
 #: Bounds on what one request may carry (Google's own limits where it documents one:
 #: 5 stop sequences; the rest are far above what any agent sends).
@@ -29,26 +32,50 @@ class G(BaseModel):
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
 
 
+#: Strings of the request content: valid Unicode (a lone surrogate gets the same
+#: "invalid Unicode" 400 as in the other protocols), bounded.
+PartText = bounded_text(MAX_TEXT)
+FunctionName = bounded_text(MAX_NAME, min_length=1)
+CallId = bounded_text(256)
+
+
 class FunctionCall(G):
-    name: str = Field(min_length=1, max_length=MAX_NAME)
-    args: dict[str, Any] | None = None
-    id: str | None = Field(default=None, max_length=256)
+    name: FunctionName
+    args: JSONObject | None = None
+    id: CallId | None = None
 
 
 class FunctionResponse(G):
-    name: str = Field(min_length=1, max_length=MAX_NAME)
-    response: dict[str, Any] | None = None
-    id: str | None = Field(default=None, max_length=256)
+    name: FunctionName
+    response: JSONObject | None = None
+    id: CallId | None = None
     parts: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_PARTS)
 
 
-class Part(G):
-    """One part of a turn. Exactly one of text / functionCall / functionResponse is used;
-    media and code-execution parts are refused by the router (text-only models)."""
+#: A part's data fields (Google's ``Part.data`` oneof): exactly one is set.
+PART_DATA = {"text": "text", "function_call": "functionCall",
+             "function_response": "functionResponse", "inline_data": "inlineData",
+             "file_data": "fileData", "executable_code": "executableCode",
+             "code_execution_result": "codeExecutionResult"}
 
-    text: str | None = Field(default=None, max_length=MAX_TEXT)
+
+class Part(G):
+    """One part of a turn: exactly one data field (text / functionCall / functionResponse;
+    the media and code-execution ones are refused by the router, text-only models) and
+    optional metadata (``thought``, ``thoughtSignature``...). Unknown fields are a 400, as
+    Google answers them ("Unknown name"): a part the server cannot read is not dropped.
+
+    Raises (as a validation error at the part): no data field, or more than one.
+    """
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    text: PartText | None = None
     thought: bool | None = None
-    thought_signature: str | None = Field(default=None, max_length=MAX_TEXT)
+    thought_signature: PartText | None = None
+    part_metadata: JSONObject | None = None
+    video_metadata: JSONObject | None = None
+    media_resolution: JSONObject | str | None = None
     function_call: FunctionCall | None = None
     function_response: FunctionResponse | None = None
     inline_data: dict[str, Any] | None = None
@@ -56,11 +83,21 @@ class Part(G):
     executable_code: dict[str, Any] | None = None
     code_execution_result: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _one_data_field(self) -> "Part":
+        given = [camel for field, camel in PART_DATA.items() if getattr(self, field) is not None]
+        if len(given) != 1:
+            raise PydanticCustomError(
+                "invalid_part", "a part needs exactly one of {fields} ({got})",
+                {"fields": ", ".join(PART_DATA.values()),
+                 "got": "none given" if not given else "got " + ", ".join(given)})
+        return self
+
 
 class Content(G):
     # "function" is the older role of turns that carry functionResponse parts
     role: Literal["user", "model", "function"] | None = None
-    parts: list[Part] = Field(default_factory=list, max_length=MAX_PARTS)
+    parts: list[Part] = Field(min_length=1, max_length=MAX_PARTS)
 
 
 class FunctionDeclaration(G):

@@ -26,7 +26,7 @@ from kit.server.content import (
     ChatToolCall,
     ChatToolChoice,
     Id,
-    JSONObject,
+    TemplateKwargs,
     Text,
     chat_text,
     either,
@@ -68,7 +68,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: either(Literal["auto", "none", "required"], ChatToolChoice) | None = None
     reasoning_effort: Id | None = None
-    chat_template_kwargs: JSONObject | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
 
 
 def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, StringConstraints, Tag
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, StringConstraints, Tag
 from pydantic_core import PydanticCustomError
 
 from kit.server.errors import APIError
@@ -33,14 +33,27 @@ def _unicode(value: str) -> str:
     return value
 
 
+def _unicode_first(value: Any) -> Any:
+    # Before the type and length checks: pydantic's own check of a length-bounded string
+    # reports a lone surrogate as "unable to parse raw data as a unicode string".
+    return _unicode(value) if isinstance(value, str) else value
+
+
+def bounded_text(max_length: int, min_length: int = 0) -> Any:
+    """A string type: valid Unicode (checked first, so a lone surrogate gets the
+    ``invalid_unicode`` error, not pydantic's), ``min_length``..``max_length`` characters."""
+    # the validator listed after the constraints runs before them (pydantic wraps)
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length),
+                     BeforeValidator(_unicode_first)]
+
+
 Text = Annotated[str, AfterValidator(_unicode)]
 """Any valid Unicode string."""
 
-Id = Annotated[str, StringConstraints(max_length=MAX_ID), AfterValidator(_unicode)]
+Id = bounded_text(MAX_ID)
 """An id or a name: valid Unicode, at most :data:`MAX_ID` characters."""
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID),
-                 AfterValidator(_unicode)]
+Name = bounded_text(MAX_ID, min_length=1)
 """A non-empty :data:`Id` (tool and function names)."""
 
 
@@ -70,6 +83,33 @@ def _json_value(value: Any) -> Any:
 
 JSONObject = Annotated[dict[str, Any], AfterValidator(_json_value)]
 """A JSON object: valid Unicode, at most :data:`MAX_DEPTH` levels deep."""
+
+#: Names a request may not set as chat-template variables: the parameters of transformers'
+#: ``apply_chat_template`` (5.x; tests/reliability/test_template_kwargs.py checks the
+#: installed signature) and the variables its renderer passes itself. ``chat_template``
+#: would run the client's own Jinja in the engine (unbounded loops that block every
+#: request); the rest change how the prompt is built or collide with the renderer's own
+#: arguments (a TypeError naming Python internals).
+RESERVED_TEMPLATE_KEYS = frozenset({
+    "conversation", "conversations", "messages", "tools", "documents", "chat_template",
+    "add_generation_prompt", "continue_final_message", "tokenize", "sanitize_control_tokens",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs", "kwargs"})
+
+
+def _template_key(key: str) -> str:
+    if key in RESERVED_TEMPLATE_KEYS:
+        raise PydanticCustomError(
+            "reserved_template_variable", "{key} is set by the server, not by a request "
+            "(chat_template_kwargs takes template variables such as enable_thinking)",
+            {"key": key})
+    return key
+
+
+TemplateKwargs = Annotated[dict[Annotated[Id, AfterValidator(_template_key)], Any],
+                           AfterValidator(_json_value)]
+"""Chat-template variables from a request: a :data:`JSONObject` whose keys are none of
+:data:`RESERVED_TEMPLATE_KEYS` (an error names ``chat_template_kwargs.<key>``)."""
 
 
 class Part(BaseModel):
