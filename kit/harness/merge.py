@@ -76,6 +76,36 @@ def content_fingerprint(spec: MergeSpec, text: str, where: str) -> str:
     return fingerprint(empty(spec.format, _kind(spec)) if doc is None else doc)
 
 
+def _delete_keeping_comments(seq: Any, i: int) -> None:
+    """``del seq[i]``, but the own-line comments ruamel.yaml attached to the end of that
+    entry (a comment the user wrote on the lines after it: yaml has no other owner for it)
+    move to the entry before it, so they stay the user's bytes. Plain lists (JSON): a
+    plain delete."""
+    item = seq[i]
+    moved = None
+    ca = getattr(item, "ca", None)
+    if ca is not None and isinstance(item, dict) and item and i > 0:
+        last = list(item)[-1]
+        tokens = ca.items.get(last)
+        tok = tokens[2] if tokens and len(tokens) > 2 else None
+        if tok is not None and "\n" in tok.value:
+            own_lines = tok.value[tok.value.index("\n") + 1:]  # not our line's own comment
+            moved = own_lines if own_lines.strip() else None
+    del seq[i]
+    prev = seq[i - 1] if moved and i > 0 else None
+    if prev is None or not isinstance(prev, dict) or not prev or getattr(prev, "ca", None) is None:
+        return
+    from ruamel.yaml.tokens import CommentToken
+    from ruamel.yaml.error import CommentMark
+
+    last = list(prev)[-1]
+    tokens = prev.ca.items.setdefault(last, [None, None, None, None])
+    if tokens[2] is None:
+        tokens[2] = CommentToken("\n" + moved, CommentMark(0), None)
+    else:
+        tokens[2].value = tokens[2].value.rstrip("\n") + "\n" + moved
+
+
 def _path(dotted: str) -> list[str]:
     return dotted.split(".")
 
@@ -294,7 +324,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
             if ident in previous:
                 doc[i] = previous[ident]  # the user's own entry by that key, as it was
             else:
-                del doc[i]
+                _delete_keeping_comments(doc, i)
         is_empty = len(doc) == 0
     else:
         for dotted, fp in owned.items():
