@@ -187,8 +187,8 @@ def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path,
                 (receipt is not None and sha256_text(current) == receipt.get("sha256"))
                 or not comments.added(m.format, text, backup_text)):  # see removal.restorable
         return ("restore", evidence.backup_path(spec.name, path)), notes
-    if is_empty and created_file:
-        return ("delete", None), notes
+    if is_empty and created_file and not comments.comments(m.format, text):
+        return ("delete", None), notes  # a comment the user wrote in it keeps the file
     return ("write", text), notes
 
 

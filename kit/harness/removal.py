@@ -156,8 +156,8 @@ def _unmerged(f: dict, fspec: FileSpec | None, force: bool) -> tuple[str, str | 
     current = read_text(path)
     text, is_empty = unmerge(fspec.merge, current, f["owned"], str(path), force=force)
     check_writable(path, "remove mlx-kit's entries from")
-    if is_empty and f.get("created_file"):
-        return "delete", None
+    if is_empty and f.get("created_file") and not comments.comments(fspec.merge.format, text):
+        return "delete", None  # ours alone: a comment the user wrote in it keeps the file
     backup = Path(f["backup"]) if f.get("backup") else None
     if backup and backup.is_file() and f.get("original_fp") == content_fingerprint(
             fspec.merge, text, str(path)) and restorable(
