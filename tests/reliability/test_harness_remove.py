@@ -10,7 +10,8 @@ import pytest
 from tests.reliability.test_harness_manifest import (  # noqa: F401 - dead_url: a fixture
     USER_FILES, data_dir, dead_url, kit, manifest)
 
-GEMINI_SETTINGS = '{\n  "ui": {"theme": "GitHub"},\n  "privacy": {"usageStatisticsEnabled": true}\n}\n'
+GEMINI_SETTINGS = ('{\n  "ui": {"theme": "GitHub"},\n'
+                   '  "privacy": {"usageStatisticsEnabled": true}\n}\n')
 FILES = {**USER_FILES, "gemini": (".gemini/settings.json", GEMINI_SETTINGS)}
 MERGED = ("llm", "zed", "crush", "gemini")
 
