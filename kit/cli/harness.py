@@ -54,16 +54,13 @@ def remove(
 
     if bool(agent) == all_:
         raise ConfigError("name one agent, or pass --all")
-    from kit.harness import manifest
     from kit.harness.spec import all_specs
 
-    if all_ and manifest.load()[1]:  # unreadable: look for our marks in every agent's files
-        names = sorted(all_specs())
-    else:
-        names = hi.installed_agents() if all_ else [agent]
-    if all_ and not names:
-        console.print("nothing of mlx-kit's is installed for any agent")
+    # --all checks every known agent, not only those the manifest lists: a deleted, stale
+    # or moved-aside manifest must not hide an install that markers and receipts prove.
+    names = sorted(set(all_specs()) | set(hi.installed_agents())) if all_ else [agent]
     refused: list[str] = []
+    changed_any = False
     for name in names:
         try:
             result = hi.remove(load_spec(name), force=force)
@@ -73,8 +70,12 @@ def remove(
             err_console.print(f"[bold red]error:[/] {name}: {e.message}", highlight=False)
             refused.append(name)  # --all: the other agents still get removed
             continue
-        if not print_removal(result):
+        if print_removal(result, prefix=f"{name}: " if all_ else ""):
+            changed_any = True
+        elif not all_:
             console.print(f"nothing of mlx-kit's was installed for {name}")
+    if all_ and not changed_any and not refused:
+        console.print("nothing of mlx-kit's is installed for any agent")
     if refused:
         raise ConfigError(f"not removed: {', '.join(refused)} (see above)",
                           hint="pass --force to remove edited entries anyway")

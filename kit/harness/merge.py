@@ -76,6 +76,53 @@ def content_fingerprint(spec: MergeSpec, text: str, where: str) -> str:
     return fingerprint(empty(spec.format, _kind(spec)) if doc is None else doc)
 
 
+_NOTHING = object()
+
+
+def _delete_keeping_comments(seq: Any, i: int, replacement: Any = _NOTHING) -> None:
+    """``del seq[i]`` (or ``seq[i] = replacement``), but the own-line comments ruamel.yaml
+    attached to the end of that entry (a comment the user wrote on the lines after it: yaml
+    has no other owner for it) move to the entry before it (or above the list), so they
+    stay the user's bytes. Plain lists (JSON): a plain delete or assignment."""
+    item = seq[i]
+    moved = None
+    ca = getattr(item, "ca", None)
+    if ca is not None and isinstance(item, dict) and item:
+        last = list(item)[-1]
+        tokens = ca.items.get(last)
+        tok = tokens[2] if tokens and len(tokens) > 2 else None
+        if tok is not None and "\n" in tok.value:
+            own_lines = tok.value[tok.value.index("\n") + 1:]  # not our line's own comment
+            moved = own_lines if own_lines.strip() else None
+    if replacement is _NOTHING:
+        del seq[i]
+    else:
+        seq[i] = replacement
+    if not moved:
+        return
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    prev = seq[i - 1] if i > 0 else None
+    if not isinstance(prev, dict) or not prev or getattr(prev, "ca", None) is None:
+        # first (or only) entry: the comment goes above the list (a comment on the line
+        # after an empty list is lost by ruamel when it dumps "[]")
+        if getattr(seq, "ca", None) is None:
+            return
+        if seq.ca.comment is None:
+            seq.ca.comment = [None, []]
+        if seq.ca.comment[1] is None:
+            seq.ca.comment[1] = []
+        seq.ca.comment[1].append(CommentToken(moved.lstrip("\n"), CommentMark(0), None))
+        return
+    last = list(prev)[-1]
+    tokens = prev.ca.items.setdefault(last, [None, None, None, None])
+    if tokens[2] is None:
+        tokens[2] = CommentToken("\n" + moved, CommentMark(0), None)
+    else:
+        tokens[2].value = tokens[2].value.rstrip("\n") + "\n" + moved
+
+
 def _path(dotted: str) -> list[str]:
     return dotted.split(".")
 
@@ -291,10 +338,8 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
             if fingerprint(doc[i]) != owned[ident] and not force:
                 raise HarnessError(f"the entry {spec.key}={ident} in {where} was edited "
                                    "since mlx-kit wrote it", hint="pass --force to remove it")
-            if ident in previous:
-                doc[i] = previous[ident]  # the user's own entry by that key, as it was
-            else:
-                del doc[i]
+            # the user's own entry by that key, as it was; or none
+            _delete_keeping_comments(doc, i, previous.get(ident, _NOTHING))
         is_empty = len(doc) == 0
     else:
         for dotted, fp in owned.items():

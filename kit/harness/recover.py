@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kit.errors import HarnessError
-from kit.harness import evidence
-from kit.harness.files import check_writable, read_text
+from kit.harness import comments, evidence
+from kit.harness.files import check_writable, read_text, sha256_text
 from kit.harness.formats import loads
 from kit.harness.merge import (MergeSpec, _entry_id, _find, _get, _owned_entry, _path,
                                content_fingerprint, fingerprint, list_selector, unmerge)
@@ -183,10 +183,12 @@ def plan_merged(spec: HarnessSpec, fspec: FileSpec, path: Path,
     check_writable(path, "remove mlx-kit's entries from")
     text, is_empty = unmerge(m, current, record, str(path), force=True)
     if backup_text is not None and content_fingerprint(m, text, str(path)) == \
-            content_fingerprint(m, backup_text, "the backup"):
+            content_fingerprint(m, backup_text, "the backup") and (
+                (receipt is not None and sha256_text(current) == receipt.get("sha256"))
+                or not comments.added(m.format, text, backup_text)):  # see removal.restorable
         return ("restore", evidence.backup_path(spec.name, path)), notes
-    if is_empty and created_file:
-        return ("delete", None), notes
+    if is_empty and created_file and not comments.comments(m.format, text):
+        return ("delete", None), notes  # a comment the user wrote in it keeps the file
     return ("write", text), notes
 
 

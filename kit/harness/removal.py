@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import HarnessError
-from kit.harness import evidence, manifest, recover
+from kit.harness import comments, evidence, manifest, recover
 from kit.harness.files import atomic_write, check_writable, read_text, sha256_text
 from kit.harness.merge import content_fingerprint, unmerge
 from kit.harness.recover import is_ours as _is_ours
@@ -64,6 +64,7 @@ class _Step:
     text: str | None = None
     backup: Path | None = None
     created_dirs: list[str] = field(default_factory=list)
+    merged: bool = False  # the user's own file, our entries merged in (not a drop-in)
 
 
 def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:
@@ -111,6 +112,7 @@ def _planned(f: dict, fspec: FileSpec | None, force: bool) -> _Step:
     backup = Path(f["backup"]) if f.get("backup") else None
     step = _Step(path, "none", backup=backup, created_dirs=f.get("created_dirs", []))
     if f.get("mode") == "merge":
+        step.merged = True
         step.action, step.text = _unmerged(f, fspec, force)
         return step
     if not path.is_file():
@@ -133,6 +135,7 @@ def _recovered(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
     step = _Step(path, "none", backup=evidence.backup_path(spec.name, path),
                  created_dirs=recover.created_dirs(spec, path))
     if fspec is not None and fspec.merge is not None:
+        step.merged = True
         (step.action, arg), more = recover.plan_merged(spec, fspec, path, force)
         step.text = arg if step.action == "write" else None
     else:
@@ -156,13 +159,30 @@ def _unmerged(f: dict, fspec: FileSpec | None, force: bool) -> tuple[str, str | 
     current = read_text(path)
     text, is_empty = unmerge(fspec.merge, current, f["owned"], str(path), force=force)
     check_writable(path, "remove mlx-kit's entries from")
-    if is_empty and f.get("created_file"):
-        return "delete", None
+    if is_empty and f.get("created_file") and not comments.comments(fspec.merge.format, text):
+        return "delete", None  # ours alone: a comment the user wrote in it keeps the file
     backup = Path(f["backup"]) if f.get("backup") else None
     if backup and backup.is_file() and f.get("original_fp") == content_fingerprint(
-            fspec.merge, text, str(path)):
+            fspec.merge, text, str(path)) and restorable(
+                fspec.merge.format, current, text, backup, f.get("sha256")):
         return "restore", None  # same content as before install: put the exact bytes back
     return ("write", text) if text != current else ("none", None)
+
+
+def restorable(fmt: str, current: str, unmerged: str, backup: Path,
+               written_sha: str | None) -> bool:
+    """Whether putting the backup's exact bytes back loses nothing of the user's, given the
+    content without our entries equals the backup's: the file is untouched since we wrote
+    it (its hash is ``written_sha``), or what is left holds no comment the backup lacks (an
+    agent that rewrote the file reformats it but adds no comments; a user's comment added
+    since install is their bytes, kept by writing ``unmerged`` instead)."""
+    if written_sha and sha256_text(current) == written_sha:
+        return True
+    try:
+        before = backup.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return not comments.added(fmt, unmerged, before)
 
 
 def _apply(spec: HarnessSpec, step: _Step, result: Removal) -> None:
@@ -176,7 +196,9 @@ def _apply(spec: HarnessSpec, step: _Step, result: Removal) -> None:
     elif step.action == "write":
         atomic_write(path, step.text)
         result.unmerged.append(path)
-    if step.backup and step.backup.is_file() and not path.exists():
+    # A drop-in a forced install replaced: put the user's file back. A merged file the
+    # user deleted since install stays deleted (its backup is kept and named, below).
+    if step.backup and step.backup.is_file() and not path.exists() and not step.merged:
         shutil.move(str(step.backup), path)  # the user's own file, as it was
         result.restored.append(path)
     for folder in sorted(map(Path, step.created_dirs), key=lambda p: -len(p.parts)):
@@ -186,7 +208,10 @@ def _apply(spec: HarnessSpec, step: _Step, result: Removal) -> None:
         except OSError:
             pass
     kept = step.backup if step.backup and step.backup.is_file() else None
-    if kept and step.action == "none":  # not used: the only copy of their earlier file
+    if kept and step.merged and not path.exists():
+        result.notes.append(f"{path} was deleted since mlx-kit's install and stays deleted; "
+                            f"your file from before that install is kept at {kept}")
+    elif kept and step.action == "none":  # not used: the only copy of their earlier file
         result.notes.append(f"kept your file from before mlx-kit's install of {path} at "
                             f"{kept}")
     else:

@@ -528,6 +528,41 @@ def test_the_users_value_under_our_key_comes_back_after_an_edit_elsewhere(agent,
     assert json.dumps(read(fmt, path)) == json.dumps(expected)  # in order too
 
 
+def _commented_after_install(fmt: str, path: Path, where: str, words: str) -> str:
+    """The user adds one comment line to the file after install (at its top or its end),
+    and nothing else. Returns the comment."""
+    comment = ("// " if fmt in ("json", "jsonc") else "# ") + LATER + " " + words.strip()
+    text = path.read_text()
+    nl = "\r\n" if "\r\n" in text else "\n"
+    if where == "top":
+        path.write_text(comment + nl + text)
+    else:
+        path.write_text(text + ("" if text.endswith(("\n", "\r")) else nl) + comment + nl)
+    return comment
+
+
+@pytest.mark.parametrize("agent", [a for a in MERGE_AGENTS
+                                   if merge_file(a).merge.format in ("jsonc", "yaml", "toml")])
+@SETTINGS
+@given(data=st.data())
+def test_a_comment_the_user_added_after_install_survives_remove(agent, env, data):
+    """Comments are the user's bytes: one added after install (the only edit) is still in
+    the file after removal, and the content is the user's from before install."""
+    text, before = data.draw(user_files(agent), label="user's file")
+    assume(not refused(agent, before))
+    fmt = merge_file(agent).merge.format
+    spec, path = env(agent, text)
+    hi.install(spec, parse_url(URL))
+    comment = _commented_after_install(fmt, path, data.draw(st.sampled_from(["top", "end"])),
+                                       data.draw(COMMENT.filter(lambda c: "*/" not in c)))
+
+    hi.remove(spec)
+
+    assert path.is_file() and comment in path.read_text()
+    nothing = [] if merge_file(agent).merge.strategy == "list-by-key" else {}
+    assert (read(fmt, path) or nothing) == (before if before is not None else nothing)
+
+
 # --- a damaged manifest ----------------------------------------------------------------------
 
 #: Examples per agent of the damage test (each runs up to five installs and removals).
