@@ -17,6 +17,12 @@ from tests.e2e.warnings import assert_no_config_warnings
 pytestmark = pytest.mark.slow
 
 
+# Claude Code's own flags for a small prompt (~4,000 starter tokens without them): on this
+# 2-core CPU its full first request takes 45 s to prefill, and under load Claude Code gave
+# up on it with "Prompt is too long" (seen twice in one loaded run; cause not established).
+CLAUDE_SLIM = ("--tools", "", "--system-prompt", "You are a helpful assistant. Answer briefly.")
+
+
 def launch(server, tmp_path, agent: str, *args: str) -> subprocess.CompletedProcess:
     env = clean_env(tmp_path)
     project = tmp_path / "project"
@@ -33,7 +39,7 @@ def served(server) -> int:
 def test_claude_code_answers_through_messages(server, tmp_path):
     require_binary("claude")
     before = served(server)
-    r = launch(server, tmp_path, "claude", "-p", "What is the capital of France?")
+    r = launch(server, tmp_path, "claude", *CLAUDE_SLIM, "-p", "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     # Claude Code >= 2.1.3xx warns that it "assumes a context window of 1m tokens" for a
     # model it does not know, unless the settings' env block names the real window.

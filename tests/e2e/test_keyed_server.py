@@ -12,13 +12,14 @@ import httpx
 import pytest
 
 from tests.conftest import clean_env, require_binary, start_server, stop
+from tests.e2e.test_claude_codex import CLAUDE_SLIM
 
 pytestmark = pytest.mark.slow
 
 KEY = "sekret-key-0123"
 Q = "What is the capital of France?"
 HEADLESS = {
-    "claude": ("claude", ["-p", Q]),
+    "claude": ("claude", [*CLAUDE_SLIM, "-p", Q]),
     "codex": ("codex", ["exec", "--skip-git-repo-check", Q]),
     "continue": ("cn", ["-p", Q]),
     "aider": ("aider", ["--message", Q, "--yes-always", "--no-git", "--no-pretty",
