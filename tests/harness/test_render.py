@@ -127,9 +127,9 @@ def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_ur
     r = subprocess.run([pi, "--list-models"], env=clean_env(home), cwd=home,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stderr.splitlines()]
+    rows = [line.split() for line in (r.stdout + r.stderr).splitlines()]  # 1.x: stdout
     local = [row for row in rows if row[:2] == ["mlx-kit", "local"]]
-    assert len(local) == 1, r.stderr
+    assert len(local) == 1, r.stdout + r.stderr
     assert "32.8K" in local[0]  # the baked context window, not a default
 
 
