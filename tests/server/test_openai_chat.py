@@ -505,10 +505,15 @@ def test_top_k_beyond_the_vocabulary_is_400_and_sampling_still_works(server):
 
 def test_template_kwargs_cannot_make_the_prompt_text(server):
     # Regression: chat_template_kwargs {"tokenize": false} made the prompt a list of
-    # strings, which failed every request in the batch with it.
+    # strings, which failed every request in the batch with it. The renderer's own
+    # arguments are now refused as template variables; the server serves on.
     r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
         "model": "local", "messages": QUESTION, "max_tokens": 8,
         "chat_template_kwargs": {"tokenize": False}})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "chat_template_kwargs.tokenize"
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
+        "model": "local", "messages": QUESTION, "max_tokens": 8})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
 
 
