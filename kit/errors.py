@@ -3,12 +3,22 @@
     KitError                      expected failure: one line for the user + an optional hint
     ├── ConfigError               bad user input (flags, URLs, config files)
     ├── ModelError                a model cannot be found, converted or loaded
-    │   └── ModelNotFoundError    an id that names no model we can serve
+    │   ├── ModelNotFoundError    an id that names no model we can serve
+    │   ├── InvalidModelSpec      a name or folder that cannot be a model (models/resolve.py)
+    │   └── ModelDoesNotFitError  its weights + KV cache exceed the memory budget
+    ├── EngineError               generation failed inside the engine
+    │   ├── InvalidRequest        the request cannot run as given (a neutral ``field``)
+    │   ├── ModelUnavailable      the request names a model that is not the loaded one
+    │   ├── ModelLoadError        the model failed to load or reload
+    │   └── EngineUnavailable     the engine process is gone, restarting or stopping
     ├── ServerError               the server cannot be reached, started or stopped
     │   └── PortInUseError        something that is not mlx-kit holds the port
     ├── HarnessError              an agent cannot be configured or removed
+    │   └── EditedFileError       a file we wrote was edited since (harness/install.py)
     └── AgentNotInstalledError    the agent's binary is not on PATH
 
+Each protocol maps a cause to its HTTP status and error shape through one table
+(``kit.server.errors.api_error``), by type, never by message text.
 The CLI prints a KitError as ``error: <message>`` (+ ``hint: <hint>``) and exits 1; any other
 exception is unexpected and is reported with the path of a log file.
 """
@@ -66,6 +76,16 @@ class ModelNotFoundError(ModelError):
         self.available = available
 
 
+class ModelDoesNotFitError(ModelError):
+    """A model's estimated memory (weights + KV cache for its context window) exceeds the
+    budget. ``needed`` and ``budget`` are bytes."""
+
+    def __init__(self, message: str, hint: str | None = None, *, needed: int = 0,
+                 budget: int = 0) -> None:
+        super().__init__(message, hint)
+        self.needed, self.budget = needed, budget
+
+
 class ServerError(KitError):
     """The server cannot be reached, started or stopped."""
 
@@ -80,3 +100,40 @@ class HarnessError(KitError):
 
 class AgentNotInstalledError(KitError):
     """The agent's binary is not on PATH; ``hint`` holds the exact install command."""
+
+
+class EngineError(KitError):
+    """A generation or engine call failed inside the engine: an internal error (HTTP 500)
+    unless a subclass says more. Raised by ``kit.engine`` and re-raised unchanged on the
+    server's side of the engine process's pipe (``__reduce__`` keeps the attributes)."""
+
+
+class InvalidRequest(EngineError):
+    """The request cannot be run as given (HTTP 400).
+
+    Attributes:
+        code: machine-readable code, e.g. ``context_length_exceeded``.
+        field: the request part at fault, in the engine's protocol-neutral words, each
+            protocol maps it to its own field name: ``messages``, ``prompt``, ``tools``,
+            ``tool_choice``, ``schema`` (a JSON answer's schema), ``max_tokens``,
+            ``logit_bias``, ``top_k``, ``template_kwargs.<name>``, or ``None``.
+    """
+
+    def __init__(self, message: str, code: str | None = None,
+                 field: str | None = "messages") -> None:
+        super().__init__(message)
+        self.code, self.field = code, field
+
+
+class ModelUnavailable(EngineError):
+    """The request names a model that is not the loaded one (HTTP 404 ``model_not_found``)."""
+
+
+class ModelLoadError(EngineError):
+    """The model failed to load or reload, so nothing can be served until a swap to a
+    model that loads (HTTP 503)."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine process is gone, starting again, shutting down or not answering
+    (HTTP 503): the request may succeed if retried."""

@@ -38,9 +38,11 @@ from typing import Any
 from kit.engine.types import (
     ChatRequest,
     EngineError,
+    EngineUnavailable,
     Event,
     Finished,
     InvalidRequest,
+    ModelLoadError,
     ModelUnavailable,
     ReasoningDelta,
     Started,
@@ -49,7 +51,7 @@ from kit.engine.types import (
     ToolCall,
     Usage,
 )
-from kit.errors import KitError, ModelError
+from kit.errors import KitError, ModelDoesNotFitError, ModelError
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -363,8 +365,9 @@ class Engine:
             EngineError: no tokenizer is loaded (the model failed to load).
         """
         if self._tokenizer is None:
-            raise EngineError(f"the model failed to load: {self.error}" if self.state ==
-                              "failed" else "model is loading")
+            if self.state == "failed":
+                raise ModelLoadError(f"the model failed to load: {self.error}")
+            raise EngineUnavailable("model is loading")
         large: list[bool] = []
         try:
             return len(self._prompt_tokens(request, None, large=large))
@@ -453,7 +456,7 @@ class Engine:
                                        f"{self.model_info.id!r} is")
             if self._model is None:
                 if self.state == "failed":  # a swap to a model that loads can fix this
-                    raise EngineError(f"the model failed to load: {self.error}")
+                    raise ModelLoadError(f"the model failed to load: {self.error}")
                 self._reload()
         except EngineError as e:
             job.post(e)
@@ -539,12 +542,12 @@ class Engine:
             return
         budget = self.memory_budget or (available_bytes() + replacing)
         if est.total > budget:
-            raise ModelError(
+            raise ModelDoesNotFitError(
                 f"{info.id} does not fit: it needs ~{human(est.total)} ({human(est.weights)} "
                 f"weights + {human(est.kv)} KV cache for {est.context} tokens) but the budget "
                 f"is {human(budget)}",
                 hint="free memory, pick a smaller or more quantized model, or raise "
-                     "--memory-budget")
+                     "--memory-budget", needed=est.total, budget=budget)
         self._pending_weights = est.weights
 
     def _release(self, keep_tokenizer: bool = False) -> None:
@@ -576,7 +579,7 @@ class Engine:
         except KitError as e:
             self.state = "unloaded"
             self._changed()
-            raise EngineError(f"reloading {self.model_info.id} failed: {e.message}") from None
+            raise ModelLoadError(f"reloading {self.model_info.id} failed: {e.message}") from None
         self.state = "ready"
         self.reloads += 1
         self._changed()
@@ -629,7 +632,7 @@ class Engine:
             if bad is not None:
                 raise InvalidRequest(f"prompt: token id {bad} is not in this model's "
                                      f"vocabulary (0..{vocab - 1})", code="invalid_value",
-                                     param="prompt")
+                                     field="prompt")
             return list(request.prompt_ids)
         from kit.engine.reclaim import LARGE_BYTES
 
@@ -658,7 +661,7 @@ class Engine:
             if request.prompt is not None:
                 tokens = list(self._tokenizer.encode(text))
                 if not tokens:  # mlx-lm cannot start from nothing
-                    raise InvalidRequest("the prompt has no tokens", param="prompt")
+                    raise InvalidRequest("the prompt has no tokens", field="prompt")
                 return tokens
             return self._encode_rendered(text)
         except (TypeError, ValueError) as e:  # the tokenizer takes valid Unicode only
@@ -666,10 +669,10 @@ class Engine:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise InvalidRequest("the prompt is not valid Unicode (it contains a lone "
-                                     "UTF-16 surrogate)", param="prompt" if request.prompt
+                                     "UTF-16 surrogate)", field="prompt" if request.prompt
                                      is not None else "messages") from None
             raise InvalidRequest(f"the prompt cannot be tokenized: {_excerpt(str(e))}",
-                                 param="prompt" if request.prompt is not None
+                                 field="prompt" if request.prompt is not None
                                  else "messages") from None
 
     def _bound(self) -> Any:
@@ -698,7 +701,7 @@ class Engine:
         if bad is not None:
             raise InvalidRequest(f"chat_template_kwargs.{_excerpt(str(bad), 60)} is set by the "
                                  "server, not by a request", code="invalid_value",
-                                 param=f"chat_template_kwargs.{_excerpt(str(bad), 60)}")
+                                 field=f"template_kwargs.{_excerpt(str(bad), 60)}")
         kwargs: dict[str, Any] = {**request.template_kwargs,
                                   "add_generation_prompt": generation_prompt,
                                   "tokenize": False, "return_dict": False}
@@ -748,10 +751,10 @@ class Engine:
                 start = list(tok.tool_call_start_tokens or ())
                 return tool_call_grammar(family, tools), close + start, "tools"
             if request.response_schema is not None and not request.raw:
-                return json_grammar(request.response_schema), close, "response_format"
+                return json_grammar(request.response_schema), close, "schema"
         except ValueError as e:
-            raise InvalidRequest(str(e), param="tools" if request.force_tool is not None
-                                 else "response_format") from None
+            raise InvalidRequest(str(e), field="tools" if request.force_tool is not None
+                                 else "schema") from None
         return None, [], ""
 
     def _grammar_processor(self, grammar: str, param: str) -> Any:
@@ -770,7 +773,7 @@ class Engine:
         except ValueError as e:
             reason = str(e).splitlines()[0][:300] if str(e) else "invalid schema"
             raise InvalidRequest(f"cannot constrain the output to this schema: {reason}",
-                                 param=param) from None
+                                 field=param) from None
 
     def _check_sampling(self, params: Any) -> None:
         """Reject what would crash or break mlx-lm's samplers for everyone: token ids
@@ -787,13 +790,13 @@ class Engine:
         for token, bias in params.logit_bias:
             if not 0 <= token < vocab:
                 raise InvalidRequest(f"logit_bias: token id {token} is not in this model's "
-                                     f"vocabulary (0..{vocab - 1})", param="logit_bias")
+                                     f"vocabulary (0..{vocab - 1})", field="logit_bias")
             if not math.isfinite(bias):
                 raise InvalidRequest("logit_bias values must be finite numbers",
-                                     param="logit_bias")
+                                     field="logit_bias")
         if params.top_k and params.top_k >= vocab:
             raise InvalidRequest(f"top_k must be below this model's vocabulary size ({vocab})",
-                                 param="top_k")
+                                 field="top_k")
 
     def _max_tokens(self, n_prompt: int, requested: int | None, at_least: bool = False) -> int:
         """Tokens to generate within the context window. ``at_least``: ``n_prompt`` is a

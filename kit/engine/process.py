@@ -46,7 +46,7 @@ from typing import Any
 
 from kit.engine.child import END, serve_engine
 from kit.engine.engine import _END, LoopSink, SwapResult
-from kit.engine.types import ChatRequest, EngineError, Event
+from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -219,7 +219,7 @@ class EngineProcess:
         try:
             return self._call("count", request).result(_CALL_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
-            raise EngineError(f"the engine did not answer in {_CALL_TIMEOUT_S:.0f} s") from None
+            raise EngineUnavailable(f"the engine did not answer in {_CALL_TIMEOUT_S:.0f} s") from None
 
     async def swap(self, spec: str) -> SwapResult:
         """See :meth:`Engine.swap`."""
@@ -235,7 +235,7 @@ class EngineProcess:
         """
         with self._start_lock:
             if self._stopping:
-                raise EngineError("the server is shutting down")
+                raise EngineUnavailable("the server is shutting down")
             assert self._link is not None, "start() first"
             if self._link.process.exitcode is not None:
                 self._restart_locked("loading", None)
@@ -299,17 +299,17 @@ class EngineProcess:
         link.conn.close()
         code = link.process.exitcode
         if self._stopping:
-            error = EngineError("the server is shutting down")
+            error = EngineUnavailable("the server is shutting down")
         else:
-            error = EngineError(f"the engine process exited unexpectedly (exit code {code})"
-                                "; a new one is starting")
+            error = EngineUnavailable(f"the engine process exited unexpectedly (exit code "
+                                      f"{code}); a new one is starting")
         with self._start_lock:
             if self._link is link and self._stopping:
                 self.state, self.error = "stopped", None
             elif self._link is link:  # not yet replaced by a new engine process
                 self._after_death(code, error)
                 if self.state == "failed":  # not restarted: tell open requests why
-                    error = EngineError(self.error)
+                    error = EngineUnavailable(self.error)
         for sink in list(link.sinks.values()):
             sink(error)
             sink(_END)

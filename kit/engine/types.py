@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from kit.errors import reduce_error
+# The engine's errors are part of its interface; they live in the one error tree.
+from kit.errors import (  # noqa: F401
+    EngineError,
+    EngineUnavailable,
+    InvalidRequest,
+    ModelLoadError,
+    ModelUnavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -176,29 +183,6 @@ class Finished:
     ttft_s: float = 0.0
     decode_tps: float = 0.0
     stop_string: str | None = None
-
-
-class EngineError(Exception):
-    """A generation failed inside the engine (an internal error, reported as 500)."""
-
-    __reduce__ = reduce_error
-
-
-class InvalidRequest(EngineError):
-    """The request cannot be run as given; adapters report it as a 400.
-
-    Attributes:
-        code: machine-readable code, e.g. ``context_length_exceeded``.
-        param: the request field at fault, if any.
-    """
-
-    def __init__(self, message: str, code: str | None = None, param: str | None = "messages"):
-        super().__init__(message)
-        self.code, self.param = code, param
-
-
-class ModelUnavailable(EngineError):
-    """The request names a model that is not loaded (a 404 ``model_not_found``)."""
 
 
 Event = Union[Started, TextDelta, ReasoningDelta, ToolCall, Finished]

@@ -18,6 +18,19 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kit.errors import (
+    EngineError,
+    EngineUnavailable,
+    InvalidRequest,
+    KitError,
+    ModelDoesNotFitError,
+    ModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelUnavailable,
+)
+from kit.models.resolve import InvalidModelSpec
+
 log = logging.getLogger("mlx_kit.server")
 
 #: Longest error message sent (characters): a message quoting the client's input (a
@@ -138,6 +151,51 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
                  413: "invalid_request_error", 422: "invalid_request_error",
                  429: "rate_limit_error"}
+
+
+# Each cause in the one error tree (kit/errors.py) -> (HTTP status, error type, code).
+# Looked up along the exception's MRO, so the most specific class wins; every protocol
+# renders the resulting APIError in its own shape (body(), anthropic_body(), ...).
+_STATUS: dict[type, tuple[int, str, str | None]] = {
+    InvalidRequest: (400, "invalid_request_error", None),
+    InvalidModelSpec: (400, "invalid_request_error", "invalid_model"),
+    ModelNotFoundError: (404, "not_found_error", "model_not_found"),
+    ModelUnavailable: (404, "not_found_error", "model_not_found"),
+    ModelDoesNotFitError: (507, "server_error", "insufficient_memory"),
+    ModelLoadError: (503, "server_error", "model_load_failed"),
+    EngineUnavailable: (503, "server_error", None),
+    ModelError: (500, "server_error", "model_load_failed"),
+    EngineError: (500, "server_error", None),
+    KitError: (500, "server_error", None),
+}
+# Causes that concern the model rather than a field of the request body.
+_MODEL_CAUSES = (InvalidModelSpec, ModelNotFoundError, ModelUnavailable, ModelError,
+                 ModelLoadError)
+
+
+def api_error(e: KitError, fields: dict[str, str] | None = None) -> APIError:
+    """The API error a client sees for ``e``, a cause from the one error tree.
+
+    Args:
+        e: the error; an ``InvalidRequest``'s ``code`` and ``field`` are kept.
+        fields: the protocol's names for the engine's neutral field names (``schema`` ->
+            ``response_format``...), matched on the first dotted segment; unnamed ones
+            pass through unchanged.
+    Returns:
+        An ``APIError`` whose status, type and code come from ``_STATUS``; the message
+        carries the hint in parentheses, if there is one.
+    """
+    status, kind, code = next(_STATUS[c] for c in type(e).__mro__ if c in _STATUS)
+    message = e.message + (f" ({e.hint})" if e.hint else "")
+    param: str | None = None
+    if isinstance(e, InvalidRequest):
+        code, param = e.code or code, e.field
+        if param and fields:
+            head, dot, rest = param.partition(".")
+            param = fields.get(head, head) + dot + rest
+    elif isinstance(e, _MODEL_CAUSES):
+        param = "model"
+    return APIError(status, message, type=kind, param=param, code=code)
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

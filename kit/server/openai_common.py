@@ -15,13 +15,11 @@ from kit.engine.types import (
     ChatRequest,
     EngineError,
     Finished,
-    InvalidRequest,
-    ModelUnavailable,
     SamplingParams,
     Started,
 )
 from kit.server.content import Id, Text, either, excerpt
-from kit.server.errors import APIError
+from kit.server.errors import APIError, api_error
 from kit.server.state import ServerState
 
 
@@ -183,14 +181,14 @@ def usage(fin: Finished | None) -> dict[str, Any] | None:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def engine_error(e: EngineError) -> APIError:
-    """Map an engine error to the API error a client sees."""
-    if isinstance(e, InvalidRequest):
-        return APIError(400, str(e), param=e.param, code=e.code)
-    if isinstance(e, ModelUnavailable):
-        return APIError(404, str(e), type="not_found_error", param="model",
-                        code="model_not_found")
-    return APIError(503 if "failed to load" in str(e) else 500, str(e), type="server_error")
+# OpenAI's names for the engine's neutral field names (the other fields are the same).
+OPENAI_FIELDS = {"schema": "response_format", "template_kwargs": "chat_template_kwargs"}
+
+
+def engine_error(e: EngineError, fields: dict[str, str] | None = None) -> APIError:
+    """Map an engine error to the API error a client sees (see ``errors.api_error``);
+    ``fields`` defaults to OpenAI's field names."""
+    return api_error(e, OPENAI_FIELDS if fields is None else fields)
 
 
 async def start(state: ServerState, req: ChatRequest) -> tuple[Started, AsyncIterator]:

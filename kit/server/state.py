@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
 from kit.engine.process import EngineProcess
-from kit.engine.types import EngineError, SamplingParams
-from kit.errors import KitError, ModelError, ModelNotFoundError
+from kit.engine.types import SamplingParams
+from kit.errors import KitError
 from kit.models.aliases import AliasTable
-from kit.models.resolve import InvalidModelSpec
-from kit.server.errors import APIError
+from kit.server.errors import APIError, api_error
 
 _CATALOG_TTL_S = 10.0
 
@@ -106,21 +105,10 @@ class ServerState:
         that cannot be a model, 404 none by that name, 507 does not fit, 500 load failed)."""
         try:
             result = await self.engine.swap(spec)
-        except ModelNotFoundError as e:
-            raise APIError(404, e.message + (f"; {e.hint}" if e.hint else ""),
-                           type="not_found_error", param="model", code="model_not_found") from None
-        except InvalidModelSpec as e:  # /etc, ../.., a megabyte of name: the client's mistake
-            raise APIError(400, e.message + (f" ({e.hint})" if e.hint else ""),
-                           param="model", code="invalid_model") from None
-        except ModelError as e:
-            fits = "does not fit" in e.message
-            raise APIError(507 if fits else 500, e.message + (f" ({e.hint})" if e.hint else ""),
-                           type="server_error", param="model",
-                           code="insufficient_memory" if fits else "model_load_failed") from None
-        except KitError as e:
-            raise APIError(500, e.message, type="server_error") from None
-        except EngineError as e:  # e.g. the engine process died during the load
-            raise APIError(503, str(e), type="server_error", param="model") from None
+        except KitError as e:  # not found, not a model, does not fit, failed to load, died
+            error = api_error(e)
+            error.param = "model"
+            raise error from None
         self._catalog = (0.0, [])  # a starter may have been built
         return {"model": result.model, "previous": result.previous,
                 "load_seconds": round(result.load_seconds, 3), "changed": result.changed}
