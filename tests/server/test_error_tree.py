@@ -1,0 +1,59 @@
+"""The one error tree: each cause maps to its status by type, in every protocol's words."""
+
+import pickle
+
+import pytest
+
+from kit.errors import (
+    EngineError,
+    EngineUnavailable,
+    InvalidRequest,
+    KitError,
+    ModelDoesNotFitError,
+    ModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelUnavailable,
+)
+from kit.models.resolve import InvalidModelSpec
+from kit.server.errors import api_error
+from kit.server.openai_common import OPENAI_FIELDS
+
+
+@pytest.mark.parametrize("error, status, code", [
+    (InvalidRequest("too long", code="context_length_exceeded"), 400, "context_length_exceeded"),
+    (InvalidModelSpec("/etc is not a model"), 400, "invalid_model"),
+    (ModelNotFoundError("nope", ["local"]), 404, "model_not_found"),
+    (ModelUnavailable("'x' is not loaded"), 404, "model_not_found"),
+    (ModelDoesNotFitError("big does not fit", needed=10, budget=5), 507, "insufficient_memory"),
+    (ModelLoadError("the model failed to load: bad weights"), 503, "model_load_failed"),
+    (EngineUnavailable("the server is shutting down"), 503, None),
+    (ModelError("cannot load x: truncated"), 500, "model_load_failed"),
+    (EngineError("generation failed: boom"), 500, None),
+])
+def test_each_cause_maps_to_its_status_by_type(error, status, code):
+    api = api_error(error)
+    assert (api.status, api.code) == (status, code)
+    assert isinstance(error, KitError)
+
+
+def test_the_mapping_reads_the_type_not_the_message():
+    # "does not fit" / "failed to load" in a message no longer decide the status
+    assert api_error(ModelError("x does not fit anywhere")).status == 500
+    assert api_error(EngineError("the model failed to load")).status == 500
+
+
+def test_a_neutral_field_gets_the_protocols_name():
+    e = InvalidRequest("bad schema", field="schema")
+    assert api_error(e, OPENAI_FIELDS).param == "response_format"
+    assert api_error(e, {"schema": "text.format"}).param == "text.format"
+    kw = InvalidRequest("set by the server", field="template_kwargs.tokenize")
+    assert api_error(kw, OPENAI_FIELDS).param == "chat_template_kwargs.tokenize"
+    assert api_error(InvalidRequest("no tokens", field="prompt")).param == "prompt"
+
+
+def test_engine_errors_cross_the_process_pipe_with_their_fields():
+    e = pickle.loads(pickle.dumps(InvalidRequest("m", code="c", field="top_k")))
+    assert (type(e), e.message, e.code, e.field) == (InvalidRequest, "m", "c", "top_k")
+    fit = pickle.loads(pickle.dumps(ModelDoesNotFitError("m", "h", needed=3, budget=2)))
+    assert (fit.hint, fit.needed, fit.budget) == ("h", 3, 2)
