@@ -35,7 +35,7 @@ class _PipeServer:
         with self._send_lock:
             try:
                 self._conn.send(message)
-            except (OSError, ValueError):  # the server is gone; _read_commands ends us
+            except (OSError, ValueError):  # the server is gone; read_commands ends us
                 pass
             except Exception as e:  # an unpicklable event or reply: send the error instead
                 log.exception("cannot send %s to the server", message[0])
