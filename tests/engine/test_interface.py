@@ -94,3 +94,21 @@ def test_a_signature_that_drifts_is_caught():
     assert _incompatibilities(protocol["swap"], Drifted.swap)
     assert _incompatibilities(protocol["count_tokens"], Drifted.count_tokens)
     assert _incompatibilities(protocol["wait_ready"], Drifted.wait_ready)
+
+
+def test_no_engine_module_reaches_into_another_objects_private_members():
+    # the parts talk through documented interfaces (review A15: batch.py used six private
+    # members of Engine); the one exception is mlx-lm's TokenizerWrapper._tokenizer, the
+    # Hugging Face tokenizer it wraps and does not expose otherwise
+    import ast
+
+    engine_dir = Path(__file__).resolve().parents[2] / "kit" / "engine"
+    reaches = []
+    for path in sorted(engine_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and not node.attr.startswith("__") and node.attr != "_tokenizer" \
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls")):
+                reaches.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not reaches
