@@ -81,8 +81,8 @@ class _Link:
 
 class EngineProcess:
     """:class:`kit.engine.interface.EngineLike`, as :class:`Engine` is, with the engine in
-    a child process. If that process dies (a crash, the
-    OOM killer), open requests fail and a new one starts on the same model: ``state`` is
+    a child process. If that process dies (a crash, the OOM killer), open requests fail
+    and a new one starts on the same model: ``state`` is
     ``restarting`` (the reason in ``error``) until it is ready; ``restarts`` counts them.
     If it died while loading, or too often (:data:`_RESTART_LIMIT`), ``state`` is
     ``failed`` instead and the next request starts a new one.
