@@ -19,20 +19,24 @@ from __future__ import annotations
 import logging
 import queue
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kit.engine.bridge import END
+from kit.engine.pipeline import Pipeline
+from kit.engine.run import Job, Joined, Run
+from kit.engine.sampling import prefill_step_size
 from kit.engine.types import EngineError
-
-if TYPE_CHECKING:
-    from kit.engine.engine import Engine, _Job, _Joined, _Run
 
 log = logging.getLogger("mlx_kit.engine")
 
 
-def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
-              joined: _Joined | None = None) -> deque:
+def run_batch(pipeline: Pipeline, first: Job | None, jobs: queue.Queue, max_batch: int,
+              joined: Joined | None = None) -> deque:
     """Serve ``first`` (and ``joined``, a request that started alone, see
-    :meth:`Engine._generate`) and every request that joins while the batch runs.
+    :func:`kit.engine.sequential.decode`) and every request that joins while the batch
+    runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's queue
+    (:class:`Job`, :class:`kit.engine.run.Swap` or None for the shutdown); every job
+    served gets its events and END posted.
 
     Returns:
         Queue items taken but not served here (a swap or the shutdown marker, and what
@@ -40,21 +44,20 @@ def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
     """
     from mlx_lm.generate import BatchGenerator, make_stop_sequences
 
-    from kit.engine.engine import _END
-
+    model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
     backlog: deque = deque([first] if first is not None else [])
-    active: dict[int, tuple[_Run, Any]] = {}
-    stops = make_stop_sequences(engine._tokenizer)  # EOS; stop strings are text-level
-    bg = BatchGenerator(engine._model, completion_batch_size=engine.max_batch,
-                        prefill_batch_size=min(engine.max_batch, 8),
-                        prefill_step_size=engine._prefill_step_size())
+    active: dict[int, tuple[Run, Any]] = {}
+    stops = make_stop_sequences(tokenizer)  # EOS; stop strings are text-level
+    bg = BatchGenerator(model, completion_batch_size=max_batch,
+                        prefill_batch_size=min(max_batch, 8),
+                        prefill_step_size=prefill_step_size())
 
     def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
         run, _ = active.pop(uid)
         try:
-            engine._complete(run, reason, tokens or [], cache if tokens else None)
+            pipeline.complete(run, reason, tokens or [], cache if tokens else None)
         finally:
-            run.job.post(_END)
+            run.job.post(END)
 
     try:
         if joined is not None:
@@ -71,26 +74,23 @@ def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
                     backlog.append(jobs.get_nowait())
                 except queue.Empty:
                     break
-            while backlog and backlog[0] is not None and hasattr(backlog[0], "request"):
+            while backlog and isinstance(backlog[0], Job):
                 job = backlog.popleft()
-                if job.cancelled.is_set():
-                    job.post(_END)
-                    continue
-                if not engine._check_servable(job):
+                if not pipeline.admit(job):
                     continue
                 try:
-                    run = engine._prepare(job)
+                    run = pipeline.prepare(job)
                 except Exception as e:  # this request fails alone; the batch goes on
                     if not isinstance(e, EngineError):
                         log.exception("%s: could not start", job.request.request_id)
                         e = EngineError(f"generation failed: {e}")
                     job.post(e)
-                    job.post(_END)
+                    job.post(END)
                     continue
                 (uid,) = bg.insert([run.rest], max_tokens=[run.max_tokens], caches=[run.cache],
                                    all_tokens=[run.prompt[:run.cached]], samplers=[run.sampler],
                                    logits_processors=[run.processors], stop_sequences=[stops])
-                active[uid] = (run, engine._tokenizer.detokenizer)
+                active[uid] = (run, tokenizer.detokenizer)
                 run.cache = None  # the batch owns it now
             if not active:
                 return backlog
@@ -106,7 +106,7 @@ def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
                 if r.uid not in active:
                     continue
                 run, detok = active[r.uid]
-                run.token(r.token, r.logprobs, engine)
+                run.token(r.token, r.logprobs)
                 if r.finish_reason == "stop":  # EOS: not part of the text
                     detok.finalize()
                 else:
@@ -125,7 +125,7 @@ def run_batch(engine: Engine, first: _Job | None, jobs: queue.Queue,
         for uid in list(active):
             run, _ = active.pop(uid)
             run.job.post(EngineError(f"generation failed: {e}"))
-            run.job.post(_END)
+            run.job.post(END)
         return backlog
     finally:
         bg.close()

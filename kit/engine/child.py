@@ -1,5 +1,5 @@
 """The engine process's side of :mod:`kit.engine.process`: the ``multiprocessing`` target
-(:func:`serve_engine`) and the :class:`Engine` subclass that serves the pipe (the wire
+(:func:`serve_engine`) and the server of the pipe that drives an :class:`Engine` (the wire
 protocol is described there). Kept apart so each module has one side of the pipe."""
 
 from __future__ import annotations
@@ -10,30 +10,32 @@ import threading
 from typing import Any
 
 from kit.engine import reclaim
-from kit.engine.engine import _END, Engine, _Job, _Swap
+from kit.engine.bridge import END
+from kit.engine.engine import Engine
+from kit.engine.run import Job, Swap
 from kit.engine.types import EngineError
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
-END = "end"  # _END on the wire (an object() does not survive pickling)
+WIRE_END = "end"  # END on the wire (an object() does not survive pickling)
 
 
-class _PipeEngine(Engine):
+class _PipeServer:
     """The engine in the child: its worker loop runs on the main thread; a reader thread
-    turns pipe messages into queue items; events and state go back through the pipe."""
+    turns pipe messages into queued work; events and state go back through the pipe."""
 
     def __init__(self, conn: Any, model: ModelInfo, **options: Any) -> None:
-        super().__init__(model, **options)
         self._conn = conn
         self._send_lock = threading.Lock()
-        self._live: dict[int, _Job] = {}
+        self._live: dict[int, Job] = {}
+        self.engine = Engine(model, on_change=self._changed, **options)
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
             try:
                 self._conn.send(message)
-            except (OSError, ValueError):  # the server is gone; _read_commands ends us
+            except (OSError, ValueError):  # the server is gone; read_commands ends us
                 pass
             except Exception as e:  # an unpicklable event or reply: send the error instead
                 log.exception("cannot send %s to the server", message[0])
@@ -44,54 +46,55 @@ class _PipeEngine(Engine):
                     self._conn.send(("reply", message[1], None, error))
 
     def _changed(self) -> None:
-        self.send(("state", self.snapshot()))
+        self.send(("state", self.engine.snapshot()))
 
     def _event_sink(self, jid: int) -> Any:
         def post(item: Any) -> None:
-            if item is _END:
+            if item is END:
                 self._live.pop(jid, None)
-                item = END
+                item = WIRE_END
             self.send(("ev", jid, item))
         return post
 
-    def _read_commands(self) -> None:
+    def read_commands(self) -> None:
         """On a thread: queue what the server asks for until it says stop or goes away."""
         while True:
             message = job = None  # the last request (maybe megabytes) must not outlive it
-            if self.reclaim_heap:  # a large count_tokens: beside the worker, heap only
-                self.reclaim_heap = False
+            engine = self.engine
+            if engine.reclaim_heap:  # a large count_tokens: beside the worker, heap only
+                engine.reclaim_heap = False
                 reclaim.give_back(mlx_cache=False)
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):  # the server died: stop what runs, then exit
                 for job in list(self._live.values()):
                     job.cancelled.set()
-                self._jobs.put(None)
+                engine.submit(None)
                 return
             kind = message[0]
             if kind == "gen":
-                job = _Job(message[2], self._event_sink(message[1]))
+                job = Job(message[2], self._event_sink(message[1]))
                 self._live[message[1]] = job
-                self._jobs.put(job)
+                engine.submit(job)
             elif kind == "cancel":
                 job = self._live.get(message[1])
                 if job is not None:
                     job.cancelled.set()
             elif kind == "swap":
                 cid = message[1]
-                self._jobs.put(_Swap(message[2], lambda r, e, cid=cid: self.send(
+                engine.submit(Swap(message[2], lambda r, e, cid=cid: self.send(
                     ("reply", cid, r, e))))
             elif kind == "memory":  # allocator counters: no need to queue
-                self.send(("reply", message[1], self.memory(), None))
+                self.send(("reply", message[1], engine.memory(), None))
             elif kind == "count":  # the tokenizer is only read: no need to queue
                 try:
-                    self.send(("reply", message[1], self.count_tokens(message[2]), None))
+                    self.send(("reply", message[1], engine.count_tokens(message[2]), None))
                 except Exception as e:
                     self.send(("reply", message[1], None, e))
             elif kind == "stop":  # the server let its clients finish: the rest is abandoned
                 for job in list(self._live.values()):
                     job.cancelled.set()
-                self._jobs.put(None)
+                engine.submit(None)
                 return
 
 
@@ -106,7 +109,7 @@ def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level
     from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported
-    engine = _PipeEngine(conn, model, **options)
-    threading.Thread(target=engine._read_commands, name="mlx-kit-engine-pipe",
+    server = _PipeServer(conn, model, **options)
+    threading.Thread(target=server.read_commands, name="mlx-kit-engine-pipe",
                      daemon=True).start()
-    engine._run()
+    server.engine.run_worker()

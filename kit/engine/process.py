@@ -44,8 +44,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kit.engine.child import END, serve_engine
-from kit.engine.engine import _END, LoopSink, SwapResult
+from kit.engine.bridge import END, LoopSink
+from kit.engine.child import WIRE_END, serve_engine
+from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
 
@@ -79,10 +80,9 @@ class _Link:
 
 
 class EngineProcess:
-    """Same interface as :class:`Engine` (``start``, ``wait_ready``, ``stop``,
-    ``generate``, ``swap``, ``count_tokens``, ``capabilities``, ``memory`` and the state
-    attributes), with the engine in a child process. If that process dies (a crash, the
-    OOM killer), open requests fail and a new one starts on the same model: ``state`` is
+    """:class:`kit.engine.interface.EngineLike`, as :class:`Engine` is, with the engine in
+    a child process. If that process dies (a crash, the OOM killer), open requests fail
+    and a new one starts on the same model: ``state`` is
     ``restarting`` (the reason in ``error``) until it is ready; ``restarts`` counts them.
     If it died while loading, or too often (:data:`_RESTART_LIMIT`), ``state`` is
     ``failed`` instead and the next request starts a new one.
@@ -273,7 +273,7 @@ class EngineProcess:
             if kind == "ev":
                 sink = link.sinks.get(message[1])
                 if sink is not None:
-                    sink(_END if message[2] == END else message[2])
+                    sink(END if message[2] == WIRE_END else message[2])
             elif kind == "state":
                 snap = message[1]
                 for key in _COUNTERS:
@@ -312,7 +312,7 @@ class EngineProcess:
                     error = EngineUnavailable(self.error)
         for sink in list(link.sinks.values()):
             sink(error)
-            sink(_END)
+            sink(END)
         for future in list(link.calls.values()):
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)

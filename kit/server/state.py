@@ -8,8 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from kit import STABLE_MODEL_ID, __version__
-from kit.engine.engine import Engine
-from kit.engine.process import EngineProcess
+from kit.engine.interface import EngineLike
 from kit.engine.types import SamplingParams
 from kit.errors import KitError
 from kit.models.aliases import AliasTable
@@ -21,7 +20,8 @@ _CATALOG_TTL_S = 10.0
 @dataclass
 class ServerState:
     """Attributes:
-        engine: the engine that owns the model (the server runs it in its own process).
+        engine: the engine that owns the model (the server runs an
+            :class:`kit.engine.process.EngineProcess`: the engine in its own process).
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
         admin_token: required bearer on /admin routes (written to the pid file, 0600).
         aliases: model names served by ``local`` or another model.
@@ -31,7 +31,7 @@ class ServerState:
         started: server start time (unix seconds).
     """
 
-    engine: Engine | EngineProcess
+    engine: EngineLike
     api_key: str | None = None
     admin_token: str | None = None
     aliases: AliasTable = field(default_factory=AliasTable)
@@ -133,15 +133,16 @@ class ServerState:
         return [{**e, **extra} for e in entries]
 
     def health(self, memory: dict | None = None) -> dict:
-        """The /health body; ``memory``: the engine's (default: :meth:`Engine.memory`)."""
+        """The /health body; ``memory``: the engine's (default: its last known
+        :meth:`~kit.engine.interface.EngineLike.memory`)."""
         e = self.engine
         return {"service": "mlx-kit", "version": __version__,
                 "status": "ok" if e.state in ("ready", "unloaded") else e.state,
                 "model_state": e.state, "model": self.model_id,
                 "context_window": e.model_info.context_window, "pid": os.getpid(),
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
-                "unloads": e.unloads, "restarts": getattr(e, "restarts", 0),
-                "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl,
+                "unloads": e.unloads, "restarts": e.restarts,
+                "engine_pid": e.pid, "ttl": e.ttl,
                 "load_seconds": e.load_seconds,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]

@@ -91,7 +91,7 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
 
 def _spy_encode(engine, monkeypatch) -> list[int]:
     """Record the length of every text the real tokenizer encodes (it still encodes)."""
-    hf = engine._tokenizer._tokenizer
+    hf = engine.slot.tokenizer._tokenizer
     seen: list[int] = []
     real = hf.encode
 
@@ -170,7 +170,7 @@ def test_a_prompt_that_fits_the_window_exactly_is_served_and_one_more_token_is_n
 def test_count_tokens_is_exact_beyond_the_window_until_the_bound_decides(engine):
     # what the bound does not decide is counted exactly, even above the window
     req, n = _text_of(engine, 9000)
-    assert n == 9000 == len(engine._render(req, req.messages, generation_prompt=True))
+    assert n == 9000 == len(engine.pipeline.prompts.render(req, req.messages, generation_prompt=True))
 
 
 def test_rendering_then_encoding_gives_the_tokens_of_apply_chat_template(engine):
@@ -180,11 +180,11 @@ def test_rendering_then_encoding_gives_the_tokens_of_apply_chat_template(engine)
                 {"role": "user", "content": "Hi <|im_end|> there\n\n  é 🙂"},
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "42"}]
     req = ChatRequest(messages=messages)
-    expected = engine._tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    expected = engine.slot.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                      tokenize=True)
     if isinstance(expected, dict):
         expected = expected["input_ids"]
-    assert engine._render(req, messages, generation_prompt=True) == list(expected)
+    assert engine.pipeline.prompts.render(req, messages, generation_prompt=True) == list(expected)
 
 
 @pytest.mark.parametrize("kind", ["messages", "legacy prompt"])

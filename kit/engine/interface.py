@@ -1,0 +1,131 @@
+"""The engine seam: :class:`EngineLike`, what the server needs from whatever owns the
+model, and :class:`SwapResult`. :class:`kit.engine.engine.Engine` (in-process) and
+:class:`kit.engine.process.EngineProcess` (the same engine in a child process) satisfy
+it; a distributed engine will too (see the Protocol's docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kit.engine.types import ChatRequest, Event
+from kit.models.resolve import ModelInfo
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    """What a swap did: the model now behind ``local``, the one before, and how long the
+    load took (seconds, resolve + fit check + load + warm-up; 0 when ``changed`` is
+    False: it was loaded already)."""
+
+    model: str
+    previous: str
+    load_seconds: float
+    changed: bool
+
+
+@runtime_checkable
+class EngineLike(Protocol):
+    """Whatever owns the model and serves generations, as the server sees it.
+
+    State attributes (read by ``/health`` and ``/v1/models``; written only by the engine):
+
+    - ``model_info``: the model behind ``local`` (:class:`kit.models.resolve.ModelInfo`).
+    - ``state``: ``loading``, ``ready``, ``unloaded`` (idle past ``ttl``; reloaded on the
+      next request), ``failed`` (``error`` says why), ``restarting`` (a dead engine process
+      is being replaced) or ``stopped``.
+    - ``error``: why it is ``failed``/``restarting``, else None.
+    - ``requests_served``, ``swaps``, ``reloads``, ``unloads``, ``restarts``: counters
+      since start (``restarts``: engine processes replaced; 0 in-process).
+    - ``load_seconds``: the last load's duration in seconds, or None before one.
+    - ``ttl``: idle seconds before an unload, or None for never.
+    - ``pid``: the process that runs generation (None before it started).
+
+    Every method is called from the server's event loop thread unless it says otherwise.
+
+    A distributed engine (one model sharded over several ranks with ``mlx.distributed``;
+    rank 0 serves HTTP and schedules) implements this on rank 0: ``start`` launches or
+    joins the ranks and loads every shard (``state`` is ``ready`` only when all are),
+    ``generate`` queues on rank 0's scheduler, ``swap`` is a barrier over all ranks,
+    ``memory``/``current_memory`` report rank 0 (or the sum), ``pid`` is rank 0's, and a
+    rank lost is ``failed``/``restarting``. The followers run no scheduler and no HTTP:
+    for every step rank 0 broadcasts what it decided, and they mirror the pipeline
+    (:class:`kit.engine.pipeline.Pipeline`): ``prepare`` of the same requests (same
+    tokens, same prompt-cache lookup, so their KV caches match), the same decode step
+    (sequential or batched: which requests, which tokens), ``complete`` (cache insert and
+    next-turn prefill), and the same model-slot transitions (load, unload, swap).
+    """
+
+    model_info: ModelInfo
+    state: str
+    error: str | None
+    requests_served: int
+    swaps: int
+    reloads: int
+    unloads: int
+    restarts: int
+    load_seconds: float | None
+    ttl: float | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def start(self) -> None:
+        """Start serving: the model loads in the background (``state`` ``loading``).
+        Returns at once; call once."""
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block (not on the event loop) until the first load finished or failed, at most
+        ``timeout`` seconds (None: no limit). Returns whether ``state`` is ``ready``."""
+
+    def stop(self) -> None:
+        """Stop: queued work finishes or is cancelled, then the engine exits. Idempotent."""
+
+    def generate(self, request: ChatRequest) -> AsyncIterator[Event]:
+        """Queue ``request`` (FIFO with swaps) and yield its events: one ``Started``,
+        ``TextDelta``/``ReasoningDelta``/``ToolCall`` events, then one ``Finished``.
+        Closing the iterator early cancels the request (its ``Finished`` then is not
+        delivered). Sets ``request.request_id`` when it is empty.
+
+        Raises (from the iterator, before ``Started`` unless generation itself fails):
+            InvalidRequest: the request cannot run as given (``field`` names the part;
+                ``code`` ``context_length_exceeded`` for a prompt over the window).
+            ModelUnavailable: ``request.model`` is not the loaded model.
+            ModelLoadError: the model failed to load.
+            EngineUnavailable: the engine is stopping or its process died.
+            EngineError: generation failed.
+        """
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens ``request`` would take (chat template applied), without queueing
+        it. May block for the engine's answer: call it from a worker thread.
+
+        Raises:
+            InvalidRequest: the template rejects the messages, or
+                ``context_length_exceeded``.
+            ModelLoadError: no tokenizer: the model failed to load.
+            EngineUnavailable: the model is loading, or the engine did not answer.
+        """
+
+    async def swap(self, spec: str) -> SwapResult:
+        """Make ``spec`` (a cache id or a folder) the model behind ``local``, after the
+        requests queued before it; requests queued after it run on the new model. On
+        failure the old model keeps serving.
+
+        Raises:
+            ModelNotFoundError, ModelError (ModelDoesNotFitError: not enough memory),
+            EngineUnavailable: the engine is stopping or died.
+        """
+
+    def memory(self) -> dict[str, int | None]:
+        """The last known allocator counters, bytes: ``active_bytes``, ``peak_bytes``,
+        ``weights_bytes`` (None: unknown). Never blocks."""
+
+    async def current_memory(self) -> dict[str, int | None]:
+        """:meth:`memory` as of now (asks the engine; falls back to :meth:`memory`
+        quickly, so ``/health`` always answers)."""
+
+    def capabilities(self) -> dict[str, bool]:
+        """What the loaded model's chat template supports: ``tools``, ``reasoning``
+        (both False while unknown)."""

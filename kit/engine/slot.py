@@ -1,0 +1,195 @@
+"""The model slot: the one loaded model, its tokenizer and what is derived from them.
+
+:class:`ModelSlot` checks that a model fits (memory policy), loads and warms it up,
+installs it, releases it (all of it, or all but the small tokenizer, so token counts keep
+working while unloaded) and answers what the loaded model is and can do. It keeps no
+public state beyond the loaded objects: the engine (:mod:`kit.engine.engine`) decides
+when to load, unload, reload or swap, and reports it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kit.errors import ModelDoesNotFitError, ModelError
+from kit.models.resolve import ModelInfo
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model loaded and warmed up but not installed yet (a swap installs it only once
+    the old model is released): ``weights_bytes`` is the estimate of its weights' size
+    (0 when it could not be estimated)."""
+
+    info: ModelInfo
+    model: Any
+    tokenizer: Any
+    weights_bytes: int
+
+
+class ModelSlot:
+    """Holds at most one model.
+
+    Attributes:
+        info: the model behind ``local`` (loaded or not).
+        model, tokenizer: mlx-lm's model and ``TokenizerWrapper``, or None (the tokenizer
+            outlives an idle unload).
+        weights_bytes: the installed model's weights, bytes (its estimate).
+        memory_budget: bytes a model may need at most (None: the memory available now
+            plus what the replaced model frees).
+    """
+
+    def __init__(self, info: ModelInfo, memory_budget: int | None = None) -> None:
+        self.info = info
+        self.memory_budget = memory_budget
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.weights_bytes = 0
+        self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
+        self._trimmable: bool | None = None  # the loaded model's KV cache, lazily
+        self._bound_for: tuple[Any, Any] | None = None  # (tokenizer, its TokenBound)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a model is installed (not released or unloaded)."""
+        return self.model is not None
+
+    # -- load / install / release ------------------------------------------------------------
+
+    def load(self, info: ModelInfo, replacing: int) -> Loaded:
+        """Check ``info`` fits, load it and warm it up (the slot is unchanged).
+
+        Args:
+            replacing: bytes of weights that will be freed once this load succeeds.
+
+        Raises:
+            ModelDoesNotFitError: the estimate is over the budget.
+            ModelError: mlx-lm cannot load it.
+        """
+        from kit.engine.blas import preload_blas
+
+        blas = preload_blas()
+        weights = self.check_fit(info, replacing)
+        t0 = time.perf_counter()
+        from mlx_lm import load, stream_generate
+
+        try:
+            model, tokenizer = load(str(info.path))
+        except Exception as e:
+            raise ModelError(f"cannot load {info.id}: {e}") from None
+        # One tiny generation so the first real request does not pay first-use costs
+        # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
+        for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
+            pass
+        from kit.engine.prompt_bound import TokenBound
+
+        bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
+        if bound is None:
+            log.info("no prompt-length bound for this tokenizer: prompts over the context "
+                     "window are tokenized in full before they are rejected")
+        self._bound_for = (tokenizer, bound)
+        log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
+                 blas or "bundled")
+        return Loaded(info, model, tokenizer, weights)
+
+    def check_fit(self, info: ModelInfo, replacing: int) -> int:
+        """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed).
+
+        Raises:
+            ModelDoesNotFitError: weights + KV cache for its window exceed the budget.
+        """
+        from kit.models.memory import available_bytes, estimate, human
+
+        try:
+            est = estimate(info.path, info.context_window)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("cannot estimate the memory of %s: %s", info.id, e)
+            return 0
+        budget = self.memory_budget or (available_bytes() + replacing)
+        if est.total > budget:
+            raise ModelDoesNotFitError(
+                f"{info.id} does not fit: it needs ~{human(est.total)} ({human(est.weights)} "
+                f"weights + {human(est.kv)} KV cache for {est.context} tokens) but the budget "
+                f"is {human(budget)}",
+                hint="free memory, pick a smaller or more quantized model, or raise "
+                     "--memory-budget", needed=est.total, budget=budget)
+        return est.weights
+
+    def install(self, loaded: Loaded) -> None:
+        """Make ``loaded`` the slot's model (release the old one first)."""
+        self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
+        self.weights_bytes = loaded.weights_bytes
+
+    def release(self, keep_tokenizer: bool = False) -> None:
+        """Drop the model (and, unless ``keep_tokenizer``, the tokenizer) and give mlx's
+        cached buffers back. Callers drop their own references (prompt caches) first."""
+        import mlx.core as mx
+
+        self.model = None
+        self._trimmable = None
+        if not keep_tokenizer:
+            self.tokenizer = None
+            self._grammar_tokenizer = None
+        gc.collect()
+        mx.clear_cache()
+
+    # -- what the loaded model is ------------------------------------------------------------
+
+    def trimmable(self) -> bool:
+        """Whether the loaded model's KV cache can be trimmed (not recurrent or rotating);
+        computed once per load."""
+        if self._trimmable is None:
+            from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+            self._trimmable = can_trim_prompt_cache(make_prompt_cache(self.model))
+        return self._trimmable
+
+    def bound(self) -> Any:
+        """The tokenizer's :class:`kit.engine.prompt_bound.TokenBound` (None: its pipeline
+        allows no proven bound), computed once per tokenizer (~0.1 s, at load).
+        Thread-safe (``count_tokens`` calls it beside the worker)."""
+        from kit.engine.prompt_bound import TokenBound
+
+        tok = self.tokenizer
+        cached = self._bound_for  # set by load; one tuple assignment: thread-safe
+        if cached is None or cached[0] is not tok:
+            cached = self._bound_for = (tok, TokenBound.from_tokenizer(tok))
+        return cached[1]
+
+    def grammar_tokenizer(self) -> Any:
+        """llguidance's view of the tokenizer (:func:`kit.engine.grammar.ll_tokenizer`),
+        built once per loaded tokenizer."""
+        if self._grammar_tokenizer is None:
+            from kit.engine.grammar import ll_tokenizer
+
+            self._grammar_tokenizer = ll_tokenizer(self.tokenizer)
+        return self._grammar_tokenizer
+
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows (ids are 0..vocab_size-1)."""
+        return len(self.tokenizer._tokenizer)  # mlx-lm's wrapper around the HF tokenizer
+
+    def memory(self) -> dict[str, int | None]:
+        """mlx's allocator: bytes in live arrays now and at peak, and the loaded weights'
+        size (all None before mlx is imported)."""
+        if "mlx.core" not in sys.modules:
+            return {"active_bytes": None, "peak_bytes": None, "weights_bytes": None}
+        import mlx.core as mx
+
+        return {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
+                "weights_bytes": self.weights_bytes if self.model is not None else 0}
+
+    def capabilities(self) -> dict[str, bool]:
+        """What the chat template supports, as mlx-lm detected it: ``tools`` (it renders
+        tools and has a tool-call parser), ``reasoning`` (think markers). All False while
+        no tokenizer is loaded."""
+        tok = self.tokenizer
+        return {"tools": bool(tok is not None and getattr(tok, "has_tool_calling", False)),
+                "reasoning": bool(tok is not None and getattr(tok, "has_thinking", False))}
