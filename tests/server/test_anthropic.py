@@ -143,9 +143,9 @@ def test_tool_calls_become_tool_use_blocks():
     """The adapter on a parsed tool call (the starter emits none): a tool_use block with the
     arguments as an object, and tool_use history turned back into tool calls."""
     from kit.engine.types import ToolCall
-    from kit.server.anthropic import MessagesRequest, _messages, _tool_block
+    from kit.server.anthropic import MessagesRequest, _messages, tool_use_block
 
-    block = _tool_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
+    block = tool_use_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
     assert block == {"type": "tool_use", "id": "toolu_abc", "name": "read",
                      "input": {"path": "a.txt"}}
     body = MessagesRequest(model="local", max_tokens=5, messages=[

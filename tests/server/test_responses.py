@@ -112,9 +112,9 @@ def test_tool_calls_and_reasoning_become_output_items_and_events():
     """The adapter's item builder on engine events a tool-calling reasoning model makes
     (the starter emits neither): a reasoning item, a message, then a function call."""
     from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
-    from kit.server.openai_responses import _Items
+    from kit.server.openai_responses import ResponsesRenderer
 
-    items = _Items()
+    items = ResponsesRenderer()
     events = []
     for ev in [ReasoningDelta("Need the weather."), TextDelta("Checking."),
                ToolCall("call_1", "get_weather", '{"city": "Paris"}', 0)]:
