@@ -252,7 +252,6 @@ class ResponsesRenderer(Renderer):
             events += self.close()
         return events
 
-
     def opening(self) -> list:
         pending = {**self.base, "status": "in_progress", "output": [], "usage": None}
         return [self.event("response.created", response=pending),

@@ -72,7 +72,13 @@ def test_system_blocks_history_and_claude_code_extras_are_accepted(client):
         extra_body={"thinking": {"type": "adaptive"}, "context_management": {"edits": []},
                     "output_config": {"effort": "low"}},
     )
-    assert m.content[0].text
+    # the one real-model run of this shape; what each block becomes is asserted model-free
+    # (tests/server/test_translation.py)
+    assert m.content[0].type == "text" and m.content[0].text
+    assert m.stop_reason in ("end_turn", "max_tokens") and m.model == F32
+    plain = client.messages.count_tokens(model="local", messages=QUESTION)
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > \
+        plain.input_tokens + 10  # the system text, tool call and tool result count
 
 
 def test_count_tokens(client, server):
