@@ -38,8 +38,8 @@ async def not_served(rest: str) -> None:
                    "streamGenerateContent and countTokens are)", type="not_found_error")
 
 
-# Included after kit.server.gemini's method routes: embedContent, batchEmbedContents... are 404s (the GET
-# route below would otherwise answer them 405).
+# Included after kit.server.gemini's method routes: embedContent, batchEmbedContents...
+# are 404s (the GET route below would otherwise answer them 405).
 for _version in ("v1beta", "v1"):
     router.add_api_route(f"/{_version}/models/{{rest:path}}", not_served, methods=["POST"])
 

@@ -39,7 +39,8 @@ from kit.server.translate import (
 GEMINI_FIELDS = {"messages": "contents", "prompt": "contents",
                  "tool_choice": "toolConfig.functionCallingConfig",
                  "schema": "generationConfig.responseJsonSchema",
-                 "top_k": "generationConfig.topK", "max_tokens": "generationConfig.maxOutputTokens",
+                 "top_k": "generationConfig.topK",
+                 "max_tokens": "generationConfig.maxOutputTokens",
                  "template_kwargs": "generationConfig.thinkingConfig"}
 
 
@@ -55,7 +56,7 @@ def _refuse_media(part: Any, where: str) -> None:
                     "executable_code": "executableCode",
                     "code_execution_result": "codeExecutionResult"}[field]
             raise bad_field(f"{name} parts are not supported by this local text-only model",
-                       f"{where}.{name}", code="unsupported_content")
+                            f"{where}.{name}", code="unsupported_content")
 
 
 def _system(content: Content | None) -> list[dict[str, Any]]:
@@ -96,7 +97,7 @@ def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
                 _refuse_media(p, where)
                 if p.function_response is not None:
                     raise bad_field("functionResponse parts belong in a user turn",
-                               f"{where}.functionResponse")
+                                    f"{where}.functionResponse")
                 if p.function_call is not None:
                     fc = p.function_call
                     call_id = fc.id or f"call_{i}_{j}"
@@ -114,13 +115,14 @@ def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
             where = f"contents.{i}.parts.{j}"
             _refuse_media(p, where)
             if p.function_call is not None:
-                raise bad_field("functionCall parts belong in a model turn", f"{where}.functionCall")
+                raise bad_field("functionCall parts belong in a model turn",
+                                f"{where}.functionCall")
             if p.function_response is not None:
                 fr = p.function_response
                 if fr.parts:
                     raise bad_field("multimodal function responses are not supported by this "
-                               "local text-only model", f"{where}.functionResponse.parts",
-                               code="unsupported_content")
+                                    "local text-only model", f"{where}.functionResponse.parts",
+                                    code="unsupported_content")
                 pending = open_calls.get(fr.name) or []
                 call_id = fr.id if fr.id else (pending[0] if pending else f"call_{i}_{j}")
                 if call_id in pending:
@@ -153,7 +155,7 @@ def chat_tools(body: GenerateContentRequest,
             snake = "".join("_" + ch.lower() if ch.isupper() else ch for ch in kind)
             if extra.get(kind) is not None or extra.get(snake) is not None:
                 raise bad_field(f"{kind} runs on Google's servers and is not available on a "
-                           "local server", f"tools.{i}.{kind}", code="unsupported_value")
+                                "local server", f"tools.{i}.{kind}", code="unsupported_value")
         for k, d in enumerate(tool.function_declarations or []):
             where = f"tools.{i}.functionDeclarations.{k}"
             if d.parameters is not None and d.parameters_json_schema is not None:
@@ -194,14 +196,14 @@ def _schema(g: GenerationConfig) -> dict[str, Any] | None:
     if mime == "text/plain":
         if given is not None:
             raise bad_field("a response schema needs responseMimeType application/json",
-                       "generationConfig.responseMimeType")
+                            "generationConfig.responseMimeType")
         return None
     if mime != "application/json":
         raise bad_field(f"{g.response_mime_type!r} is not supported (text/plain, application/json)",
-                   "generationConfig.responseMimeType", code="unsupported_value")
+                        "generationConfig.responseMimeType", code="unsupported_value")
     if g.response_json_schema is not None and g.response_schema is not None:
         raise bad_field("set responseSchema or responseJsonSchema, not both",
-                   "generationConfig.responseSchema")
+                        "generationConfig.responseSchema")
     try:
         return to_json_schema(given) if given else {"type": "object"}
     except ValueError as e:
@@ -232,18 +234,18 @@ def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
     g = body.generation_config or GenerationConfig()
     if body.cached_content:
         raise bad_field("this server stores no cached contents; send the whole conversation",
-                   "cachedContent", code="unsupported_value")
+                        "cachedContent", code="unsupported_value")
     if g.candidate_count is not None and g.candidate_count > 1:
         raise bad_field("only 1 candidate is supported", "generationConfig.candidateCount",
-                   code="unsupported_value")
+                        code="unsupported_value")
     if any(m.upper() != "TEXT" for m in g.response_modalities or []):
         raise bad_field("only TEXT output is supported", "generationConfig.responseModalities",
-                   code="unsupported_value")
+                        code="unsupported_value")
     for field, name in (("response_logprobs", "responseLogprobs"), ("logprobs", "logprobs"),
                         ("speech_config", "speechConfig")):
         if getattr(g, field):
             raise bad_field("not supported by this server", f"generationConfig.{name}",
-                       code="unsupported_value")
+                            code="unsupported_value")
     params = overridden(defaults, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
     params = replace(params, max_tokens=output_cap(g.max_output_tokens, context_window),
                      stop=stop_strings(g.stop_sequences), seed=g.seed,

@@ -9,7 +9,14 @@ from typing import Annotated, Any, Union
 from fastapi import Request
 from pydantic import Discriminator, Field, StrictInt, Tag
 
-from kit.engine.types import ChatRequest, Finished, SamplingParams, Started, TextDelta, TokenLogprob
+from kit.engine.types import (
+    ChatRequest,
+    Finished,
+    SamplingParams,
+    Started,
+    TextDelta,
+    TokenLogprob,
+)
 from kit.server import sse
 from kit.server.adapter import begin, protocol_router, respond
 from kit.server.content import MAX_TOKENS, Text

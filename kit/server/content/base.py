@@ -142,8 +142,9 @@ class Part(LenientModel):
 
 
 class TextPart(Part):
-    """A part whose ``text`` is what the model reads (see :func:`kit.server.translate.flatten`)."""
+    """A part whose ``text`` is what the model reads (:func:`kit.server.translate.flatten`)."""
 
+    type: str  # each subclass narrows it to its Literal (the union's tag)
     text: Text
 
     def text_of(self, where: str) -> str:
@@ -153,6 +154,7 @@ class TextPart(Part):
 class RefusalPart(Part):
     """An assistant refusal in history: its ``refusal`` text is re-sent as content."""
 
+    type: str
     refusal: Text
 
     def text_of(self, where: str) -> str:
