@@ -200,56 +200,50 @@ class ResponsesRenderer(Renderer):
                     self.event("response.output_item.done", output_index=i, item=last)]
         return [self.event("response.output_item.done", output_index=i, item=last)]
 
+    def _start(self, item: dict[str, Any], **shown: Any) -> list[dict]:
+        """Close the open item and add ``item``; ``shown``: how the added event shows it."""
+        events = self.close()
+        self.output.append(item)
+        return events + [self.event("response.output_item.added",
+                                    output_index=len(self.output) - 1, item={**item, **shown})]
+
     def add(self, ev: Any) -> list[dict]:
         """Apply one engine event; returns the stream events it makes."""
         events: list[dict] = []
+        i = len(self.output) - 1
         if isinstance(ev, TextDelta):
             item = self._current("message")
             if item is None:
-                events += self.close()
-                item = {"type": "message", "id": new_id("msg_"),
-                        "status": "in_progress", "role": "assistant",
-                        "content": [{"type": "output_text", "text": "", "annotations": []}]}
-                self.output.append(item)
+                part = {"type": "output_text", "text": "", "annotations": []}
+                item = {"type": "message", "id": new_id("msg_"), "status": "in_progress",
+                        "role": "assistant", "content": [dict(part)]}
+                events += self._start(item, content=[])
                 i = len(self.output) - 1
-                events += [self.event("response.output_item.added", output_index=i,
-                                      item={**item, "content": []}),
-                           self.event("response.content_part.added", item_id=item["id"],
-                                      output_index=i, content_index=0,
-                                      part={"type": "output_text", "text": "",
-                                            "annotations": []})]
+                events.append(self.event("response.content_part.added", item_id=item["id"],
+                                         output_index=i, content_index=0, part=part))
             item["content"][0]["text"] += ev.text
             events.append(self.event("response.output_text.delta", item_id=item["id"],
-                                     output_index=len(self.output) - 1, content_index=0,
-                                     delta=ev.text))
+                                     output_index=i, content_index=0, delta=ev.text))
         elif isinstance(ev, ReasoningDelta):
             item = self._current("reasoning")
             if item is None:
-                events += self.close()
-                item = {"type": "reasoning", "id": new_id("rs_"),
-                        "status": "in_progress", "summary": [],
-                        "content": [{"type": "reasoning_text", "text": ""}]}
-                self.output.append(item)
-                events.append(self.event("response.output_item.added",
-                                         output_index=len(self.output) - 1, item=item))
+                item = {"type": "reasoning", "id": new_id("rs_"), "status": "in_progress",
+                        "summary": [], "content": [{"type": "reasoning_text", "text": ""}]}
+                events += self._start(item)
+                i = len(self.output) - 1
             item["content"][0]["text"] += ev.text
             events.append(self.event("response.reasoning_text.delta", item_id=item["id"],
-                                     output_index=len(self.output) - 1, content_index=0,
-                                     delta=ev.text))
+                                     output_index=i, content_index=0, delta=ev.text))
         elif isinstance(ev, ToolCall):
-            events += self.close()
-            item = {"type": "function_call", "id": new_id("fc_"),
-                    "call_id": ev.id, "name": ev.name, "arguments": ev.arguments,
-                    "status": "in_progress"}
-            self.output.append(item)
+            item = {"type": "function_call", "id": new_id("fc_"), "call_id": ev.id,
+                    "name": ev.name, "arguments": ev.arguments, "status": "in_progress"}
+            events += self._start(item, arguments="")
             i = len(self.output) - 1
-            events += [self.event("response.output_item.added", output_index=i,
-                                  item={**item, "arguments": ""}),
-                       self.event("response.function_call_arguments.delta", item_id=item["id"],
+            events += [self.event("response.function_call_arguments.delta", item_id=item["id"],
                                   output_index=i, delta=ev.arguments),
                        self.event("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=i, arguments=ev.arguments)]
-            events += self.close()
+                                  output_index=i, arguments=ev.arguments),
+                       *self.close()]
         return events
 
     def opening(self) -> list:
