@@ -17,65 +17,71 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
-import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import Field
-from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import (
     ChatRequest,
-    EngineError,
     Finished,
     ReasoningDelta,
+    SamplingParams,
+    Started,
     TextDelta,
     ToolCall,
 )
+from kit.server import sse
+from kit.server.adapter import Renderer, begin, protocol_router, respond
 from kit.server.content import (
+    MAX_STOPS,
+    MAX_TOKENS,
     AnthropicTool,
     AnthropicToolChoice,
     Block,
     DroppedBlock,
     Id,
+    LenientModel,
     MediaBlock,
     SystemBlock,
     Text,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
-    block_text,
     either,
-    function_schema,
+    number,
     refuse,
 )
 from kit.server.errors import APIError
-from kit.server.openai_common import (
-    MAX_STOPS,
-    MAX_TOKENS,
-    Open,
-    number,
-    choose_tools,
-    collect,
-    engine_error,
-    start,
-    stream_events,
-)
 from kit.server.state import ServerState
+from kit.server.translate import (
+    call_arguments,
+    choose_tools,
+    flatten,
+    function_schema,
+    history_call,
+    output_cap,
+    overridden,
+    stop_strings,
+)
 
-router = APIRouter()
+#: Anthropic's names for the engine's neutral fields are the neutral names themselves
+#: (messages, tools, tool_choice, max_tokens, top_k); its error body has no param.
+ANTHROPIC_FIELDS: dict[str, str] = {}
+
+router = protocol_router(ANTHROPIC_FIELDS)
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                  "cancelled": "end_turn"}
 
 
-class Message(Open):
+class Message(LenientModel):
     # Claude Code also puts "system" messages among the turns (e.g. its agent list)
     role: Literal["user", "assistant", "system"]
     content: either(Text, list[Block])
 
 
-class MessagesRequest(Open):
+class MessagesRequest(LenientModel):
     """In the ranges Anthropic's API documents (temperature 0-1)."""
 
     model: Id
@@ -91,7 +97,7 @@ class MessagesRequest(Open):
     tool_choice: AnthropicToolChoice | None = None
 
 
-class CountTokensRequest(Open):
+class CountTokensRequest(LenientModel):
     model: Id
     messages: list[Message] = Field(min_length=1)
     system: either(Text, list[SystemBlock]) | None = None
@@ -108,7 +114,7 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     # System text from `system` and from system-role turns goes first, as one message:
     # many chat templates accept a system message only at the start.
-    system = [block_text(body.system, "system")] if body.system else []
+    system = [flatten(body.system, "system")] if body.system else []
     system += [_turn_text(m.content, f"messages.{i}.content")
                for i, m in enumerate(body.messages) if m.role == "system"]
     if system:
@@ -125,10 +131,9 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
             if isinstance(b, ToolResultBlock):
                 results = True
                 out.append({"role": "tool", "tool_call_id": b.tool_use_id,
-                            "content": block_text(b.content, f"{where}.{j}.content")})
+                            "content": flatten(b.content, f"{where}.{j}.content")})
             elif isinstance(b, ToolUseBlock):
-                calls.append({"id": b.id, "type": "function", "function": {
-                    "name": b.name, "arguments": b.input}})
+                calls.append(history_call(b.id, b.name, b.input))
             elif isinstance(b, TextBlock):
                 texts.append(b.text)
             elif isinstance(b, MediaBlock):
@@ -164,6 +169,26 @@ def _tools(body: MessagesRequest | CountTokensRequest,
     return choose_tools(tools, kind, getattr(choice, "name", None), supports_tools)
 
 
+def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
+                      supports_tools: bool = False,
+                      context_window: int | None = None) -> ChatRequest:
+    """Translate a validated Messages request into the engine's :class:`ChatRequest`;
+    ``defaults`` fills the sampling fields the request omits. ``max_tokens`` is a cap, as
+    in Anthropic's API: one that reaches ``context_window`` (Claude Code sends 32000)
+    becomes None, which the engine fits to what is left of the window.
+
+    Raises:
+        APIError: 400 for image, document and other non-text content.
+        InvalidRequest: ``tool_choice`` that cannot be honoured.
+    """
+    params = overridden(defaults, temperature=body.temperature, top_p=body.top_p,
+                        top_k=body.top_k)
+    params = replace(params, max_tokens=output_cap(body.max_tokens, context_window),
+                     stop=stop_strings(body.stop_sequences))
+    tools, force = _tools(body, supports_tools)
+    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force)
+
+
 def _usage(fin: Finished | None) -> dict[str, int]:
     u = fin.usage if fin else None
     return {"input_tokens": u.prompt_tokens - u.cached_tokens if u else 0,
@@ -172,111 +197,93 @@ def _usage(fin: Finished | None) -> dict[str, int]:
             "output_tokens": u.completion_tokens if u else 0}
 
 
-def _tool_block(call: ToolCall) -> dict[str, Any]:
-    try:
-        args = json.loads(call.arguments or "{}")
-    except ValueError:
-        args = {"_raw": call.arguments}
+def _stop_reason(fin: Finished | None) -> str:
+    if fin is not None and fin.stop_string:
+        return "stop_sequence"
+    return _STOP_REASONS.get(fin.finish_reason if fin else "stop", "end_turn")
+
+
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """A generated call as a ``tool_use`` block (id ``toolu_...``, input an object)."""
     return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"),
-            "name": call.name, "input": args}
+            "name": call.name, "input": call_arguments(call)}
+
+
+def _event(kind: str, data: dict) -> dict:
+    return sse.event(kind, {"type": kind, **data})
+
+
+class MessagesRenderer(Renderer):
+    """The content blocks, their stream events (content_block_start/delta/stop) and the
+    ``message`` body from the same engine events: text, thinking, tool_use."""
+
+    def __init__(self, message: dict[str, Any], started: Started) -> None:
+        self.message, self.started = message, started
+        self.content: list[dict[str, Any]] = []
+        self.open: str | None = None  # the kind of the block being streamed
+
+    def opening(self) -> list:
+        s = self.started
+        return [_event("message_start", {"message": {**self.message, "usage": {
+                    "input_tokens": s.prompt_tokens - s.cached_tokens,
+                    "cache_read_input_tokens": s.cached_tokens,
+                    "cache_creation_input_tokens": 0, "output_tokens": 0}}}),
+                _event("ping", {})]
+
+    def _open(self, kind: str, block: dict, empty: dict) -> list:
+        """Start a new block (``empty``: how its start event shows it), closing the open one."""
+        events = [_event("content_block_stop", {"index": len(self.content) - 1})] \
+            if self.open is not None else []
+        self.open = kind
+        self.content.append(block)
+        return events + [_event("content_block_start", {"index": len(self.content) - 1,
+                                                        "content_block": empty})]
+
+    def add(self, ev: Any) -> list:
+        events: list = []
+        if isinstance(ev, (TextDelta, ReasoningDelta)):
+            kind, key, delta = ("text", "text", "text_delta") if isinstance(ev, TextDelta) \
+                else ("thinking", "thinking", "thinking_delta")
+            if self.open != kind:
+                empty = {"type": "text", "text": ""} if kind == "text" else \
+                    {"type": "thinking", "thinking": "", "signature": ""}
+                events += self._open(kind, dict(empty), empty)
+            self.content[-1][key] += ev.text
+            events.append(_event("content_block_delta", {"index": len(self.content) - 1,
+                                                         "delta": {"type": delta, key: ev.text}}))
+        elif isinstance(ev, ToolCall):
+            block = tool_use_block(ev)
+            events += self._open("tool_use", block, {**block, "input": {}})
+            events.append(_event("content_block_delta", {
+                "index": len(self.content) - 1,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
+        return events
+
+    def finish(self, fin: Finished) -> list:
+        stop = [_event("content_block_stop", {"index": len(self.content) - 1})] \
+            if self.open is not None else []
+        return stop + [_event("message_delta", {"delta": {"stop_reason": _stop_reason(fin),
+                                                          "stop_sequence": fin.stop_string},
+                                                "usage": _usage(fin)}),
+                       _event("message_stop", {})]
+
+    def error(self, e: APIError) -> list:
+        return [sse.event("error", e.anthropic_body())]
+
+    def final(self, fin: Finished | None) -> dict:
+        return {**self.message, "content": self.content or [{"type": "text", "text": ""}],
+                "stop_reason": _stop_reason(fin),
+                "stop_sequence": fin.stop_string if fin else None, "usage": _usage(fin)}
 
 
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request):
-    state: ServerState = request.app.state.kit
-    model = await state.resolve(body.model)
-    params = replace(
-        state.sampling_defaults(),
-        # a cap, as in Anthropic's API: clients send large values (Claude Code: 32000);
-        # the engine fits it to what is left of the context window
-        max_tokens=None if body.max_tokens >= state.engine.model_info.context_window
-        else body.max_tokens,
-        stop=tuple(s for s in body.stop_sequences or () if s),
-        **{k: v for k, v in (("temperature", body.temperature), ("top_p", body.top_p),
-                             ("top_k", body.top_k)) if v is not None})
-    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-    tools, force = _tools(body, state.engine.capabilities()["tools"])
-    req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=msg_id,
-                      tools=tools, force_tool=force)
-    started, events = await start(state, req)
-    message = {"id": msg_id, "type": "message", "role": "assistant", "model": started.model,
-               "content": [], "stop_reason": None, "stop_sequence": None}
-
-    if body.stream:
-        def event(kind: str, data: dict) -> dict:
-            return {"event": kind, "data": json.dumps({"type": kind, **data})}
-
-        async def sse():
-            yield event("message_start", {"message": {**message, "usage": {
-                "input_tokens": started.prompt_tokens - started.cached_tokens,
-                "cache_read_input_tokens": started.cached_tokens,
-                "cache_creation_input_tokens": 0, "output_tokens": 0}}})
-            yield event("ping", {})
-            index, open_kind = -1, None
-
-            def open_block(kind: str, block: dict):
-                nonlocal index, open_kind
-                events_ = []
-                if open_kind is not None:
-                    events_.append(event("content_block_stop", {"index": index}))
-                index += 1
-                open_kind = kind
-                events_.append(event("content_block_start", {"index": index,
-                                                             "content_block": block}))
-                return events_
-
-            async for ev in stream_events(events):
-                if isinstance(ev, TextDelta):
-                    if open_kind != "text":
-                        for e in open_block("text", {"type": "text", "text": ""}):
-                            yield e
-                    yield event("content_block_delta", {"index": index, "delta": {
-                        "type": "text_delta", "text": ev.text}})
-                elif isinstance(ev, ReasoningDelta):
-                    if open_kind != "thinking":
-                        for e in open_block("thinking", {"type": "thinking", "thinking": "",
-                                                         "signature": ""}):
-                            yield e
-                    yield event("content_block_delta", {"index": index, "delta": {
-                        "type": "thinking_delta", "thinking": ev.text}})
-                elif isinstance(ev, ToolCall):
-                    block = _tool_block(ev)
-                    for e in open_block("tool_use", {**block, "input": {}}):
-                        yield e
-                    yield event("content_block_delta", {"index": index, "delta": {
-                        "type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
-                elif isinstance(ev, Finished):
-                    if open_kind is not None:
-                        yield event("content_block_stop", {"index": index})
-                    reason = "stop_sequence" if ev.stop_string else \
-                        _STOP_REASONS.get(ev.finish_reason, "end_turn")
-                    yield event("message_delta", {"delta": {"stop_reason": reason,
-                                                            "stop_sequence": ev.stop_string},
-                                                  "usage": _usage(ev)})
-                    yield event("message_stop", {})
-                elif isinstance(ev, APIError):
-                    yield {"event": "error", "data": json.dumps(ev.anthropic_body())}
-
-        return EventSourceResponse(sse(), ping=15)
-
-    got, fin = await collect(request, events)
-    content: list[dict[str, Any]] = []
-    for ev in got:
-        kind = {TextDelta: "text", ReasoningDelta: "thinking"}.get(type(ev))
-        if isinstance(ev, ToolCall):
-            content.append(_tool_block(ev))
-        elif content and content[-1]["type"] == kind:
-            content[-1][kind] += ev.text
-        elif kind == "text":
-            content.append({"type": "text", "text": ev.text})
-        elif kind == "thinking":
-            content.append({"type": "thinking", "thinking": ev.text, "signature": ""})
-    if not content:
-        content = [{"type": "text", "text": ""}]
-    reason = "stop_sequence" if fin and fin.stop_string else \
-        _STOP_REASONS.get(fin.finish_reason if fin else "stop", "end_turn")
-    return {**message, "content": content, "stop_reason": reason,
-            "stop_sequence": fin.stop_string if fin else None, "usage": _usage(fin)}
+    req, started, events = await begin(request, body.model, body, to_engine_request, "msg_")
+    message = {"id": req.request_id, "type": "message", "role": "assistant",
+               "model": started.model, "content": [], "stop_reason": None,
+               "stop_sequence": None}
+    return await respond(request, events, MessagesRenderer(message, started),
+                         stream=body.stream, fields=ANTHROPIC_FIELDS)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -285,10 +292,4 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     await state.resolve(body.model)
     req = ChatRequest(messages=_messages(body),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
-    try:
-        n = await asyncio.to_thread(state.engine.count_tokens, req)
-    except EngineError as e:
-        raise engine_error(e) from None
-    return {"input_tokens": n}
-
-
+    return {"input_tokens": await asyncio.to_thread(state.engine.count_tokens, req)}

@@ -1,57 +1,60 @@
-"""POST /v1/chat/completions (OpenAI Chat Completions), streaming (SSE) and not."""
+"""POST /v1/chat/completions (OpenAI Chat Completions), streaming (SSE) and not: the
+request models, one translation into the engine's ChatRequest and one renderer."""
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import Field
-from sse_starlette.sse import EventSourceResponse
 
 from kit.engine.types import (
     ChatRequest,
     Finished,
     ReasoningDelta,
     SamplingParams,
+    Started,
     TextDelta,
     ToolCall,
 )
+from kit.server import sse
+from kit.server.adapter import begin, protocol_router, respond
 from kit.server.content import (
+    MAX_TOKENS,
     ChatPart,
     ChatResponseFormat,
     ChatTool,
     ChatToolCall,
     ChatToolChoice,
     Id,
+    LenientModel,
     TemplateKwargs,
     Text,
-    chat_text,
     either,
-    function_schema,
-    tool_arguments,
 )
-from kit.server.errors import APIError
 from kit.server.openai_common import (
-    MAX_TOKENS,
-    Open,
+    OPENAI_FIELDS,
+    ChunkStream,
     SamplingFields,
-    choose_tools,
+    finish_reason,
     response_schema,
-    collect,
     sampling,
-    start,
-    stream_events,
     usage,
 )
-from kit.server.state import ServerState
+from kit.server.translate import (
+    choose_tools,
+    flatten,
+    function_schema,
+    history_call,
+    thinking_kwargs,
+    tool_arguments,
+)
 
-router = APIRouter()
+router = protocol_router(OPENAI_FIELDS)
 
 
-class ChatMessage(Open):
+class ChatMessage(LenientModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: either(Text, list[ChatPart]) | None = None
     name: Id | None = None
@@ -71,17 +74,15 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: TemplateKwargs | None = None
 
 
-def _flatten(message: ChatMessage, index: int) -> dict[str, Any]:
+def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     """One message for the chat template: content as a string, ``developer`` as ``system``,
     tool-call arguments as mappings (what templates expect)."""
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
-                           "content": chat_text(message.content, f"messages.{index}.content")}
+                           "content": flatten(message.content, f"messages.{index}.content")}
     if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {
-                "name": call.function.name,
-                "arguments": tool_arguments(call.function.arguments)}}
-            for call in message.tool_calls]
+        out["tool_calls"] = [history_call(call.id, call.function.name,
+                                          tool_arguments(call.function.arguments))
+                             for call in message.tool_calls]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     if message.name:
@@ -101,26 +102,29 @@ def _tools(body: ChatCompletionRequest,
 
 
 def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
-                      supports_tools: bool = False) -> ChatRequest:
+                      supports_tools: bool = False,
+                      context_window: int | None = None) -> ChatRequest:
     """Translate a validated Chat Completions request into the engine's
-    :class:`ChatRequest`; ``defaults`` fills temperature and top_p when the request omits
-    them (an omitted max_tokens stays None: the engine fits it to the model and context
-    window).
+    :class:`ChatRequest`; ``defaults`` fills temperature, top_p, top_k and min_p when the
+    request omits them (an omitted max_tokens stays None: the engine fits it to the model
+    and context window, so ``context_window`` is not needed here).
+
+    ``reasoning_effort`` becomes the template variables ``reasoning_effort`` and
+    ``enable_thinking`` unless ``chat_template_kwargs`` sets them itself.
 
     Raises:
         APIError: 400 for what this server cannot honour (n > 1, image/audio/file content,
-            a json_schema without a schema, a forced tool call on a model without tool
-            support).
+            a json_schema without a schema).
+        InvalidRequest: ``tool_choice`` that cannot be honoured (e.g. a forced call on a
+            model without tool support).
     """
     schema = response_schema(body.response_format, "response_format")
     params = sampling(body, defaults, max_tokens=body.max_completion_tokens or body.max_tokens,
                       logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     template_kwargs = dict(body.chat_template_kwargs or {})
-    if body.reasoning_effort is not None:
-        template_kwargs.setdefault("reasoning_effort", body.reasoning_effort)
-        template_kwargs.setdefault("enable_thinking", body.reasoning_effort not in ("none",
-                                                                                   "minimal"))
-    messages = [_flatten(m, i) for i, m in enumerate(body.messages)]
+    for key, value in thinking_kwargs(body.reasoning_effort).items():
+        template_kwargs.setdefault(key, value)
+    messages = [_message(m, i) for i, m in enumerate(body.messages)]
     tools, force = _tools(body, supports_tools)
     return ChatRequest(messages=messages, params=params, tools=tools, force_tool=force,
                        response_schema=schema, template_kwargs=template_kwargs)
@@ -140,60 +144,68 @@ def _tool_call(call: ToolCall, streaming: bool) -> dict[str, Any]:
     return {"index": call.index, **out} if streaming else out
 
 
+class ChatRenderer(ChunkStream):
+    """``chat.completion.chunk`` frames and the ``chat.completion`` body from the same
+    events: text, reasoning (``reasoning_content``), tool calls, logprobs."""
+
+    def __init__(self, base: dict[str, Any], *, include_usage: bool, logprobs: bool) -> None:
+        super().__init__(base, include_usage)
+        self.want_logprobs = logprobs
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[ToolCall] = []
+        self.logprobs: list = []
+
+    def _chunk(self, delta: dict, finish: str | None = None, logprobs: Any = None) -> dict:
+        return sse.data({**self.base, "choices": [
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+
+    def opening(self) -> list:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def add(self, ev: Any) -> list:
+        if isinstance(ev, TextDelta):
+            self.text.append(ev.text)
+            self.logprobs += ev.logprobs
+            return [self._chunk({"content": ev.text}, logprobs={
+                "content": _logprobs(ev.logprobs)} if ev.logprobs else None)]
+        if isinstance(ev, ReasoningDelta):
+            self.reasoning.append(ev.text)
+            return [self._chunk({"reasoning_content": ev.text})]
+        if isinstance(ev, ToolCall):
+            self.calls.append(ev)
+            return [self._chunk({"tool_calls": [_tool_call(ev, streaming=True)]})]
+        return []
+
+    def last_chunk(self, fin: Finished) -> dict:
+        return self._chunk({}, fin.finish_reason)
+
+    def final(self, fin: Finished | None) -> dict:
+        text, calls = "".join(self.text), [_tool_call(c, streaming=False) for c in self.calls]
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": text or (None if calls else "")}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if calls:
+            message["tool_calls"] = calls
+        return {**self.base, "object": "chat.completion", "choices": [
+            {"index": 0, "message": message,
+             "logprobs": {"content": _logprobs(self.logprobs)} if self.want_logprobs
+             else None, "finish_reason": finish_reason(fin)}], "usage": usage(fin)}
+
+
+def _base(req: ChatRequest, started: Started) -> dict[str, Any]:
+    # Like OpenAI, "model" names the model that actually answered (the real id).
+    return {"id": req.request_id, "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": started.model,
+            "system_fingerprint": "mlx-kit"}
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state: ServerState = request.app.state.kit
-    model = await state.resolve(body.model)
-    req = to_engine_request(body, state.sampling_defaults(),
-                            supports_tools=state.engine.capabilities()["tools"])
-    req.model = model
-    completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    req.request_id = completion_id
-    created = int(time.time())
-    started, events = await start(state, req)
-    # Like OpenAI, "model" names the model that actually answered (the real id).
-    base = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-            "model": started.model, "system_fingerprint": "mlx-kit"}
-
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-        def chunk(delta: dict, finish: str | None = None, logprobs: Any = None) -> dict:
-            return {"data": json.dumps({**base, "choices": [
-                {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})}
-
-        async def sse():
-            yield chunk({"role": "assistant", "content": ""})
-            async for ev in stream_events(events):
-                if isinstance(ev, TextDelta):
-                    yield chunk({"content": ev.text}, logprobs={
-                        "content": _logprobs(ev.logprobs)} if ev.logprobs else None)
-                elif isinstance(ev, ReasoningDelta):
-                    yield chunk({"reasoning_content": ev.text})
-                elif isinstance(ev, ToolCall):
-                    yield chunk({"tool_calls": [_tool_call(ev, streaming=True)]})
-                elif isinstance(ev, Finished):
-                    yield chunk({}, ev.finish_reason)
-                    if include_usage:
-                        yield {"data": json.dumps({**base, "choices": [], "usage": usage(ev)})}
-                elif isinstance(ev, APIError):  # after the headers: an error in the stream
-                    yield {"data": json.dumps(ev.body())}
-            yield {"data": "[DONE]"}
-
-        return EventSourceResponse(sse(), ping=15)
-
-    got, fin = await collect(request, events)
-    text = "".join(e.text for e in got if isinstance(e, TextDelta))
-    reasoning = "".join(e.text for e in got if isinstance(e, ReasoningDelta))
-    calls = [_tool_call(e, streaming=False) for e in got if isinstance(e, ToolCall)]
-    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    logprobs = [lp for e in got if isinstance(e, TextDelta) for lp in e.logprobs]
-    return {**base, "object": "chat.completion", "choices": [
-        {"index": 0, "message": message,
-         "logprobs": {"content": _logprobs(logprobs)} if body.logprobs else None,
-         "finish_reason": fin.finish_reason if fin else "stop"}],
-        "usage": usage(fin)}
+    req, started, events = await begin(request, body.model, body, to_engine_request,
+                                       "chatcmpl-")
+    renderer = ChatRenderer(_base(req, started), logprobs=bool(body.logprobs),
+                            include_usage=bool(body.stream_options
+                                               and body.stream_options.include_usage))
+    return await respond(request, events, renderer, stream=body.stream, fields=OPENAI_FIELDS)

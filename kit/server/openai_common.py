@@ -1,50 +1,41 @@
-"""What the OpenAI routers (chat/completions, completions) share: the sampling fields,
-their translation to the engine, usage, error mapping, and running a request."""
+"""What the OpenAI routers (chat completions, legacy completions, Responses) share: the
+sampling fields and their translation, ``response_format``/``text.format`` schemas, usage,
+OpenAI's field names for the engine's errors, and the chunk stream's tail (Finished ->
+usage chunk -> ``[DONE]``)."""
 
 from __future__ import annotations
 
-import asyncio
-from contextlib import aclosing
-from typing import Annotated, Any, AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
 
-from kit.engine.types import (
-    ChatRequest,
-    EngineError,
-    Finished,
-    SamplingParams,
-    Started,
+from kit.engine.types import Finished, SamplingParams
+from kit.server import sse
+from kit.server.adapter import Renderer
+from kit.server.content import (
+    MAX_STOPS,
+    MAX_TOKENS,
+    Id,
+    LenientModel,
+    Text,
+    either,
+    number,
 )
-from kit.server.content import Id, Text, either, excerpt
-from kit.server.errors import APIError, api_error
-from kit.server.state import ServerState
+from kit.server.errors import APIError
+from kit.server.translate import stop_strings
 
 
-class Open(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are accepted and ignored
-
-
-class StreamOptions(Open):
+class StreamOptions(LenientModel):
     include_usage: bool = False
 
 
-MAX_TOKENS = 2**31 - 1  # token counts beyond an int32 are mistakes, not requests
-MAX_STOPS = 64  # stop strings (OpenAI allows 4; agents send a few more)
 MAX_LOGIT_BIAS = 1024  # logit_bias entries
 TokenKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
 
-def number(lo: float, hi: float | None = None, *, above: bool = False) -> Any:
-    """A finite float field defaulting to None, in [lo, hi] (``above``: (lo, hi])."""
-    bounds = {"gt": lo} if above else {"ge": lo}
-    return Field(default=None, le=hi, allow_inf_nan=False, **bounds)
-
-
-class SamplingFields(Open):
+class SamplingFields(LenientModel):
     """Request fields both OpenAI text endpoints accept, in the ranges OpenAI's API
     documents (top_k and min_p are extensions)."""
 
@@ -98,54 +89,11 @@ def sampling(body: SamplingFields, defaults: SamplingParams, *, max_tokens: int 
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         logit_bias=bias,
-        stop=tuple(s for s in stop if s),
+        stop=stop_strings(stop),
         seed=body.seed,
         logprobs=logprobs,
         top_logprobs=top_logprobs if logprobs else 0,
     )
-
-
-def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
-                 supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The tools to hand the chat template (OpenAI function schemas) and the call to
-    force (``ChatRequest.force_tool``), for every protocol.
-
-    ``kind``: ``none`` hides the tools; ``auto`` passes them all and lets the model decide;
-    ``required`` forces a call to one of them (force ``""``); ``named`` forces a call to
-    ``name``. The template always gets every tool, so the prompt (and its cache) does not
-    change with ``tool_choice``. Tools sent to a model without tool support reach its
-    template, which ignores them (``capabilities.tools`` in /v1/models says so).
-
-    The tools are already validated by the protocol's request model
-    (:mod:`kit.server.content`).
-
-    Raises:
-        APIError: 400 for a forced call without tools, on a model without tool support,
-            or naming a tool that is not in ``tools``.
-    """
-    if kind not in ("auto", "none", "required", "named"):
-        raise APIError(400, f"tool_choice {excerpt(kind)} is not supported (auto, none, required, "
-                       "or a function)", param="tool_choice", code="invalid_value")
-    if kind in ("required", "named") and not tools:
-        raise APIError(400, "tool_choice requires a tool call, but no (function) tools were "
-                       "given", param="tool_choice", code="invalid_value")
-    if not tools or kind == "none":
-        return None, None
-    if kind == "auto":
-        return tools, None
-    if not supports_tools:
-        raise APIError(400, "tool_choice requires a tool call, but the loaded model's chat "
-                       "template has no tool-call support", param="tool_choice",
-                       code="unsupported_value")
-    if kind == "required":
-        return tools, ""
-    if not isinstance(name, str) or not name:
-        raise APIError(400, "tool_choice must name a function", param="tool_choice",
-                       code="invalid_value")
-    if not any(t["function"]["name"] == name for t in tools):
-        raise APIError(400, f"tool_choice names {excerpt(name)}, which is not in tools",
-                       param="tool_choice", code="invalid_value")
-    return tools, name
 
 
 def response_schema(fmt: Any, param: str) -> dict[str, Any] | None:
@@ -181,68 +129,34 @@ def usage(fin: Finished | None) -> dict[str, Any] | None:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-# OpenAI's names for the engine's neutral field names (the other fields are the same).
+#: OpenAI's names for the engine's neutral field names (the other fields are the same).
 OPENAI_FIELDS = {"schema": "response_format", "template_kwargs": "chat_template_kwargs"}
 
 
-def engine_error(e: EngineError, fields: dict[str, str] | None = None) -> APIError:
-    """Map an engine error to the API error a client sees (see ``errors.api_error``);
-    ``fields`` defaults to OpenAI's field names."""
-    return api_error(e, OPENAI_FIELDS if fields is None else fields)
+class ChunkStream(Renderer):
+    """The stream both OpenAI chunk APIs end the same way: the last choice chunk with the
+    finish reason, a usage chunk with empty ``choices`` when ``stream_options.include_usage``
+    asked for one, then ``data: [DONE]`` (also after an error, which is a chunk holding
+    OpenAI's error object). Subclasses make the chunks (:meth:`last_chunk`)."""
+
+    def __init__(self, base: dict[str, Any], include_usage: bool) -> None:
+        self.base, self.include_usage = base, include_usage
+
+    def last_chunk(self, fin: Finished) -> dict:
+        raise NotImplementedError
+
+    def finish(self, fin: Finished) -> list:
+        tail = [sse.data({**self.base, "choices": [], "usage": usage(fin)})] \
+            if self.include_usage else []
+        return [self.last_chunk(fin), *tail]
+
+    def error(self, e: APIError) -> list:
+        return [sse.data(e.body())]
+
+    def closing(self) -> list:
+        return [sse.DONE]
 
 
-async def start(state: ServerState, req: ChatRequest) -> tuple[Started, AsyncIterator]:
-    """Queue ``req`` and wait for its ``Started`` event, so that a request the engine
-    rejects (bad template, context exceeded, model not loaded) gets a real 4xx/5xx status
-    instead of a broken stream. Returns the event and the iterator of the rest."""
-    events = state.engine.generate(req)
-    try:
-        started = await anext(events)
-    except EngineError as e:
-        raise engine_error(e) from None
-    if not isinstance(started, Started):  # the engine's contract: Started comes first
-        raise APIError(500, "engine protocol error", type="server_error")
-    return started, events
-
-
-async def collect(request: Request, events: AsyncIterator) -> tuple[list, Finished | None]:
-    """All events of a non-streamed request, cancelling generation if the client hangs up.
-
-    Raises:
-        APIError: the engine's error, or 499 when the client went away.
-    """
-    async def run() -> tuple[list, Finished | None]:
-        got, fin = [], None
-        async with aclosing(events):
-            async for ev in events:
-                if isinstance(ev, Finished):
-                    fin = ev
-                else:
-                    got.append(ev)
-        return got, fin
-
-    task = asyncio.ensure_future(run())
-    try:
-        while not task.done():
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if not done and await request.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client closed the request")
-    except asyncio.CancelledError:  # e.g. the server's shutdown: stop generating too
-        task.cancel()
-        raise
-    try:
-        return task.result()
-    except EngineError as e:
-        raise engine_error(e) from None
-
-
-async def stream_events(events: AsyncIterator) -> AsyncIterator:
-    """The events of a streamed request; an engine error after the headers went out
-    becomes an ``APIError`` item for the router to render inside the stream."""
-    try:
-        async with aclosing(events):
-            async for ev in events:
-                yield ev
-    except EngineError as e:
-        yield engine_error(e)
+def finish_reason(fin: Finished | None) -> str:
+    """OpenAI's ``finish_reason`` (``stop`` when the engine ended without one)."""
+    return fin.finish_reason if fin else "stop"

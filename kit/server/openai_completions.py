@@ -1,31 +1,36 @@
-"""POST /v1/completions (OpenAI's legacy text completions), streaming (SSE) and not."""
+"""POST /v1/completions (OpenAI's legacy text completions), streaming (SSE) and not: the
+request model, one translation into the engine's ChatRequest and one renderer."""
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from typing import Annotated, Any, Union
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import Discriminator, Field, StrictInt, Tag
-from sse_starlette.sse import EventSourceResponse
 
-from kit.engine.types import ChatRequest, Finished, TextDelta, TokenLogprob
-from kit.server.content import Text
+from kit.engine.types import (
+    ChatRequest,
+    Finished,
+    SamplingParams,
+    Started,
+    TextDelta,
+    TokenLogprob,
+)
+from kit.server import sse
+from kit.server.adapter import begin, protocol_router, respond
+from kit.server.content import MAX_TOKENS, Text
 from kit.server.errors import APIError
 from kit.server.openai_common import (
-    MAX_TOKENS,
+    OPENAI_FIELDS,
+    ChunkStream,
     SamplingFields,
-    collect,
+    finish_reason,
     sampling,
-    start,
-    stream_events,
     usage,
 )
-from kit.server.state import ServerState
 
-router = APIRouter()
+router = protocol_router(OPENAI_FIELDS)
 
 
 TokenId = Annotated[StrictInt, Field(ge=0)]  # checked against the vocabulary by the engine
@@ -90,48 +95,65 @@ def _logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
             "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request):
-    state: ServerState = request.app.state.kit
-    model = await state.resolve(body.model)
+def to_engine_request(body: CompletionRequest, defaults: SamplingParams,
+                      supports_tools: bool = False,
+                      context_window: int | None = None) -> ChatRequest:
+    """Translate a validated completions request into the engine's raw-prompt
+    :class:`ChatRequest` (no chat template; ``supports_tools`` and ``context_window`` are
+    not needed here).
+
+    Raises:
+        APIError: 400 for n > 1, several prompts, an empty prompt, echo or suffix.
+    """
     want_logprobs = body.logprobs is not None
-    params = sampling(body, state.sampling_defaults(), max_tokens=body.max_tokens,
-                      logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
-    completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+    params = sampling(body, defaults, max_tokens=body.max_tokens, logprobs=want_logprobs,
+                      top_logprobs=body.logprobs or 0)
     text, ids = _prompt(body)
-    req = ChatRequest(messages=[], prompt=text, prompt_ids=ids, params=params, model=model,
-                      request_id=completion_id)
-    started, events = await start(state, req)
-    base = {"id": completion_id, "object": "text_completion", "created": int(time.time()),
+    return ChatRequest(messages=[], prompt=text, prompt_ids=ids, params=params)
+
+
+class CompletionRenderer(ChunkStream):
+    """``text_completion`` chunks and body from the same text deltas (logprobs with each
+    token's offset in the completion text)."""
+
+    def __init__(self, base: dict[str, Any], *, include_usage: bool, logprobs: bool) -> None:
+        super().__init__(base, include_usage)
+        self.want_logprobs = logprobs
+        self.deltas: list[TextDelta] = []
+        self.offset = 0
+
+    def _chunk(self, text: str, lp: Any, finish: str | None) -> dict:
+        return sse.data({**self.base, "choices": [
+            {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]})
+
+    def add(self, ev: Any) -> list:
+        if not isinstance(ev, TextDelta):
+            return []
+        self.deltas.append(ev)
+        lp = _logprobs(list(ev.logprobs), self.offset) if self.want_logprobs else None
+        self.offset += len(ev.text)
+        return [self._chunk(ev.text, lp, None)]
+
+    def last_chunk(self, fin: Finished) -> dict:
+        return self._chunk("", None, fin.finish_reason)
+
+    def final(self, fin: Finished | None) -> dict:
+        return {**self.base, "choices": [{
+            "text": "".join(e.text for e in self.deltas), "index": 0,
+            "logprobs": _logprobs([lp for e in self.deltas for lp in e.logprobs], 0)
+            if self.want_logprobs else None,
+            "finish_reason": finish_reason(fin)}], "usage": usage(fin)}
+
+
+def _base(req: ChatRequest, started: Started) -> dict[str, Any]:
+    return {"id": req.request_id, "object": "text_completion", "created": int(time.time()),
             "model": started.model, "system_fingerprint": "mlx-kit"}
 
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        async def sse():
-            offset = 0
-            async for ev in stream_events(events):
-                if isinstance(ev, TextDelta):
-                    lp = _logprobs(list(ev.logprobs), offset) if want_logprobs else None
-                    offset += len(ev.text)
-                    yield {"data": json.dumps({**base, "choices": [
-                        {"text": ev.text, "index": 0, "logprobs": lp, "finish_reason": None}]})}
-                elif isinstance(ev, Finished):
-                    yield {"data": json.dumps({**base, "choices": [
-                        {"text": "", "index": 0, "logprobs": None,
-                         "finish_reason": ev.finish_reason}]})}
-                    if include_usage:
-                        yield {"data": json.dumps({**base, "choices": [], "usage": usage(ev)})}
-                elif isinstance(ev, APIError):
-                    yield {"data": json.dumps(ev.body())}
-            yield {"data": "[DONE]"}
-
-        return EventSourceResponse(sse(), ping=15)
-
-    got, fin = await collect(request, events)
-    deltas = [e for e in got if isinstance(e, TextDelta)]
-    return {**base, "choices": [{
-        "text": "".join(e.text for e in deltas), "index": 0,
-        "logprobs": _logprobs([lp for e in deltas for lp in e.logprobs], 0)
-        if want_logprobs else None,
-        "finish_reason": fin.finish_reason if fin else "stop"}], "usage": usage(fin)}
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    req, started, events = await begin(request, body.model, body, to_engine_request, "cmpl-")
+    renderer = CompletionRenderer(_base(req, started), logprobs=body.logprobs is not None,
+                                  include_usage=bool(body.stream_options
+                                                     and body.stream_options.include_usage))
+    return await respond(request, events, renderer, stream=body.stream, fields=OPENAI_FIELDS)

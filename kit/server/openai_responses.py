@@ -12,23 +12,32 @@ are typed (:mod:`kit.server.content`): an unknown one is a 400 naming it.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
-import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from pydantic import Field
-from sse_starlette.sse import EventSourceResponse
 
-from kit.engine.types import ChatRequest, Finished, ReasoningDelta, TextDelta, ToolCall
+from kit.engine.types import (
+    ChatRequest,
+    Finished,
+    ReasoningDelta,
+    SamplingParams,
+    Started,
+    TextDelta,
+    ToolCall,
+)
+from kit.server import sse
+from kit.server.adapter import Renderer, begin, protocol_router, respond
 from kit.server.content import (
+    MAX_TOKENS,
     FunctionCallItem,
     FunctionCallOutputItem,
     Id,
     InputItem,
     ItemReference,
+    LenientModel,
     MessageItem,
     ReasoningConfig,
     ResponsesFunctionTool,
@@ -37,27 +46,29 @@ from kit.server.content import (
     Text,
     TextConfig,
     either,
-    function_schema,
-    input_text,
-    tool_arguments,
+    number,
 )
 from kit.server.errors import APIError
-from kit.server.openai_common import (
-    MAX_TOKENS,
-    Open,
-    number,
+from kit.server.openai_common import response_schema
+from kit.server.translate import (
     choose_tools,
-    collect,
-    response_schema,
-    start,
-    stream_events,
+    flatten,
+    function_schema,
+    history_call,
+    new_id,
+    overridden,
+    thinking_kwargs,
+    tool_arguments,
 )
-from kit.server.state import ServerState
 
-router = APIRouter()
+#: The Responses API's names for the engine's neutral field names.
+RESPONSES_FIELDS = {"schema": "text.format", "messages": "input",
+                    "max_tokens": "max_output_tokens", "template_kwargs": "reasoning"}
+
+router = protocol_router(RESPONSES_FIELDS)
 
 
-class ResponsesRequest(Open):
+class ResponsesRequest(LenientModel):
     model: Id
     input: either(Text, list[InputItem])
     instructions: Text | None = None
@@ -87,17 +98,16 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         where = f"input.{i}"
         if isinstance(item, MessageItem):
             role = "system" if item.role in ("system", "developer") else item.role
-            out.append({"role": role, "content": input_text(item.content, f"{where}.content")})
+            out.append({"role": role, "content": flatten(item.content, f"{where}.content")})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {
-                "name": item.name, "arguments": tool_arguments(item.arguments)}}
+            call = history_call(item.call_id, item.name, tool_arguments(item.arguments))
             if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id,
-                        "content": input_text(item.output, f"{where}.output")})
+                        "content": flatten(item.output, f"{where}.output")})
         elif isinstance(item, ItemReference):
             raise APIError(400, "item_reference is not supported: this server stores no "
                            "items; send the item itself", param=where,
@@ -121,17 +131,49 @@ def _tools(body: ResponsesRequest,
     return choose_tools(tools, choice or "auto", None, supports_tools)
 
 
-class _Items:
-    """Builds the output items (and their stream events) from engine events."""
+def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
+                      supports_tools: bool = False,
+                      context_window: int | None = None) -> ChatRequest:
+    """Translate a validated Responses request into the engine's :class:`ChatRequest`:
+    ``defaults`` fills the sampling fields the request omits, ``reasoning.effort`` becomes
+    the template variables ``reasoning_effort`` / ``enable_thinking``, ``text.format`` the
+    answer's schema (``context_window`` is not needed here).
 
-    def __init__(self) -> None:
+    Raises:
+        APIError: 400 for ``previous_response_id``, item references, media content, a
+            json_schema without a schema, a forced hosted tool.
+        InvalidRequest: ``tool_choice`` that cannot be honoured.
+    """
+    if body.previous_response_id:
+        raise APIError(400, "previous_response_id is not supported: this server stores no "
+                       "responses; send the whole input", param="previous_response_id",
+                       code="unsupported_value")
+    schema = response_schema(body.text.format if body.text else None, "text.format")
+    params = replace(overridden(defaults, temperature=body.temperature, top_p=body.top_p),
+                     max_tokens=body.max_output_tokens)
+    effort = body.reasoning.effort if body.reasoning else None
+    tools, force = _tools(body, supports_tools)
+    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force,
+                       response_schema=schema, template_kwargs=thinking_kwargs(effort or None))
+
+
+class ResponsesRenderer(Renderer):
+    """The output items, their stream events (numbered by ``sequence_number``) and the
+    ``response`` object, from the same engine events.
+
+    Args:
+        base: the response object's fixed fields (id, model, the request's echoed
+            settings); None for a bare item builder (tests).
+    """
+
+    def __init__(self, base: dict[str, Any] | None = None) -> None:
+        self.base = base or {}
         self.output: list[dict[str, Any]] = []
         self.seq = 0
 
     def event(self, kind: str, **data: Any) -> dict:
         self.seq += 1
-        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.seq,
-                                                   **data})}
+        return sse.event(kind, {"type": kind, "sequence_number": self.seq, **data})
 
     def _current(self, kind: str) -> dict | None:
         last = self.output[-1] if self.output else None
@@ -158,86 +200,87 @@ class _Items:
                     self.event("response.output_item.done", output_index=i, item=last)]
         return [self.event("response.output_item.done", output_index=i, item=last)]
 
+    def _start(self, item: dict[str, Any], **shown: Any) -> list[dict]:
+        """Close the open item and add ``item``; ``shown``: how the added event shows it."""
+        events = self.close()
+        self.output.append(item)
+        return events + [self.event("response.output_item.added",
+                                    output_index=len(self.output) - 1, item={**item, **shown})]
+
     def add(self, ev: Any) -> list[dict]:
         """Apply one engine event; returns the stream events it makes."""
         events: list[dict] = []
+        i = len(self.output) - 1
         if isinstance(ev, TextDelta):
             item = self._current("message")
             if item is None:
-                events += self.close()
-                item = {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}",
-                        "status": "in_progress", "role": "assistant",
-                        "content": [{"type": "output_text", "text": "", "annotations": []}]}
-                self.output.append(item)
+                part = {"type": "output_text", "text": "", "annotations": []}
+                item = {"type": "message", "id": new_id("msg_"), "status": "in_progress",
+                        "role": "assistant", "content": [dict(part)]}
+                events += self._start(item, content=[])
                 i = len(self.output) - 1
-                events += [self.event("response.output_item.added", output_index=i,
-                                      item={**item, "content": []}),
-                           self.event("response.content_part.added", item_id=item["id"],
-                                      output_index=i, content_index=0,
-                                      part={"type": "output_text", "text": "",
-                                            "annotations": []})]
+                events.append(self.event("response.content_part.added", item_id=item["id"],
+                                         output_index=i, content_index=0, part=part))
             item["content"][0]["text"] += ev.text
             events.append(self.event("response.output_text.delta", item_id=item["id"],
-                                     output_index=len(self.output) - 1, content_index=0,
-                                     delta=ev.text))
+                                     output_index=i, content_index=0, delta=ev.text))
         elif isinstance(ev, ReasoningDelta):
             item = self._current("reasoning")
             if item is None:
-                events += self.close()
-                item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex[:24]}",
-                        "status": "in_progress", "summary": [],
-                        "content": [{"type": "reasoning_text", "text": ""}]}
-                self.output.append(item)
-                events.append(self.event("response.output_item.added",
-                                         output_index=len(self.output) - 1, item=item))
+                item = {"type": "reasoning", "id": new_id("rs_"), "status": "in_progress",
+                        "summary": [], "content": [{"type": "reasoning_text", "text": ""}]}
+                events += self._start(item)
+                i = len(self.output) - 1
             item["content"][0]["text"] += ev.text
             events.append(self.event("response.reasoning_text.delta", item_id=item["id"],
-                                     output_index=len(self.output) - 1, content_index=0,
-                                     delta=ev.text))
+                                     output_index=i, content_index=0, delta=ev.text))
         elif isinstance(ev, ToolCall):
-            events += self.close()
-            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
-                    "call_id": ev.id, "name": ev.name, "arguments": ev.arguments,
-                    "status": "in_progress"}
-            self.output.append(item)
+            item = {"type": "function_call", "id": new_id("fc_"), "call_id": ev.id,
+                    "name": ev.name, "arguments": ev.arguments, "status": "in_progress"}
+            events += self._start(item, arguments="")
             i = len(self.output) - 1
-            events += [self.event("response.output_item.added", output_index=i,
-                                  item={**item, "arguments": ""}),
-                       self.event("response.function_call_arguments.delta", item_id=item["id"],
+            events += [self.event("response.function_call_arguments.delta", item_id=item["id"],
                                   output_index=i, delta=ev.arguments),
                        self.event("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=i, arguments=ev.arguments)]
-            events += self.close()
+                                  output_index=i, arguments=ev.arguments),
+                       *self.close()]
         return events
 
+    def opening(self) -> list:
+        pending = {**self.base, "status": "in_progress", "output": [], "usage": None}
+        return [self.event("response.created", response=pending),
+                self.event("response.in_progress", response=pending)]
 
-@router.post("/v1/responses")
-async def responses(body: ResponsesRequest, request: Request):
-    state: ServerState = request.app.state.kit
-    if body.previous_response_id:
-        raise APIError(400, "previous_response_id is not supported: this server stores no "
-                       "responses; send the whole input", param="previous_response_id",
-                       code="unsupported_value")
-    schema = response_schema(body.text.format if body.text else None, "text.format")
-    model = await state.resolve(body.model)
-    params = replace(state.sampling_defaults(), max_tokens=body.max_output_tokens,
-                     **{k: v for k, v in (("temperature", body.temperature),
-                                          ("top_p", body.top_p)) if v is not None})
-    effort = body.reasoning.effort if body.reasoning else None
-    resp_id = f"resp_{uuid.uuid4().hex[:24]}"
-    tools, force = _tools(body, state.engine.capabilities()["tools"])
-    req = ChatRequest(messages=_messages(body), params=params, model=model, request_id=resp_id,
-                      tools=tools, force_tool=force, response_schema=schema,
-                      template_kwargs={"reasoning_effort": effort,
-                                       "enable_thinking": effort not in ("none", "minimal")}
-                      if effort else {})
-    started, events = await start(state, req)
-    base = {"id": resp_id, "object": "response", "created_at": int(time.time()),
+    def finish(self, fin: Finished) -> list:
+        return [*self.close(), self.event("response.completed", response=self.final(fin))]
+
+    def error(self, e: APIError) -> list:
+        return [self.event("response.failed", response={
+            **self.base, "status": "failed", "output": self.output,
+            "error": {"code": e.code or "server_error", "message": e.message}})]
+
+    def final(self, fin: Finished | None) -> dict:
+        self.close()
+        u = fin.usage if fin else None
+        incomplete = fin is not None and fin.finish_reason == "length"
+        return {**self.base, "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "output": self.output, "usage": {
+                    "input_tokens": u.prompt_tokens if u else 0,
+                    "input_tokens_details": {"cached_tokens": u.cached_tokens if u else 0},
+                    "output_tokens": u.completion_tokens if u else 0,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": u.total_tokens if u else 0}}
+
+
+def _base(body: ResponsesRequest, req: ChatRequest, started: Started) -> dict[str, Any]:
+    """The response object's fields every event and the body repeat."""
+    return {"id": req.request_id, "object": "response", "created_at": int(time.time()),
             "model": started.model, "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
             "previous_response_id": None,
             "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else {},
-            "store": False, "temperature": params.temperature, "top_p": params.top_p,
+            "store": False, "temperature": req.params.temperature, "top_p": req.params.top_p,
             "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
                      if body.text and body.text.format else {"type": "text"}},
             "tool_choice": body.tool_choice.model_dump(exclude_none=True)
@@ -245,42 +288,10 @@ async def responses(body: ResponsesRequest, request: Request):
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
             "truncation": "disabled", "metadata": {},
             "error": None, "incomplete_details": None, "user": None}
-    items = _Items()
 
-    def final(fin: Finished | None) -> dict:
-        u = fin.usage if fin else None
-        incomplete = fin is not None and fin.finish_reason == "length"
-        return {**base, "status": "incomplete" if incomplete else "completed",
-                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                "output": items.output, "usage": {
-                    "input_tokens": u.prompt_tokens if u else 0,
-                    "input_tokens_details": {"cached_tokens": u.cached_tokens if u else 0},
-                    "output_tokens": u.completion_tokens if u else 0,
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": u.total_tokens if u else 0}}
 
-    if body.stream:
-        async def sse():
-            pending = {**base, "status": "in_progress", "output": [], "usage": None}
-            yield items.event("response.created", response=pending)
-            yield items.event("response.in_progress", response=pending)
-            async for ev in stream_events(events):
-                if isinstance(ev, Finished):
-                    for e in items.close():
-                        yield e
-                    yield items.event("response.completed", response=final(ev))
-                elif isinstance(ev, APIError):
-                    yield items.event("response.failed", response={
-                        **base, "status": "failed", "output": items.output,
-                        "error": {"code": ev.code or "server_error", "message": ev.message}})
-                else:
-                    for e in items.add(ev):
-                        yield e
-
-        return EventSourceResponse(sse(), ping=15)
-
-    got, fin = await collect(request, events)
-    for ev in got:
-        items.add(ev)
-    items.close()
-    return final(fin)
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    req, started, events = await begin(request, body.model, body, to_engine_request, "resp_")
+    return await respond(request, events, ResponsesRenderer(_base(body, req, started)),
+                         stream=body.stream, fields=RESPONSES_FIELDS)

@@ -72,7 +72,13 @@ def test_system_blocks_history_and_claude_code_extras_are_accepted(client):
         extra_body={"thinking": {"type": "adaptive"}, "context_management": {"edits": []},
                     "output_config": {"effort": "low"}},
     )
-    assert m.content[0].text
+    # the one real-model run of this shape; what each block becomes is asserted model-free
+    # (tests/server/test_translation.py)
+    assert m.content[0].type == "text" and m.content[0].text
+    assert m.stop_reason in ("end_turn", "max_tokens") and m.model == F32
+    plain = client.messages.count_tokens(model="local", messages=QUESTION)
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > \
+        plain.input_tokens + 10  # the system text, tool call and tool result count
 
 
 def test_count_tokens(client, server):
@@ -143,9 +149,9 @@ def test_tool_calls_become_tool_use_blocks():
     """The adapter on a parsed tool call (the starter emits none): a tool_use block with the
     arguments as an object, and tool_use history turned back into tool calls."""
     from kit.engine.types import ToolCall
-    from kit.server.anthropic import MessagesRequest, _messages, _tool_block
+    from kit.server.anthropic import MessagesRequest, _messages, tool_use_block
 
-    block = _tool_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
+    block = tool_use_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
     assert block == {"type": "tool_use", "id": "toolu_abc", "name": "read",
                      "input": {"path": "a.txt"}}
     body = MessagesRequest(model="local", max_tokens=5, messages=[

@@ -90,6 +90,20 @@ def test_unsupported_inputs_are_400(server):
         assert r.status_code == 400 and set(r.json()["error"]) >= {"message", "type"}
 
 
+def test_engine_errors_name_the_responses_fields_not_chat_ones(server):
+    """Regression (A7): an over-window prompt was reported at ``messages`` and a schema the
+    constraint cannot enforce at ``response_format``, fields Responses does not have."""
+    r = httpx.post(server.v1 + "/responses", timeout=60,
+                   json={"model": "local", "input": "word " * 9000})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+    assert err["param"] == "input"
+    r = httpx.post(server.v1 + "/responses", timeout=60, json={
+        "model": "local", "input": "hi", "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": {"not": {"type": "object"}}}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text.format"
+
+
 def test_text_format_json_schema_constrains_the_answer(client):
     schema = {"type": "object", "properties": {"city": {"type": "string"}},
               "required": ["city"], "additionalProperties": False}
@@ -112,9 +126,9 @@ def test_tool_calls_and_reasoning_become_output_items_and_events():
     """The adapter's item builder on engine events a tool-calling reasoning model makes
     (the starter emits neither): a reasoning item, a message, then a function call."""
     from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
-    from kit.server.openai_responses import _Items
+    from kit.server.openai_responses import ResponsesRenderer
 
-    items = _Items()
+    items = ResponsesRenderer()
     events = []
     for ev in [ReasoningDelta("Need the weather."), TextDelta("Checking."),
                ToolCall("call_1", "get_weather", '{"city": "Paris"}', 0)]:

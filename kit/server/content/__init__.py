@@ -23,21 +23,26 @@ from kit.server.content.base import (  # noqa: F401
     EXCERPT,
     Id,
     JSONObject,
+    LenientModel,
     MAX_DEPTH,
     MAX_ID,
+    MAX_STOPS,
+    MAX_TOKENS,
+    MediaPart,
     Name,
     Part,
+    RefusalPart,
     RESERVED_TEMPLATE_KEYS,
     TemplateKwargs,
     Text,
+    TextPart,
     bounded_text,
     either,
     excerpt,
     field_path,
-    function_schema,
+    number,
     one_of,
     refuse,
-    tool_arguments,
 )
 from kit.server.content.openai import (  # noqa: F401
     ChatFormatJsonSchema,
@@ -73,8 +78,6 @@ from kit.server.content.openai import (  # noqa: F401
     ResponsesToolChoice,
     TextConfig,
     ToolCallFunction,
-    chat_text,
-    input_text,
 )
 from kit.server.content.anthropic import (  # noqa: F401
     AnthropicTool,
@@ -91,5 +94,4 @@ from kit.server.content.anthropic import (  # noqa: F401
     ToolResultBlock,
     ToolResultPart,
     ToolUseBlock,
-    block_text,
 )

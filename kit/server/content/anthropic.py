@@ -6,15 +6,24 @@ from typing import Literal
 
 from pydantic import Field
 
-from kit.server.content.base import Id, JSONObject, Name, Part, Text, either, one_of, refuse
+from kit.server.content.base import (
+    Id,
+    JSONObject,
+    MediaPart,
+    Name,
+    Part,
+    Text,
+    TextPart,
+    either,
+    one_of,
+)
 
 
-class TextBlock(Part):
+class TextBlock(TextPart):
     type: Literal["text"]
-    text: Text
 
 
-class MediaBlock(Part):
+class MediaBlock(MediaPart):
     type: Literal["image", "document", "search_result", "container_upload"]
 
 
@@ -80,19 +89,3 @@ class ChoiceNone(Part):
 
 AnthropicToolChoice = one_of(ChoiceAuto, ChoiceAny, ChoiceTool, ChoiceNone,
                              what="tool_choice")
-
-
-def block_text(content: str | list | None, where: str) -> str:
-    """The text of a string or a list of text blocks (system, tool_result content).
-
-    Raises:
-        APIError: 400 for image, document and other non-text blocks.
-    """
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for i, block in enumerate(content):
-        if isinstance(block, MediaBlock):
-            raise refuse(block.type, f"{where}.{i}")
-        texts.append(block.text)
-    return "".join(texts)

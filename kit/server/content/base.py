@@ -1,13 +1,22 @@
 """The rules every protocol's request content follows (see :mod:`kit.server.content`):
 valid-Unicode strings, bounded ids and JSON, type-tagged unions whose errors name the
-field without echoing the input, and the translation pieces the protocols share."""
+field without echoing the input, and the part kinds every protocol's content is made of
+(text, refusal, media: :func:`kit.server.translate.flatten` reads them)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, StringConstraints, Tag
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+)
 from pydantic_core import PydanticCustomError
 
 from kit.server.errors import APIError
@@ -112,10 +121,53 @@ TemplateKwargs = Annotated[dict[Annotated[Id, AfterValidator(_template_key)], An
 :data:`RESERVED_TEMPLATE_KEYS` (an error names ``chat_template_kwargs.<key>``)."""
 
 
-class Part(BaseModel):
-    """A content part, item or block: unknown fields are accepted and ignored."""
+class LenientModel(BaseModel):
+    """A request object that accepts and ignores unknown fields (clients send many)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+MAX_TOKENS = 2**31 - 1  # token counts beyond an int32 are mistakes, not requests
+MAX_STOPS = 64  # stop strings (OpenAI allows 4; agents send a few more)
+
+
+def number(lo: float, hi: float | None = None, *, above: bool = False) -> Any:
+    """A finite float field defaulting to None, in [lo, hi] (``above``: (lo, hi])."""
+    bounds = {"gt": lo} if above else {"ge": lo}
+    return Field(default=None, le=hi, allow_inf_nan=False, **bounds)
+
+
+class Part(LenientModel):
+    """A content part, item or block: unknown fields are accepted and ignored."""
+
+
+class TextPart(Part):
+    """A part whose ``text`` is what the model reads (:func:`kit.server.translate.flatten`)."""
+
+    type: str  # each subclass narrows it to its Literal (the union's tag)
+    text: Text
+
+    def text_of(self, where: str) -> str:
+        return self.text
+
+
+class RefusalPart(Part):
+    """An assistant refusal in history: its ``refusal`` text is re-sent as content."""
+
+    type: str
+    refusal: Text
+
+    def text_of(self, where: str) -> str:
+        return self.refusal
+
+
+class MediaPart(Part):
+    """Content an API documents that this server cannot use (images, files, audio)."""
+
+    type: str
+
+    def text_of(self, where: str) -> str:
+        raise refuse(self.type, where)
 
 
 def _types(model: type[BaseModel]) -> tuple[str, ...]:
@@ -164,26 +216,6 @@ def refuse(kind: str, where: str) -> APIError:
 
 _MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
           "input_file": "file"}
-
-
-# --- shared translation pieces -------------------------------------------------------------
-
-def function_schema(name: str, description: str | None,
-                    parameters: dict[str, Any] | None) -> dict[str, Any]:
-    """A tool as the OpenAI function schema chat templates expect."""
-    return {"type": "function", "function": {"name": name, "description": description or "",
-                                             "parameters": parameters or {}}}
-
-
-def tool_arguments(arguments: str | dict[str, Any]) -> Any:
-    """A tool call's arguments as the mapping templates expect (a JSON string is parsed;
-    one that is not JSON is passed on as it is)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments or "{}")
-        except ValueError:
-            return arguments
-    return arguments
 
 
 def field_path(loc: tuple | list, body: Any) -> str | None:

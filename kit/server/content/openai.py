@@ -10,26 +10,26 @@ from pydantic import ConfigDict, Discriminator, Field, Tag
 from kit.server.content.base import (
     Id,
     JSONObject,
+    MediaPart,
     Name,
     Part,
+    RefusalPart,
     Text,
+    TextPart,
     either,
     one_of,
-    refuse,
 )
 
 
-class ChatText(Part):
+class ChatText(TextPart):
     type: Literal["text", "input_text"]  # input_text: what some Responses-minded clients send
-    text: Text
 
 
-class ChatRefusal(Part):
+class ChatRefusal(RefusalPart):
     type: Literal["refusal"]
-    refusal: Text
 
 
-class ChatMedia(Part):
+class ChatMedia(MediaPart):
     type: Literal["image_url", "input_audio", "file"]
 
 
@@ -93,35 +93,17 @@ ChatResponseFormat = one_of(FormatText, FormatJsonObject, ChatFormatJsonSchema,
                             what="response_format")
 
 
-def chat_text(content: str | list | None, where: str) -> str:
-    """The text of a chat message's content (parts joined).
-
-    Raises:
-        APIError: 400 for image, audio and file parts (see :func:`refuse`).
-    """
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for i, part in enumerate(content):
-        if isinstance(part, ChatMedia):
-            raise refuse(part.type, f"{where}.{i}")
-        texts.append(part.refusal if isinstance(part, ChatRefusal) else part.text)
-    return "".join(texts)
-
-
 # --- OpenAI Responses ----------------------------------------------------------------------
 
-class InputText(Part):
+class InputText(TextPart):
     type: Literal["input_text", "output_text", "text"]  # "text": tolerated, as before
-    text: Text
 
 
-class InputRefusal(Part):
+class InputRefusal(RefusalPart):
     type: Literal["refusal"]
-    refusal: Text
 
 
-class InputMedia(Part):
+class InputMedia(MediaPart):
     type: Literal["input_image", "input_file", "input_audio"]
 
 
@@ -213,19 +195,3 @@ class TextConfig(Part):
 class ReasoningConfig(Part):
     effort: Id | None = None
     summary: Id | None = None
-
-
-def input_text(content: str | list, where: str) -> str:
-    """The text of a Responses message's content or function output.
-
-    Raises:
-        APIError: 400 for image, file and audio parts.
-    """
-    if isinstance(content, str):
-        return content
-    texts = []
-    for i, part in enumerate(content):
-        if isinstance(part, InputMedia):
-            raise refuse(part.type, f"{where}.{i}")
-        texts.append(part.refusal if isinstance(part, InputRefusal) else part.text)
-    return "".join(texts)

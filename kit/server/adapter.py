@@ -1,0 +1,199 @@
+"""What every protocol's router shares to run a request: its router (which maps the one
+error tree to the protocol's field names), the preamble (resolve the model, translate,
+queue, wait for ``Started``), and the driver that feeds the engine's events to the
+protocol's one :class:`Renderer`, streamed or not.
+
+A protocol module is its request models, one pure ``to_engine_request`` and one renderer;
+the handler is then::
+
+    req, started, events = await begin(request, body.model, body, to_engine_request, "x-")
+    return await respond(request, events, MyRenderer(started, ...), stream=body.stream,
+                         fields=FIELDS)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from fastapi import APIRouter, Request
+from fastapi.routing import APIRoute
+
+from kit.engine.types import ChatRequest, EngineError, Finished, Started
+from kit.errors import KitError
+from kit.server import sse
+from kit.server.errors import APIError, api_error
+from kit.server.state import ServerState
+from kit.server.translate import new_id
+
+#: A protocol's names for the engine's neutral field names (``schema`` ->
+#: ``response_format``...), by first dotted segment (:func:`kit.server.errors.api_error`).
+Fields = Mapping[str, str]
+
+#: ``to_engine_request(body, defaults, *, supports_tools, context_window) -> ChatRequest``
+Translate = Callable[..., ChatRequest]
+
+
+def protocol_router(fields: Fields) -> APIRouter:
+    """An ``APIRouter`` whose routes answer every error of the one error tree that their
+    handler raises (the engine's, the translation's ``InvalidRequest``) as the API error
+    ``api_error(e, fields)``: status and code from its type, ``param`` in the protocol's
+    own field names. Handlers need no try/except of their own."""
+
+    class ProtocolRoute(APIRoute):
+        def get_route_handler(self) -> Callable:
+            handler = super().get_route_handler()
+
+            async def run(request: Request) -> Any:
+                try:
+                    return await handler(request)
+                except KitError as e:
+                    raise api_error(e, dict(fields)) from None
+
+            return run
+
+    return APIRouter(route_class=ProtocolRoute)
+
+
+class Renderer:
+    """Turns one request's engine events into a protocol's output. The same object and the
+    same :meth:`add` serve both ways, so streamed and non-streamed bodies cannot drift:
+
+    - streamed: ``opening()``, ``add(event)`` for each TextDelta / ReasoningDelta /
+      ToolCall, then ``finish(Finished)`` or ``error(APIError)`` (an engine error after the
+      headers went out), then ``closing()``; each returns the frames to send (for SSE,
+      :mod:`kit.server.sse` dicts);
+    - not streamed: ``add(event)`` for each event (frames discarded), then ``final(fin)``,
+      the body (``fin`` None only if the engine ended without ``Finished``).
+    """
+
+    def opening(self) -> list:
+        return []
+
+    def add(self, event: Any) -> list:
+        raise NotImplementedError
+
+    def finish(self, fin: Finished) -> list:
+        raise NotImplementedError
+
+    def error(self, e: APIError) -> list:
+        raise NotImplementedError
+
+    def closing(self) -> list:
+        return []
+
+    def final(self, fin: Finished | None) -> Any:
+        raise NotImplementedError
+
+
+async def begin(request: Request, model: str, body: Any, translate: Translate,
+                id_prefix: str) -> tuple[ChatRequest, Started, AsyncIterator]:
+    """The preamble of every generating route: resolve ``model`` (which may swap), translate
+    ``body`` with the then loaded model's sampling defaults, tool support and context
+    window, give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
+    :func:`start` it.
+
+    Raises:
+        APIError: 404 for an unknown model, or the translation's own 400.
+        KitError: the translation's or the engine's (mapped by :func:`protocol_router`).
+    """
+    state: ServerState = request.app.state.kit
+    real = await state.resolve(model)
+    req = translate(body, state.sampling_defaults(),
+                    supports_tools=state.engine.capabilities()["tools"],
+                    context_window=state.engine.model_info.context_window)
+    req.model, req.request_id = real, new_id(id_prefix)
+    started, events = await start(state, req)
+    return req, started, events
+
+
+async def start(state: ServerState, req: ChatRequest) -> tuple[Started, AsyncIterator]:
+    """Queue ``req`` and wait for its ``Started`` event, so that a request the engine
+    rejects (bad template, context exceeded, model not loaded) gets a real 4xx/5xx status
+    instead of a broken stream. Returns the event and the iterator of the rest.
+
+    Raises:
+        EngineError: the engine's refusal (mapped by :func:`protocol_router`).
+    """
+    events = state.engine.generate(req)
+    started = await anext(events)
+    if not isinstance(started, Started):  # the engine's contract: Started comes first
+        raise APIError(500, "engine protocol error", type="server_error")
+    return started, events
+
+
+async def collect(request: Request, events: AsyncIterator) -> tuple[list, Finished | None]:
+    """All events of a non-streamed request, cancelling generation if the client hangs up.
+
+    Raises:
+        EngineError: the engine's error (mapped by :func:`protocol_router`).
+        APIError: 499 when the client went away.
+    """
+    async def run() -> tuple[list, Finished | None]:
+        got, fin = [], None
+        async with aclosing(events):
+            async for ev in events:
+                if isinstance(ev, Finished):
+                    fin = ev
+                else:
+                    got.append(ev)
+        return got, fin
+
+    task = asyncio.ensure_future(run())
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client closed the request")
+    except asyncio.CancelledError:  # e.g. the server's shutdown: stop generating too
+        task.cancel()
+        raise
+    return task.result()
+
+
+async def stream_events(events: AsyncIterator, fields: Fields) -> AsyncIterator:
+    """The events of a streamed request; an engine error after the headers went out
+    becomes an ``APIError`` item (in the protocol's ``fields``) to render in the stream."""
+    try:
+        async with aclosing(events):
+            async for ev in events:
+                yield ev
+    except EngineError as e:
+        yield api_error(e, dict(fields))
+
+
+async def frames(renderer: Renderer, events: AsyncIterator, fields: Fields) -> AsyncIterator:
+    """The streamed frames of ``renderer`` for ``events`` (see :class:`Renderer`)."""
+    for f in renderer.opening():
+        yield f
+    async for ev in stream_events(events, fields):
+        out = renderer.error(ev) if isinstance(ev, APIError) else \
+            renderer.finish(ev) if isinstance(ev, Finished) else renderer.add(ev)
+        for f in out:
+            yield f
+    for f in renderer.closing():
+        yield f
+
+
+async def respond(request: Request, events: AsyncIterator, renderer: Renderer, *,
+                  stream: bool, fields: Fields,
+                  wrap: Callable[[AsyncIterator], Any] = sse.response) -> Any:
+    """The response to a started request: ``wrap`` (default: SSE) around the renderer's
+    frames when ``stream``, else the renderer's final body once generation ended.
+
+    Raises:
+        EngineError: the engine's error before any byte went out (non-streamed).
+        APIError: 499 when a non-streamed request's client went away.
+    """
+    if stream:
+        return wrap(frames(renderer, events, fields))
+    got, fin = await collect(request, events)
+    for ev in got:
+        renderer.add(ev)
+    return renderer.final(fin)
+
+
+__all__ = ["Fields", "Renderer", "begin", "collect", "frames",
+           "protocol_router", "respond", "start", "stream_events"]

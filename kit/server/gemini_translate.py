@@ -1,0 +1,256 @@
+"""The Gemini API's translation into the engine's ChatRequest (pure; the routes and the
+renderer are in :mod:`kit.server.gemini`, the bodies in :mod:`kit.server.gemini_schemas`).
+
+``systemInstruction`` -> a system message; ``model`` turns -> assistant messages
+(``functionCall`` parts -> ``tool_calls``, ``thought`` parts dropped); ``functionResponse``
+parts -> ``tool`` messages. ``toolConfig`` goes to the shared forced-tool-call machinery
+(ANY -> required / named), a JSON ``responseMimeType`` with ``responseSchema`` /
+``responseJsonSchema`` to constrained decoding, ``thinkingConfig`` to template variables.
+What a local text-only server cannot honour (media, Google-side tools, ``cachedContent``,
+``candidateCount`` > 1, logprobs, audio output) is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from kit.engine.types import ChatRequest, SamplingParams
+from kit.server.errors import APIError
+from kit.server.gemini_schemas import (
+    SERVER_TOOLS,
+    Content,
+    GenerateContentRequest,
+    GenerationConfig,
+    to_json_schema,
+)
+from kit.server.translate import (
+    choose_tools,
+    function_schema,
+    history_call,
+    output_cap,
+    overridden,
+    stop_strings,
+    thinking_kwargs,
+)
+
+#: Gemini's names for the engine's neutral field names.
+GEMINI_FIELDS = {"messages": "contents", "prompt": "contents",
+                 "tool_choice": "toolConfig.functionCallingConfig",
+                 "schema": "generationConfig.responseJsonSchema",
+                 "top_k": "generationConfig.topK",
+                 "max_tokens": "generationConfig.maxOutputTokens",
+                 "template_kwargs": "generationConfig.thinkingConfig"}
+
+
+def bad_field(message: str, param: str, code: str = "invalid_value") -> APIError:
+    """The 400 for ``param`` (a Gemini field path), its message prefixed with the path."""
+    return APIError(400, f"{param}: {message}", param=param, code=code)
+
+
+def _refuse_media(part: Any, where: str) -> None:
+    for field in ("inline_data", "file_data", "executable_code", "code_execution_result"):
+        if getattr(part, field) is not None:
+            name = {"inline_data": "inlineData", "file_data": "fileData",
+                    "executable_code": "executableCode",
+                    "code_execution_result": "codeExecutionResult"}[field]
+            raise bad_field(f"{name} parts are not supported by this local text-only model",
+                            f"{where}.{name}", code="unsupported_content")
+
+
+def _system(content: Content | None) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    texts = []
+    for j, p in enumerate(content.parts):
+        _refuse_media(p, f"systemInstruction.parts.{j}")
+        if p.text is not None and not p.thought:
+            texts.append(p.text)
+    return [{"role": "system", "content": "".join(texts)}] if texts else []
+
+
+def _response_text(response: dict[str, Any] | None) -> str:
+    """A function result as the tool message's text: Gemini CLI's ``{"output": "..."}``
+    as its string, anything else as compact JSON."""
+    if isinstance(response, dict) and set(response) == {"output"} \
+            and isinstance(response["output"], str):
+        return response["output"]
+    return json.dumps(response or {}, ensure_ascii=False, separators=(",", ":"))
+
+
+def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
+    """The chat messages for ``body`` (see the module docstring).
+
+    Raises:
+        APIError: 400 for media parts, a functionCall outside a model turn, a
+            functionResponse inside one.
+    """
+    out = _system(body.system_instruction)
+    open_calls: dict[str, list[str]] = {}  # name -> ids of calls without a response yet
+    for i, c in enumerate(body.contents):
+        texts: list[str] = []
+        if c.role == "model":
+            calls = []
+            for j, p in enumerate(c.parts):
+                where = f"contents.{i}.parts.{j}"
+                _refuse_media(p, where)
+                if p.function_response is not None:
+                    raise bad_field("functionResponse parts belong in a user turn",
+                                    f"{where}.functionResponse")
+                if p.function_call is not None:
+                    fc = p.function_call
+                    call_id = fc.id or f"call_{i}_{j}"
+                    open_calls.setdefault(fc.name, []).append(call_id)
+                    calls.append(history_call(call_id, fc.name, fc.args or {}))
+                elif p.text is not None and not p.thought:
+                    texts.append(p.text)
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+            continue
+        answered = False
+        for j, p in enumerate(c.parts):
+            where = f"contents.{i}.parts.{j}"
+            _refuse_media(p, where)
+            if p.function_call is not None:
+                raise bad_field("functionCall parts belong in a model turn",
+                                f"{where}.functionCall")
+            if p.function_response is not None:
+                fr = p.function_response
+                if fr.parts:
+                    raise bad_field("multimodal function responses are not supported by this "
+                                    "local text-only model", f"{where}.functionResponse.parts",
+                                    code="unsupported_content")
+                pending = open_calls.get(fr.name) or []
+                call_id = fr.id if fr.id else (pending[0] if pending else f"call_{i}_{j}")
+                if call_id in pending:
+                    pending.remove(call_id)
+                out.append({"role": "tool", "tool_call_id": call_id, "name": fr.name,
+                            "content": _response_text(fr.response)})
+                answered = True
+            elif p.text is not None and not p.thought:
+                texts.append(p.text)
+        if texts or not answered:
+            out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def chat_tools(body: GenerateContentRequest,
+               supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The function declarations as chat-template tool schemas and the call to force
+    (``toolConfig.functionCallingConfig``: AUTO / VALIDATED -> the model decides, NONE ->
+    no tools, ANY -> a call to one of ``allowedFunctionNames`` or of all functions).
+
+    Raises:
+        APIError: 400 for a Google-side tool, a declaration with both parameter forms or a
+            duplicate name, allowedFunctionNames outside mode ANY or naming an unknown
+            function, a forced call on a model without tool support.
+    """
+    tools: list[dict[str, Any]] = []
+    for i, tool in enumerate(body.tools or []):
+        extra = tool.model_extra or {}
+        for kind in SERVER_TOOLS:
+            snake = "".join("_" + ch.lower() if ch.isupper() else ch for ch in kind)
+            if extra.get(kind) is not None or extra.get(snake) is not None:
+                raise bad_field(f"{kind} runs on Google's servers and is not available on a "
+                                "local server", f"tools.{i}.{kind}", code="unsupported_value")
+        for k, d in enumerate(tool.function_declarations or []):
+            where = f"tools.{i}.functionDeclarations.{k}"
+            if d.parameters is not None and d.parameters_json_schema is not None:
+                raise bad_field("set parameters or parametersJsonSchema, not both", where)
+            if any(t["function"]["name"] == d.name for t in tools):
+                raise bad_field(f"duplicate function name {d.name!r}", f"{where}.name")
+            try:
+                params = to_json_schema(d.parameters_json_schema if d.parameters is None
+                                        else d.parameters)
+            except ValueError as e:
+                raise bad_field(str(e), f"{where}.parameters") from None
+            tools.append(function_schema(d.name, d.description,
+                                         params or {"type": "object", "properties": {}}))
+    fcc = body.tool_config.function_calling_config if body.tool_config else None
+    mode = fcc.mode if fcc else "AUTO"
+    allowed = list(fcc.allowed_function_names or []) if fcc else []
+    where = "toolConfig.functionCallingConfig.allowedFunctionNames"
+    if allowed and mode != "ANY":
+        raise bad_field("allowedFunctionNames can only be set with mode ANY", where)
+    for name in allowed:
+        if not any(t["function"]["name"] == name for t in tools):
+            raise bad_field(f"{name!r} is not among the function declarations", where)
+    if mode == "ANY" and len(allowed) > 1:  # a call to one of a subset: offer only those
+        tools = [t for t in tools if t["function"]["name"] in allowed]
+    kind = {"NONE": "none", "ANY": "named" if len(allowed) == 1 else "required"}.get(mode,
+                                                                                   "auto")
+    return choose_tools(tools, kind, allowed[0] if allowed else None, supports_tools)
+
+
+def _schema(g: GenerationConfig) -> dict[str, Any] | None:
+    """The JSON schema the answer must follow (None: free text).
+
+    Raises:
+        APIError: 400 for a schema without JSON mode, both schema fields, another MIME type.
+    """
+    mime = (g.response_mime_type or "text/plain").lower()
+    given = g.response_json_schema if g.response_json_schema is not None else g.response_schema
+    if mime == "text/plain":
+        if given is not None:
+            raise bad_field("a response schema needs responseMimeType application/json",
+                            "generationConfig.responseMimeType")
+        return None
+    if mime != "application/json":
+        raise bad_field(f"{g.response_mime_type!r} is not supported (text/plain, application/json)",
+                        "generationConfig.responseMimeType", code="unsupported_value")
+    if g.response_json_schema is not None and g.response_schema is not None:
+        raise bad_field("set responseSchema or responseJsonSchema, not both",
+                        "generationConfig.responseSchema")
+    try:
+        return to_json_schema(given) if given else {"type": "object"}
+    except ValueError as e:
+        raise bad_field(str(e), "generationConfig.responseSchema") from None
+
+
+def _template_kwargs(g: GenerationConfig) -> dict[str, Any]:
+    """``thinkingConfig`` as chat-template variables: a budget of 0 or level MINIMAL turns
+    thinking off, a level becomes ``reasoning_effort``; nothing when neither is set."""
+    tc = g.thinking_config
+    if tc is None:
+        return {}
+    level = tc.thinking_level if tc.thinking_level != "THINKING_LEVEL_UNSPECIFIED" else None
+    return thinking_kwargs(level.lower() if level else None, budget=tc.thinking_budget)
+
+
+def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
+                      supports_tools: bool = False,
+                      context_window: int | None = None) -> ChatRequest:
+    """Translate a ``generateContent`` body into the engine's :class:`ChatRequest`
+    (``defaults`` fills the sampling fields the body omits; ``maxOutputTokens`` is a cap,
+    as in Google's API: omitted or reaching ``context_window``, the engine fits it).
+
+    Raises:
+        APIError: 400 naming the field for what this server cannot honour.
+        InvalidRequest: ``toolConfig`` that cannot be honoured.
+    """
+    g = body.generation_config or GenerationConfig()
+    if body.cached_content:
+        raise bad_field("this server stores no cached contents; send the whole conversation",
+                        "cachedContent", code="unsupported_value")
+    if g.candidate_count is not None and g.candidate_count > 1:
+        raise bad_field("only 1 candidate is supported", "generationConfig.candidateCount",
+                        code="unsupported_value")
+    if any(m.upper() != "TEXT" for m in g.response_modalities or []):
+        raise bad_field("only TEXT output is supported", "generationConfig.responseModalities",
+                        code="unsupported_value")
+    for field, name in (("response_logprobs", "responseLogprobs"), ("logprobs", "logprobs"),
+                        ("speech_config", "speechConfig")):
+        if getattr(g, field):
+            raise bad_field("not supported by this server", f"generationConfig.{name}",
+                            code="unsupported_value")
+    params = overridden(defaults, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
+    params = replace(params, max_tokens=output_cap(g.max_output_tokens, context_window),
+                     stop=stop_strings(g.stop_sequences), seed=g.seed,
+                     presence_penalty=g.presence_penalty, frequency_penalty=g.frequency_penalty)
+    tools, force = chat_tools(body, supports_tools)
+    return ChatRequest(messages=chat_messages(body), params=params, tools=tools,
+                       force_tool=force,
+                       response_schema=_schema(g), template_kwargs=_template_kwargs(g))

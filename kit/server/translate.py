@@ -1,0 +1,152 @@
+"""The translation pieces every protocol shares, as pure functions (no server, no model):
+content flattening, tool-call arguments, tool schemas, tool_choice, reasoning options,
+sampling overrides, stop strings and ids. Each protocol module composes them into its one
+``to_engine_request(body, defaults, ...) -> ChatRequest`` and its renderer.
+
+Errors here are the one error tree's ``InvalidRequest`` with a protocol-neutral ``field``
+(``tool_choice``...); the protocol's router maps them to its own names
+(:func:`kit.server.adapter.protocol_router`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from typing import Any, Iterable
+
+from kit.engine.types import SamplingParams, ToolCall
+from kit.errors import InvalidRequest
+from kit.server.content.base import excerpt
+
+#: Reasoning efforts that turn a template's thinking off (OpenAI's ``none``/``minimal``,
+#: Gemini's ``MINIMAL`` level).
+THINKING_OFF = ("none", "minimal")
+
+
+def new_id(prefix: str = "") -> str:
+    """A fresh id: ``prefix`` + 24 hex digits (``chatcmpl-``, ``msg_``, ``resp_``...)."""
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def flatten(content: str | list | None, where: str) -> str:
+    """The text of a message's content: a string as it is (None: ``""``), or the texts of
+    a list of typed parts joined (each part's ``text_of``: text and refusals give their
+    text, media parts refuse; :mod:`kit.server.content.base`).
+
+    Args:
+        content: a string, None, or a list of parts of :mod:`kit.server.content`.
+        where: the dotted path of ``content`` in the request, for errors
+            (``messages.0.content``); a part's error names ``<where>.<index>``.
+    Raises:
+        APIError: 400 ``unsupported_content`` for image, audio, file and document parts.
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text_of(f"{where}.{i}") for i, part in enumerate(content))
+
+
+def function_schema(name: str, description: str | None,
+                    parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool as the OpenAI function schema chat templates expect
+    (``{"type": "function", "function": {"name", "description", "parameters"}}``)."""
+    return {"type": "function", "function": {"name": name, "description": description or "",
+                                             "parameters": parameters or {}}}
+
+
+def tool_arguments(arguments: str | dict[str, Any]) -> Any:
+    """A tool call's arguments in history as the mapping templates expect (a JSON string is
+    parsed; one that is not JSON is passed on as it is)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments or "{}")
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def call_arguments(call: ToolCall) -> Any:
+    """A generated call's arguments (a JSON string, OpenAI's shape) as a JSON value for the
+    protocols that send objects (Anthropic ``input``, Gemini ``args``); text that is not
+    JSON comes back as ``{"_raw": text}``."""
+    try:
+        return json.loads(call.arguments or "{}")
+    except ValueError:
+        return {"_raw": call.arguments}
+
+
+def history_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """One assistant ``tool_calls`` entry of the engine's messages (arguments a mapping)."""
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
+                 supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The tools to hand the chat template (OpenAI function schemas) and the call to
+    force (``ChatRequest.force_tool``), for every protocol.
+
+    ``kind``: ``none`` hides the tools; ``auto`` passes them all and lets the model decide;
+    ``required`` forces a call to one of them (force ``""``); ``named`` forces a call to
+    ``name``. The template always gets every tool, so the prompt (and its cache) does not
+    change with ``tool_choice``. Tools sent to a model without tool support reach its
+    template, which ignores them (``capabilities.tools`` in /v1/models says so).
+
+    Raises:
+        InvalidRequest: field ``tool_choice``, for an unknown kind, a forced call without
+            tools, on a model without tool support, or naming a tool not in ``tools``.
+    """
+    def bad(message: str, code: str = "invalid_value") -> InvalidRequest:
+        return InvalidRequest(message, code=code, field="tool_choice")
+
+    if kind not in ("auto", "none", "required", "named"):
+        raise bad(f"tool_choice {excerpt(kind)} is not supported (auto, none, required, "
+                  "or a function)")
+    if kind in ("required", "named") and not tools:
+        raise bad("tool_choice requires a tool call, but no (function) tools were given")
+    if not tools or kind == "none":
+        return None, None
+    if kind == "auto":
+        return tools, None
+    if not supports_tools:
+        raise bad("tool_choice requires a tool call, but the loaded model's chat template "
+                  "has no tool-call support", code="unsupported_value")
+    if kind == "required":
+        return tools, ""
+    if not isinstance(name, str) or not name:
+        raise bad("tool_choice must name a function")
+    if not any(t["function"]["name"] == name for t in tools):
+        raise bad(f"tool_choice names {excerpt(name)}, which is not in tools")
+    return tools, name
+
+
+def thinking_kwargs(effort: str | None, *, budget: int | None = None) -> dict[str, Any]:
+    """Reasoning options as chat-template variables: ``reasoning_effort`` (when given) and
+    ``enable_thinking`` (off for an effort in :data:`THINKING_OFF` or a budget of 0
+    tokens); ``{}`` when neither is given."""
+    if effort is None and budget is None:
+        return {}
+    kwargs: dict[str, Any] = {}
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+    kwargs["enable_thinking"] = effort not in THINKING_OFF and budget != 0
+    return kwargs
+
+
+def stop_strings(stops: Iterable[str] | None) -> tuple[str, ...]:
+    """The stop strings to match (empty ones dropped: they would match at once)."""
+    return tuple(s for s in stops or () if s)
+
+
+def output_cap(max_tokens: int | None, context_window: int | None) -> int | None:
+    """A max-tokens cap (Anthropic's, Gemini's) as the engine's ``max_tokens``: None, which
+    the engine fits to what is left of the window, when it is omitted or reaches the whole
+    window (clients send large values: Claude Code 32000)."""
+    if max_tokens is None or context_window is not None and max_tokens >= context_window:
+        return None
+    return max_tokens
+
+
+def overridden(defaults: SamplingParams, **fields: Any) -> SamplingParams:
+    """``defaults`` with each of ``fields`` that the request set (not None) replacing it."""
+    return replace(defaults, **{k: v for k, v in fields.items() if v is not None})
