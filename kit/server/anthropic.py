@@ -14,7 +14,6 @@ Unknown fields and beta features (``thinking``, ``context_management``,
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 import uuid
@@ -286,7 +285,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     req = ChatRequest(messages=_messages(body),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
     try:
-        n = await asyncio.to_thread(state.engine.count_tokens, req)
+        n = await state.count_tokens(req)
     except EngineError as e:
         raise engine_error(e) from None
     return {"input_tokens": n}

@@ -15,7 +15,6 @@ Google's shape ``{"error": {"code", "message", "status"}}`` (kit/server/errors.p
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -433,7 +432,7 @@ async def count_tokens(model: str, body: CountTokensRequest, request: Request) -
         raise _bad("contents or generateContentRequest is required", "contents")
     req = ChatRequest(messages=_messages(inner), tools=tools)
     try:
-        n = await asyncio.to_thread(state.engine.count_tokens, req)
+        n = await state.count_tokens(req)
     except EngineError as e:
         raise _renamed(engine_error(e)) from None
     return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
