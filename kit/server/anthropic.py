@@ -14,6 +14,7 @@ Unknown fields and beta features (``thinking``, ``context_management``,
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 import uuid

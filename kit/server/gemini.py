@@ -15,6 +15,7 @@ Google's shape ``{"error": {"code", "message", "status"}}`` (kit/server/errors.p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re

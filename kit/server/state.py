@@ -8,15 +8,19 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.engine import Engine
 from kit.engine.process import EngineProcess
-from kit.engine.types import ChatRequest, SamplingParams
+from kit.engine.types import SamplingParams
 from kit.errors import KitError
 from kit.models.aliases import AliasTable
 from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
 from kit.server.errors import APIError, api_error
+
+if TYPE_CHECKING:
+    from kit.engine.types import ChatRequest
 
 
 @dataclass
@@ -131,6 +135,8 @@ class ServerState:
         Raises:
             EngineError: the engine's (e.g. ``EngineUnavailable`` after 30 s).
         """
+        from kit.engine.process import EngineProcess
+
         if isinstance(self.engine, EngineProcess):
             return await self.engine.count_tokens_async(request)
         return await asyncio.to_thread(self.engine.count_tokens, request)
