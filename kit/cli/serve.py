@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import ipaddress
 from enum import Enum
@@ -16,6 +17,9 @@ import typer
 
 from kit.cli.console import err_console
 from kit.errors import ConfigError, PortInUseError
+
+
+_FIRST_SCAN_WAIT_S = 60.0  # a hub cache on a slow disk: listen anyway, requests await it
 
 
 class LogLevel(str, Enum):
@@ -163,6 +167,9 @@ def serve(
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
                         swap_on_request=swap_on_request, default_temperature=temperature,
                         default_top_p=top_p)
+    # The first catalog scan runs while the engine loads; listening only after it ended
+    # means no request ever waits for one (later rescans run in the background).
+    concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)
     def shutdown() -> None:
         engine.stop()
         remove_pid_file(url)

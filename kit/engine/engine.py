@@ -199,6 +199,11 @@ class Engine:
             if large:  # the caller gives memory back once it dropped the request
                 self.reclaim_heap = True
 
+    async def count_tokens_async(self, request: ChatRequest) -> int:
+        """:meth:`count_tokens` awaited from the event loop: tokenizing is CPU work, so it
+        runs on a worker thread (the in-process engine answers at once)."""
+        return await asyncio.to_thread(self.count_tokens, request)
+
     async def swap(self, spec: str) -> SwapResult:
         """Make ``spec`` (a cache id or folder) the model behind ``local``.
 

@@ -108,6 +108,16 @@ class EngineLike(Protocol):
             EngineUnavailable: the model is loading, or the engine did not answer.
         """
 
+    async def count_tokens_async(self, request: ChatRequest) -> int:
+        """:meth:`count_tokens` for the event loop: the same count, awaited without
+        holding a worker thread while the engine answers (a stuck engine must not use up
+        the loop's thread pool).
+
+        Raises:
+            The same as :meth:`count_tokens`; ``EngineUnavailable`` after 30 s without an
+            answer.
+        """
+
     async def swap(self, spec: str) -> SwapResult:
         """Make ``spec`` (a cache id or a folder) the model behind ``local``, after the
         requests queued before it; requests queued after it run on the new model. On

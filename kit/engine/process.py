@@ -221,6 +221,20 @@ class EngineProcess:
         except concurrent.futures.TimeoutError:
             raise EngineUnavailable(f"the engine did not answer in {_CALL_TIMEOUT_S:.0f} s") from None
 
+    async def count_tokens_async(self, request: ChatRequest) -> int:
+        """:meth:`count_tokens` for the event loop: awaits the engine's reply without
+        holding a worker thread (as :meth:`current_memory` does).
+
+        Raises:
+            EngineUnavailable: no answer in 30 s; or the engine's own error.
+        """
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._call("count", request)),
+                                          _CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer in {_CALL_TIMEOUT_S:.0f} s") \
+                from None
+
     async def swap(self, spec: str) -> SwapResult:
         """See :meth:`Engine.swap`."""
         return await asyncio.wrap_future(self._call("swap", spec))

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kit import STABLE_MODEL_ID
 from kit.errors import HarnessError
 from kit.harness import evidence, manifest
 from kit.harness.files import atomic_write, check_writable, make_parents, read_text, sha256_text
@@ -77,14 +76,9 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
     if live:  # keep what describes a model, not volatile fields like "created"
         return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
                 f"probe of {url.v1}/models")
-    from kit.models.catalog import api_entry, scan
-    from kit.models.starter import STARTER_ID
+    from kit.models.catalog import scan, served_entries
 
-    # What a server started now would offer: local -> the starter, then the rest.
-    catalog = {e.id: e for e in scan() if e.loadable}
-    entries = [api_entry(mid, catalog.get(STARTER_ID), real_id=STARTER_ID)
-               for mid in (STABLE_MODEL_ID, STARTER_ID)]
-    entries += [api_entry(e.id, e, real_id=e.id) for e in catalog.values() if e.id != STARTER_ID]
+    entries = served_entries([e for e in scan() if e.loadable])  # a server started now
     return ([{k: m[k] for k in keep} for m in entries],
             f"local model cache; no mlx-kit server answered at {url.v1}")
 

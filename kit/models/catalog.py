@@ -3,26 +3,40 @@ starter, described from the model's own files (no mlx import, no model load).
 
 Each entry says: id, size on disk, quantization, context window, capabilities (tool calls,
 reasoning, vision, read from the chat template, tokenizer and config) — or, for an entry
-that cannot be served, why not.
+that cannot be served, why not. :func:`served_entries` is the one list a server shows at
+/v1/models (``local`` first); :class:`CatalogCache` serves :func:`scan`'s last snapshot and
+rescans in a background thread, so a server's event loop never walks the cache.
 """
 
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import importlib.util
 import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kit import STABLE_MODEL_ID
 from kit.models.resolve import read_context_window
-from kit.models.starter import STARTER_VARIANTS, starter_path
+from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
+
+log = logging.getLogger("mlx_kit.catalog")
 
 # Markers that show a chat template renders tool calls / reasoning.
 _TOOL_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|tool_call", "tool_calls", "<function=",
                  "<|python_tag|>")
 _THINK_MARKERS = ("<think>", "enable_thinking", "reasoning_content", "<|channel|>")
+_TOKENIZER_HEAD_CHARS = 2_000_000  # most of tokenizer.json ever read (special tokens lead)
+_CHUNK = 64 * 1024
+#: seconds a catalog snapshot is served before a read starts a rescan (in the background)
+CATALOG_TTL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -108,14 +122,33 @@ def _chat_template(folder: Path) -> str:
     return ""
 
 
-def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
-    """Tool calls, reasoning, vision, judged from the chat template, tokenizer and config."""
-    template = _chat_template(folder)
+def _special_tokens_head(path: Path, limit: int = _TOKENIZER_HEAD_CHARS) -> str:
+    """The head of ``tokenizer.json`` that holds its special tokens: read in chunks until
+    the end of ``added_tokens`` (the ``"normalizer"`` key that the tokenizers library
+    writes next) or ``limit`` characters, never the whole file (tens of MB for large
+    vocabularies, and the catalog is rescanned every few seconds). ``""`` if unreadable."""
+    seen = ""
     try:
-        special = (folder / "tokenizer.json").read_text(errors="replace")[:2_000_000] \
-            if (folder / "tokenizer.json").is_file() else ""
+        with open(path, encoding="utf-8", errors="replace") as f:
+            while len(seen) < limit:
+                chunk = f.read(min(_CHUNK, limit - len(seen)))
+                if not chunk:
+                    break
+                seen += chunk
+                at = seen.find('"added_tokens"')
+                if at >= 0 and seen.find('"normalizer"', at) >= 0:
+                    break
     except OSError:
-        special = ""
+        return ""
+    return seen
+
+
+def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
+    """Tool calls, reasoning, vision, judged from the chat template, the special tokens at
+    the head of tokenizer.json, and config."""
+    template = _chat_template(folder)
+    tokenizer = folder / "tokenizer.json"
+    special = _special_tokens_head(tokenizer) if tokenizer.is_file() else ""
     return Capabilities(
         tools=any(m in template for m in _TOOL_MARKERS) or "tools" in template,
         reasoning=any(m in template for m in _THINK_MARKERS) or '"<think>"' in special,
@@ -193,7 +226,7 @@ def scan() -> list[CatalogEntry]:
     for repo_id in STARTER_VARIANTS:
         path = starter_path(repo_id)
         entries[repo_id] = describe(repo_id, path) if path else CatalogEntry(
-            repo_id, None, note="embedded starter; built on first use (~5 s)",
+            repo_id, None, note="embedded starter; built on first use (~5-30 s)",
             quantization="4-bit g32" if repo_id.endswith("4bit") else "float32",
             context_window=8192)
     try:
@@ -213,3 +246,112 @@ def scan() -> list[CatalogEntry]:
             continue
         entries[repo.repo_id] = describe(repo.repo_id, Path(main.snapshot_path), main.size_on_disk)
     return list(entries.values())
+
+
+def served_entries(catalog: Iterable[CatalogEntry], model_id: str = STARTER_ID, *,
+                   context_window: int | None = None, loaded: bool = False,
+                   detected: Mapping[str, bool] | None = None) -> list[dict[str, Any]]:
+    """The models a server on ``model_id`` lists at /v1/models (and what harness templates
+    bake when no server answers): ``local`` naming ``model_id`` first, then ``model_id``
+    itself, then every other loadable model of ``catalog``. Entries are :func:`api_entry`
+    dicts.
+
+    Args:
+        catalog: :func:`scan`'s entries (or a :class:`CatalogCache` snapshot).
+        model_id: the model behind ``local`` (a server's loaded model; default the starter,
+            what a server started now would load).
+        context_window: the loaded model's window in tokens (default: the catalog's).
+        loaded: whether that model is in memory now.
+        detected: capabilities the engine detected on the loaded model (``tools``,
+            ``reasoning``); they beat the catalog's guess from the template.
+    """
+    by_id = {e.id: e for e in catalog}
+    head = [api_entry(mid, by_id.get(model_id), real_id=model_id,
+                      context_window=context_window, loaded=loaded)
+            for mid in (STABLE_MODEL_ID, model_id)]
+    if detected:
+        for entry in head:
+            entry["capabilities"] = {**entry["capabilities"], **detected}
+    return head + [api_entry(e.id, e, real_id=e.id) for e in by_id.values()
+                   if e.loadable and e.id != model_id]
+
+
+class CatalogCache:
+    """The catalog as a snapshot that readers get at once, rescanned in a background
+    thread (the scan walks the hub cache and reads every model's config and template:
+    on a server's event loop it would stall every open stream).
+
+    A read of a snapshot older than ``ttl`` seconds starts one rescan and still returns
+    the old snapshot; the next read after the rescan gets the new one. Thread-safe.
+
+    Args:
+        scanner: what produces the entries (default :func:`scan`).
+        ttl: seconds a snapshot is fresh, counted from the start of the scan that made it.
+    """
+
+    def __init__(self, scanner: Callable[[], list[CatalogEntry]] | None = None,
+                 ttl: float = CATALOG_TTL_S) -> None:
+        self._scan_fn = scanner or scan
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._snapshot: tuple[float, list[CatalogEntry]] | None = None  # (started, entries)
+        self._running: concurrent.futures.Future | None = None
+
+    def refresh(self, force: bool = False) -> concurrent.futures.Future:
+        """Start a rescan unless one is running (``force``: start one anyway, e.g. after a
+        swap built a starter that the running scan may have missed).
+
+        Returns:
+            A future of the newest snapshot once this rescan ended (its exception if the
+            scan raised; the previous snapshot stays served then).
+        """
+        with self._lock:
+            if self._running is not None and not self._running.done() and not force:
+                return self._running
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            self._running = future
+        threading.Thread(target=self._rescan, args=(future, time.monotonic()),
+                         name="mlx-kit-catalog", daemon=True).start()
+        return future
+
+    def peek(self) -> list[CatalogEntry] | None:
+        """The last snapshot without waiting (None before the first scan ended); starts a
+        rescan when it is older than ``ttl`` (or there is none)."""
+        snapshot = self._snapshot
+        if snapshot is None or time.monotonic() - snapshot[0] > self.ttl:
+            self.refresh()
+        return snapshot[1] if snapshot is not None else None
+
+    def when_ready(self) -> concurrent.futures.Future:
+        """A future of the last snapshot: done at once if there is one (see :meth:`peek`),
+        else the first scan's (await it with ``asyncio.wrap_future``)."""
+        entries = self.peek()
+        if entries is None:
+            running = self._running  # the scan peek found or started
+            assert running is not None
+            return running
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(entries)
+        return done
+
+    def get(self, timeout: float | None = None) -> list[CatalogEntry]:
+        """The last snapshot; before the first one exists, blocks until the scan ends.
+
+        Raises:
+            TimeoutError: no snapshot after ``timeout`` seconds.
+            Exception: what the first scan raised.
+        """
+        return self.when_ready().result(timeout)
+
+    def _rescan(self, future: concurrent.futures.Future, started: float) -> None:
+        try:
+            entries = self._scan_fn()
+        except Exception as e:  # keep serving the last snapshot; the next read retries
+            log.exception("the model catalog scan failed")
+            future.set_exception(e)
+            return
+        with self._lock:  # a later-started scan that ended first is newer: keep it
+            if self._snapshot is None or self._snapshot[0] <= started:
+                self._snapshot = (started, entries)
+            newest = self._snapshot[1]
+        future.set_result(newest)

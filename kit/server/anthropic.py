@@ -14,7 +14,6 @@ Unknown fields and beta features (``thinking``, ``context_management``,
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 from typing import Any, Literal
@@ -292,4 +291,4 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     await state.resolve(body.model)
     req = ChatRequest(messages=_messages(body),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
-    return {"input_tokens": await asyncio.to_thread(state.engine.count_tokens, req)}
+    return {"input_tokens": await state.count_tokens(req)}

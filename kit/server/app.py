@@ -76,7 +76,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": state.model_entries()}
+        # the catalog's last snapshot: rescans run in a background thread, never here
+        return {"object": "list", "data": state.model_entries(await state.load_catalog())}
 
     for module in (openai_chat, openai_completions, anthropic, openai_responses, gemini,
                    admin):

@@ -12,7 +12,6 @@ routes. Errors have Google's shape ``{"error": {"code", "message", "status"}}``
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -161,8 +160,7 @@ async def count_tokens(model: str, body: CountTokensRequest, request: Request) -
         inner, tools = GenerateContentRequest(contents=body.contents), None
     else:
         raise bad_field("contents or generateContentRequest is required", "contents")
-    n = await asyncio.to_thread(state.engine.count_tokens,
-                                ChatRequest(messages=chat_messages(inner), tools=tools))
+    n = await state.count_tokens(ChatRequest(messages=chat_messages(inner), tools=tools))
     return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
 
 

@@ -1,20 +1,25 @@
 """What the routers share: the engine, model naming policy (aliases, swap on request), the
-model catalog for /v1/models, the API key and the admin token."""
+model catalog for /v1/models (a snapshot rescanned off the event loop), the API key and the
+admin token."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.engine.interface import EngineLike
 from kit.engine.types import SamplingParams
 from kit.errors import KitError
 from kit.models.aliases import AliasTable
+from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
 from kit.server.errors import APIError, api_error
 
-_CATALOG_TTL_S = 10.0
+if TYPE_CHECKING:
+    from kit.engine.types import ChatRequest
 
 
 @dataclass
@@ -29,6 +34,7 @@ class ServerState:
         default_temperature, default_top_p: sampling for requests that set none (None:
             the model's generation_config.json).
         started: server start time (unix seconds).
+        catalog_cache: the models on this machine, rescanned in a background thread.
     """
 
     engine: EngineLike
@@ -39,7 +45,7 @@ class ServerState:
     default_temperature: float | None = None
     default_top_p: float | None = None
     started: float = field(default_factory=time.time)
-    _catalog: tuple[float, list] = (0.0, [])
+    catalog_cache: CatalogCache = field(default_factory=CatalogCache)
 
     @property
     def model_id(self) -> str:
@@ -56,15 +62,17 @@ class ServerState:
             else model.get("top_p", 1.0),
             top_k=int(model.get("top_k", 0)), min_p=model.get("min_p", 0.0))
 
-    def catalog(self) -> list:
-        """The model catalog (:func:`kit.models.catalog.scan`), re-read every 10 s."""
-        at, entries = self._catalog
-        if time.monotonic() - at > _CATALOG_TTL_S:
-            from kit.models.catalog import scan
+    def catalog(self) -> list[CatalogEntry]:
+        """The model catalog's last snapshot (:class:`~kit.models.catalog.CatalogCache`: a
+        read older than 10 s starts a rescan in the background). Never scans on the
+        caller's thread; blocks only before the first scan ended, which ``serve`` waits for
+        before it listens. In a coroutine prefer :meth:`load_catalog`."""
+        return self.catalog_cache.get()
 
-            entries = scan()
-            self._catalog = (time.monotonic(), entries)
-        return entries
+    async def load_catalog(self) -> list[CatalogEntry]:
+        """:meth:`catalog` for coroutines: before the first snapshot exists it is awaited,
+        never waited for on the event loop."""
+        return await asyncio.wrap_future(self.catalog_cache.when_ready())
 
     def available_ids(self) -> list[str]:
         return [STABLE_MODEL_ID, self.model_id] + [
@@ -89,7 +97,7 @@ class ServerState:
         target = self.aliases.target(requested)
         if target is not None:
             return None if target == STABLE_MODEL_ID else await self.resolve(target)
-        known = {e.id for e in self.catalog() if e.loadable}
+        known = {e.id for e in await self.load_catalog() if e.loadable}
         if requested not in known:  # never a download: only what is on this machine
             raise self._not_found(requested)
         if not self.swap_on_request:
@@ -109,26 +117,38 @@ class ServerState:
             error = api_error(e)
             error.param = "model"
             raise error from None
-        self._catalog = (0.0, [])  # a starter may have been built
+        # a starter may have been built: list it as it is now (a scan that ran during the
+        # swap may have missed it), rescanned in the background thread, awaited here
+        try:
+            await asyncio.wrap_future(self.catalog_cache.refresh(force=True))
+        except Exception:  # logged by the scan; the swap itself succeeded
+            pass
         return {"model": result.model, "previous": result.previous,
                 "load_seconds": round(result.load_seconds, 3), "changed": result.changed}
 
-    def model_entries(self) -> list[dict]:
-        """/v1/models entries: ``local`` first (naming the real model), the loaded model,
-        then every other model on this machine that can be served."""
-        from kit.models.catalog import api_entry
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt's token count (:meth:`Engine.count_tokens`) without holding a worker
+        thread while the engine process answers: a stuck engine must not use up the event
+        loop's thread pool (as it once did /health's). An in-process engine tokenizes on a
+        worker thread.
 
+        Raises:
+            EngineError: the engine's (e.g. ``EngineUnavailable`` after 30 s).
+        """
+        return await self.engine.count_tokens_async(request)
+
+    def model_entries(self, catalog: list[CatalogEntry] | None = None) -> list[dict]:
+        """/v1/models entries (:func:`~kit.models.catalog.served_entries`): ``local`` first
+        (naming the real model), the loaded model, then every other model on this machine
+        that can be served. ``catalog``: a snapshot from :meth:`load_catalog` (default
+        :meth:`catalog`)."""
         info = self.engine.model_info
-        by_id = {e.id: e for e in self.catalog()}
-        loaded = self.engine.state == "ready"
-        entries = [api_entry(mid, by_id.get(info.id), real_id=info.id,
-                             context_window=info.context_window, loaded=loaded)
-                   for mid in (STABLE_MODEL_ID, info.id)]
-        if self.engine.state in ("ready", "unloaded"):  # what mlx-lm detected beats a guess
-            for e in entries:
-                e["capabilities"] = {**e["capabilities"], **self.engine.capabilities()}
-        entries += [api_entry(e.id, e, real_id=e.id) for e in self.catalog()
-                    if e.loadable and e.id != info.id]
+        # what mlx-lm detected on the loaded model beats the catalog's guess
+        detected = self.engine.capabilities() if self.engine.state in (
+            "ready", "unloaded") else None
+        entries = served_entries(self.catalog() if catalog is None else catalog, info.id,
+                                 context_window=info.context_window,
+                                 loaded=self.engine.state == "ready", detected=detected)
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}
         return [{**e, **extra} for e in entries]
 
