@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import jinja2
+from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.errors import HarnessError
@@ -29,6 +30,14 @@ from kit.harness.spec import HarnessSpec
 MARKER = "mlx-kit:generated (do not edit)"
 PROVIDER_ID = "mlx-kit"
 API_KEY_ENV = "MLX_KIT_API_KEY"
+
+
+def _defined(value: Any) -> Any:
+    """``value``, or the template's UndefinedError when it names nothing (json.dumps would
+    raise a TypeError that says nothing about the template)."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    return value
 
 
 def js_literal(value: Any, escape: str = "") -> str:
@@ -41,6 +50,7 @@ def js_literal(value: Any, escape: str = "") -> str:
             opencode, which replaces ``{env:VAR}`` and ``{file:path}`` anywhere (a model
             named ``{file:x}`` would stop it from loading the file).
     """
+    value = _defined(value)
     if escape and isinstance(value, dict):
         return "{" + ", ".join(f"{js_literal(str(k), escape)}: {js_literal(v, escape)}"
                                for k, v in value.items()) + "}"
@@ -59,6 +69,7 @@ def toml_literal(value: Any) -> str:
     the surrogate pairs JSON writes for a character beyond U+FFFF (``"\\ud83e\\udd99"``),
     so those stay as they are; quotes, backslashes, control characters and Unicode line
     breaks are escaped."""
+    value = _defined(value)
     if isinstance(value, (bool, int)) or isinstance(value, float) and math.isfinite(value):
         return json.dumps(value)
     text = json.dumps(str(value), ensure_ascii=False)
@@ -71,7 +82,7 @@ def shell_literal(value: Any) -> str:
     """``value`` with ``\\``, ``$`` and backquotes escaped by a backslash: literal text for
     an agent that expands a config value like a shell here-document (``$VAR``, ``$(cmd)``;
     quotes are not special there), as Crush does with ``base_url``."""
-    return re.sub(r"([\\$`])", r"\\\1", str(value))
+    return re.sub(r"([\\$`])", r"\\\1", str(_defined(value)))
 
 
 def _environment(spec: HarnessSpec) -> jinja2.Environment:
@@ -131,6 +142,11 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
         except jinja2.TemplateSyntaxError as e:
             raise HarnessError(f"{spec.templates / f.template}:{e.lineno}: {e.message}",
                                hint=f"the template of {spec.name}'s {f.path}") from None
+        except jinja2.UndefinedError as e:  # say "vars", not "types.SimpleNamespace object"
+            text = str(e).replace(repr(object_type_repr(values["vars"])), "vars")
+            raise HarnessError(f"{spec.templates / f.template}: {text}",
+                               hint=f"{spec.name}'s [vars]: "
+                               + (", ".join(spec.vars) or "none")) from None
         except jinja2.TemplateError as e:
             raise HarnessError(f"{spec.templates / f.template}: {e}",
                                hint=f"the template of {spec.name}'s {f.path}; the values "

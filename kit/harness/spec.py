@@ -128,7 +128,7 @@ class _Table(BaseModel):
 
 
 class ConfigDirSpec(_Table):
-    """``[config_dir]``: the agent's config folder, where its files go."""
+    """[config_dir]: the agent's config folder, where its files go."""
 
     env: EnvList = Field(default=(), description=(
         "An environment variable that moves the folder, or a list of \"VAR\" / "
@@ -144,7 +144,7 @@ class ConfigDirSpec(_Table):
 
 
 class FileSpec(_Table):
-    """``[[files]]``: one file mlx-kit writes, from one template."""
+    """[[files]]: one file mlx-kit writes, from one template."""
 
     path: RelPath = Field(description="Where the file goes, relative to the config folder.")
     template: RelPath = Field(description=(
@@ -195,7 +195,7 @@ class FileSpec(_Table):
 
 
 class LaunchSpec(_Table):
-    """``[launch]``: how `mlx-kit launch` runs the agent. Values may name {file0},
+    """[launch]: how `mlx-kit launch` runs the agent. Values may name {file0},
     {file1}... (our files' paths), {config_dir}, {root_url} (the server's root URL, no
     /v1), {api_key} ($MLX_KIT_API_KEY, else a placeholder), {context_window} and
     {max_tokens} (of the model behind `local`, as the server reports them)."""
