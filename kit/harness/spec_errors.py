@@ -110,7 +110,9 @@ def spec_error(root: type[BaseModel], error: ValidationError, where: str) -> Har
     """The first problem of ``error`` (raised validating ``root`` from the file ``where``)
     as a one-line :class:`HarnessError`: ``<where>: <dotted key>: <problem>``, hint
     included; ``(+N more)`` says how many other problems the file has."""
-    errors = error.errors(include_url=False)
+    # An unknown key first: a misspelt key also makes the real one "missing", and the
+    # typo is what the author has to fix.
+    errors = sorted(error.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
     cause = ctx.get("error")

@@ -255,3 +255,11 @@ def test_an_unknown_agent_hint_counts_refused_user_specs(home):
         load_spec("nope")
     assert exc.value.hint.startswith("known agents: aider, claude")
     assert exc.value.hint.endswith("1 spec file(s) refused: see `mlx-kit harness list`")
+
+
+def test_a_misspelt_key_is_named_before_the_missing_one_it_leaves():
+    data = shipped("pi")
+    data["files"][0]["templte"] = data["files"][0].pop("template")
+    with pytest.raises(HarnessError) as exc:
+        parse_spec(data, "pi.toml")
+    assert exc.value.message == "pi.toml: files[0].templte: unknown key (+1 more)"
