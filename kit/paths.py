@@ -4,12 +4,16 @@
 - log dir: server logs (``server-<port>.log``)
 - data dir: the harness manifest and the starter's source cache
 - cache dir: mlx's compiled CUDA kernels (``ptx/<mlx version>``)
+- config dir: the user's own agents, ``harnesses/<agent>.toml`` + ``templates/<agent>/``
 - bundled data: ``templates/`` and ``harnesses/``; at the repo's top level in a checkout
   (editable install), or ``kit/_data/`` inside a wheel.
+
+Agent specs are looked up in :func:`spec_roots`: the bundled agents, then the user's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -43,6 +47,14 @@ def data_dir(create: bool = False) -> Path:
     return _dir(platformdirs.user_data_dir(APP), create)
 
 
+def config_dir() -> Path:
+    """mlx-kit's own config folder (platformdirs: ``$XDG_CONFIG_HOME/mlx-kit``, else
+    ``~/.config/mlx-kit`` on Linux; ``~/Library/Application Support/mlx-kit`` on macOS).
+    It holds the user's agents; mlx-kit only reads it, so it is never created here.
+    No MLX_KIT_* variable moves it: the XDG variable already does, as for the other dirs."""
+    return Path(platformdirs.user_config_dir(APP))
+
+
 def kernel_cache_dir() -> Path:
     """Where mlx's CUDA build keeps the kernels it compiles on first use (its
     ``MLX_PTX_CACHE_DIR``), one folder per mlx version. mlx's default is under the temp
@@ -74,3 +86,22 @@ def templates_dir() -> Path:
 def harnesses_dir() -> Path:
     """The folder of declarative agent specs (``<agent>.toml``)."""
     return _bundled("harnesses")
+
+
+@dataclass(frozen=True)
+class SpecRoot:
+    """A place agent specs are loaded from: ``harnesses/*.toml`` and the templates they
+    name (``template = "<agent>/x.j2"`` is ``templates / "<agent>/x.j2"``)."""
+
+    harnesses: Path
+    templates: Path
+    builtin: bool  # shipped with mlx-kit (a broken one is a bug, not the user's problem)
+
+
+def spec_roots() -> tuple[SpecRoot, ...]:
+    """Where agents come from, in order: the bundled ones, then the user's own in
+    ``<config dir>/harnesses`` with templates in ``<config dir>/templates``. Built-ins come
+    first because a user spec may not reuse a built-in's name (kit.harness.spec)."""
+    user = config_dir()
+    return (SpecRoot(harnesses_dir(), templates_dir(), True),
+            SpecRoot(user / "harnesses", user / "templates", False))

@@ -167,18 +167,35 @@ def status_(
 
 @app.command("list")
 def list_() -> None:
-    """Each known agent: configured? where? binary found?"""
+    """Each known agent: configured? the API it speaks, where its config goes, binary
+    found? Agents of the user's own (<config dir>/harnesses/*.toml) are listed too; a
+    spec file of theirs that is refused is named with its problem (exit 1), the other
+    agents still listed."""
+    from rich.markup import escape
     from rich.table import Table
 
+    from kit.cli.console import err_console
     from kit.harness import install as hi
-    from kit.harness.spec import all_specs
+    from kit.harness.spec import APIS, load_all
 
-    table = Table("agent", "configured", "config", "binary")
-    for column in table.columns:
-        column.overflow = "fold"
-    for spec in all_specs().values():
+    agents = load_all()
+    table = Table()
+    for name in ("agent", "configured", "api", "config", "binary"):
+        # the short columns stay whole (the API's route is one word); paths fold
+        table.add_column(name, overflow="fold", no_wrap=name in ("agent", "api"))
+    for spec in agents.specs.values():
         st = hi.status(spec)
-        table.add_row(spec.name, "yes" if st.installed else "no",
+        table.add_row(spec.name, "yes" if st.installed else "no", APIS[spec.api],
                       ", ".join(map(str, st.paths)),
                       st.binary or f"not found ({spec.install})")
     console.print(table)
+    user = [s for s in agents.specs.values() if not s.builtin]
+    if user:
+        console.print(f"your own agents ({user[0].source.parent}): "
+                      + ", ".join(s.name for s in user), markup=False)
+    for problem in agents.problems.values():
+        err_console.print(f"[bold red]error:[/] {escape(problem.message)}", highlight=False)
+        if problem.hint:
+            err_console.print(f"[bold]hint:[/] {escape(problem.hint)}", highlight=False)
+    if agents.problems:
+        raise typer.Exit(1)

@@ -5,25 +5,39 @@ of the target language (``js``: a JSON/TypeScript literal, also read by YAML; ``
 TOML string), so a quote, backslash or newline in a model name or URL can neither break the
 file nor inject code. A value that the agent itself expands like a shell word (Crush's
 ``base_url``) first goes through ``sh_escape``.
+
+Templates see the shared :func:`context` and, as ``vars``, their own agent's ``[vars]``
+table only; each spec renders from its own templates folder (bundled or the user's).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import jinja2
+from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
+from kit.errors import HarnessError
 from kit.harness.spec import HarnessSpec
-from kit.paths import templates_dir
 
 #: First line of every generated file; ``remove`` only deletes files that carry it.
 MARKER = "mlx-kit:generated (do not edit)"
 PROVIDER_ID = "mlx-kit"
 API_KEY_ENV = "MLX_KIT_API_KEY"
+
+
+def _defined(value: Any) -> Any:
+    """``value``, or the template's UndefinedError when it names nothing (json.dumps would
+    raise a TypeError that says nothing about the template)."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    return value
 
 
 def js_literal(value: Any, escape: str = "") -> str:
@@ -36,6 +50,7 @@ def js_literal(value: Any, escape: str = "") -> str:
             opencode, which replaces ``{env:VAR}`` and ``{file:path}`` anywhere (a model
             named ``{file:x}`` would stop it from loading the file).
     """
+    value = _defined(value)
     if escape and isinstance(value, dict):
         return "{" + ", ".join(f"{js_literal(str(k), escape)}: {js_literal(v, escape)}"
                                for k, v in value.items()) + "}"
@@ -50,11 +65,12 @@ def js_literal(value: Any, escape: str = "") -> str:
 
 
 def toml_literal(value: Any) -> str:
-    """A TOML basic string (or boolean, integer). Not ``js``: TOML refuses the surrogate
-    pairs JSON writes for a character beyond U+FFFF (``"\\ud83e\\udd99"``), so those
-    stay as they are; quotes, backslashes, control characters and Unicode line breaks are
-    escaped."""
-    if isinstance(value, (bool, int)):
+    """A TOML basic string (or boolean, integer, finite float). Not ``js``: TOML refuses
+    the surrogate pairs JSON writes for a character beyond U+FFFF (``"\\ud83e\\udd99"``),
+    so those stay as they are; quotes, backslashes, control characters and Unicode line
+    breaks are escaped."""
+    value = _defined(value)
+    if isinstance(value, (bool, int)) or isinstance(value, float) and math.isfinite(value):
         return json.dumps(value)
     text = json.dumps(str(value), ensure_ascii=False)
     for ch in "\x7f\x85\u2028\u2029":
@@ -66,12 +82,12 @@ def shell_literal(value: Any) -> str:
     """``value`` with ``\\``, ``$`` and backquotes escaped by a backslash: literal text for
     an agent that expands a config value like a shell here-document (``$VAR``, ``$(cmd)``;
     quotes are not special there), as Crush does with ``base_url``."""
-    return re.sub(r"([\\$`])", r"\\\1", str(value))
+    return re.sub(r"([\\$`])", r"\\\1", str(_defined(value)))
 
 
-def _environment() -> jinja2.Environment:
+def _environment(spec: HarnessSpec) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(str(spec.templates)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # not HTML: each value is escaped by its target-language filter
@@ -103,12 +119,36 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
         "api_key_set": bool(os.environ.get(API_KEY_ENV)),
         "models": models,
         "baked_source": baked_source,
-        "discovery_timeout_ms": 1500,
-        "max_reserve_fraction": 0.25,
     }
 
 
 def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
-    """Render each of ``spec``'s files. Returns ``{spec file path: text}``."""
-    env = _environment()
-    return {f.path: env.get_template(f.template).render(**ctx) for f in spec.files}
+    """Render each of ``spec``'s files with ``ctx`` plus ``vars`` (the spec's own
+    ``[vars]``, as attributes: ``{{ vars.name }}``).
+
+    Returns:
+        ``{spec file path: text}``, in the spec's order.
+
+    Raises:
+        HarnessError: a template does not parse or names an undefined value (a user's
+            template can; the message names the template, and the line where known).
+    """
+    env = _environment(spec)
+    values = {**ctx, "vars": SimpleNamespace(**spec.vars)}
+    out = {}
+    for f in spec.files:
+        try:
+            out[f.path] = env.get_template(f.template).render(**values)
+        except jinja2.TemplateSyntaxError as e:
+            raise HarnessError(f"{spec.templates / f.template}:{e.lineno}: {e.message}",
+                               hint=f"the template of {spec.name}'s {f.path}") from None
+        except jinja2.UndefinedError as e:  # say "vars", not "types.SimpleNamespace object"
+            text = str(e).replace(repr(object_type_repr(values["vars"])), "vars")
+            raise HarnessError(f"{spec.templates / f.template}: {text}",
+                               hint=f"{spec.name}'s [vars]: "
+                               + (", ".join(spec.vars) or "none")) from None
+        except jinja2.TemplateError as e:
+            raise HarnessError(f"{spec.templates / f.template}: {e}",
+                               hint=f"the template of {spec.name}'s {f.path}; the values "
+                               "it may use: docs/agents/adding-an-agent.md") from None
+    return out

@@ -1,101 +1,245 @@
-"""Declarative agent specs (``harnesses/<agent>.toml``) loaded into frozen objects.
+"""Agent specs (``harnesses/<agent>.toml``) as validated data: pydantic models, frozen.
 
-Schema (unknown keys are an error, so a typo never passes silently)::
+Every table refuses unknown keys, so a typo never passes silently; enumerations are
+Literals; the cross-field rules (launch placeholders, merge rules) are validators. A
+problem is one line naming the file and the dotted key (:mod:`kit.harness.spec_errors`).
+The fields' descriptions are the reference: they are published as the JSON schema
+docs/agents/harness-spec.schema.json (``python -m kit.harness.schema``), which editors use
+to complete and check spec files; docs/agents/adding-an-agent.md is the walk-through.
 
-    name = "pi"                       # the agent's id on the command line
-    description = "..."
-    binary = "pi"                     # executable looked up on PATH
-    install = "npm install -g ..."    # the exact command that installs the agent
-    api = "openai-completions"        # the wire API the agent speaks to our server
-    verified = ["0.73.1", "1.6.0"]    # oldest and newest agent version the template was
-                                      #   tested with (optional; `harness status` flags
-                                      #   an installed version newer than the last)
-    [config_dir]                      # the agent's config folder
-    env = "PI_CODING_AGENT_DIR"       #   an env var that moves it (optional), or a list
-                                      #   of "VAR" / "VAR/sub/dir", the first set one wins
-                                      #   (["GOOSE_PATH_ROOT/config", "XDG_CONFIG_HOME/goose"])
-    darwin_env = []                   #   the list used on macOS instead (optional)
-    default = "~/.pi/agent"           #   else this
-    darwin = "~/Library/..."          #   else this on macOS (optional)
-    [[files]]                         # one per generated file
-    path = "extensions/mlx-kit.ts"    #   relative to config_dir
-    template = "pi/mlx-kit.ts.j2"     #   relative to templates/
-    mode = "drop-in"                  #   a whole file we own, or "merge": our entries go
-    format = "yaml"                   #     into the user's file (yaml | toml | json),
-    strategy = "list-by-key"          #     as list entries identified by `key`, or
-    key = "model_id"                  #     ("keys") at the dotted paths in `owns`;
-    owns = ["provider.mlx-kit"]       #     "a.b[id]" owns our entries of the list at a.b,
-                                      #     by their id (see kit/harness/merge.py)
-    [launch]
-    args = ["--provider", "mlx-kit", "--model", "local"]   # argv after the binary
-    env = {}                          # extra environment for the agent's process
-    env_defaults = {}                 # environment set only where the user has not set it
-                                      # Values may name {file0} (our first file's path),
-                                      # {config_dir}, {root_url} (the server's root URL,
-                                      # no /v1), {api_key} ($MLX_KIT_API_KEY, else
-                                      # a placeholder), and {context_window}/{max_tokens}
-                                      # of the model behind `local` (as the server reports)
+Specs are loaded from the search roots of :func:`kit.paths.spec_roots` through one
+function, :func:`load_all`: the bundled agents, then the user's own
+(``<user config dir>/harnesses/*.toml``, templates in ``<user config dir>/templates/``).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from kit.errors import HarnessError
 from kit.harness.formats import FORMATS
-from kit.harness.merge import MergeSpec, list_selector
-from kit.paths import harnesses_dir, templates_dir
+from kit.harness.merge import MergeSpec
+from kit.harness.spec_errors import SpecValueError, spec_error
+from kit.harness.spec_types import (EnvList, EnvName, Folder, LaunchValue, Owned, RelPath, Text,
+                                    VarName, VarValue, Version, placeholders)
+from kit.paths import SpecRoot, config_dir, spec_roots, templates_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: The wire APIs our server speaks, as ``api`` names them, and the route each is served
+#: at. The names are the ones pi and its SDK use ("openai-completions" is Chat Completions).
+APIS = {"openai-completions": "/v1/chat/completions", "openai-responses": "/v1/responses",
+        "anthropic-messages": "/v1/messages", "gemini": "/v1beta/models"}
 MODES = ("drop-in", "merge")
 STRATEGIES = ("list-by-key", "keys")
-_TOP_KEYS = {"name", "description", "binary", "install", "api", "verified", "config_dir",
-             "files", "launch"}
+API_KEY_ENV = "MLX_KIT_API_KEY"  # the server's --api-key variable; render.py names it too
+#: What launch values may name besides ``{fileN}`` and ``{config_dir}``.
+_MODEL_VALUES = ("context_window", "max_tokens")
+_LAUNCH_VALUES = ("config_dir", "root_url", "api_key", *_MODEL_VALUES)
+MAX_SPEC_BYTES = 256 * 1024  # a user's spec file larger than this is refused unread
 
 
-@dataclass(frozen=True)
-class FileSpec:
-    """One generated file: where it goes (relative to the config dir), from which template,
-    and, for ``mode = "merge"``, how our fragment goes into the user's file."""
+class _Table(BaseModel):
+    """A TOML table: unknown keys refused (a typo must not pass silently), frozen."""
 
-    path: str
-    template: str
-    mode: str = "drop-in"
-    merge: MergeSpec | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-@dataclass(frozen=True)
-class HarnessSpec:
-    """An agent, as data. See the module docstring for the schema."""
+class ConfigDirSpec(_Table):
+    """[config_dir]: the agent's config folder, where its files go."""
 
-    name: str
-    description: str
-    binary: str
-    install: str
-    api: str
-    config_dir_env: tuple[str, ...]
-    config_dir_default: str
-    config_dir_darwin: str | None
-    files: tuple[FileSpec, ...]
-    launch_args: tuple[str, ...]
-    launch_env: tuple[tuple[str, str], ...]
-    config_dir_darwin_env: tuple[str, ...] | None = None
-    launch_env_defaults: tuple[tuple[str, str], ...] = ()
-    verified: tuple[str, str] | None = None
+    env: EnvList = Field(default=(), description=(
+        "An environment variable that moves the folder, or a list of \"VAR\" / "
+        "\"VAR/sub/dir\": the first one set wins (e.g. [\"GOOSE_PATH_ROOT/config\", "
+        "\"XDG_CONFIG_HOME/goose\"])."))
+    darwin_env: Optional[EnvList] = Field(default=None, description=(
+        "The list used on macOS instead of env ([] for none)."))
+    default: Folder = Field(description=(
+        "The folder when no env variable is set: starts with ~, / or {kit_config_dir} "
+        "(mlx-kit's own config folder, from platformdirs)."))
+    darwin: Optional[Folder] = Field(default=None, description=(
+        "The folder on macOS instead of default."))
+
+
+class FileSpec(_Table):
+    """[[files]]: one file mlx-kit writes, from one template."""
+
+    path: RelPath = Field(description="Where the file goes, relative to the config folder.")
+    template: RelPath = Field(description=(
+        "Its Jinja template, relative to the templates folder beside the spec's "
+        "harnesses folder (\"<agent>/<file>.j2\")."))
+    mode: Literal[MODES] = Field(default="drop-in", description=(
+        "drop-in: a whole file mlx-kit owns (its first lines carry the marker); merge: our "
+        "entries go into the user's own file, every other byte stays."))
+    format: Optional[Literal[FORMATS]] = Field(default=None, description=(
+        "merge only: the file's format."))
+    strategy: Optional[Literal[STRATEGIES]] = Field(default=None, description=(
+        "merge only: list-by-key (the file is a list; ours are the entries whose `key` "
+        "matches) or keys (the file is a mapping; ours are the dotted paths in `owns`)."))
+    key: Optional[Text] = Field(default=None, description=(
+        "list-by-key only: the field that identifies an entry (e.g. model_id)."))
+    owns: tuple[Owned, ...] = Field(default=(), max_length=32, description=(
+        "keys only: the dotted key paths we own, e.g. \"provider.mlx-kit\"; "
+        "\"a.b[id]\" owns our entries of the list at a.b, by their id."))
+
+    @field_validator("template")
+    @classmethod
+    def _template_exists(cls, value: str, info: ValidationInfo) -> str:
+        root = (info.context or {}).get("templates")
+        if root is not None and not (Path(root) / value).is_file():
+            raise SpecValueError(f"template {value!r} not found", hint=f"looked in {root}")
+        return value
+
+    @model_validator(mode="after")
+    def _merge_rules(self) -> FileSpec:
+        if self.mode == "drop-in":
+            if self.format or self.strategy or self.key or self.owns:
+                raise ValueError('format, strategy, key and owns are for mode = "merge"')
+            return self
+        if self.format is None or self.strategy is None:
+            raise ValueError(f"merge needs format in {FORMATS} and strategy in {STRATEGIES}")
+        if self.strategy == "list-by-key" and (self.key is None or self.owns):
+            raise ValueError("strategy list-by-key needs key (and takes no owns)")
+        if self.strategy == "keys" and (not self.owns or self.key is not None):
+            raise ValueError("strategy keys needs owns (dotted key paths) and takes no key")
+        return self
+
+    @property
+    def merge(self) -> MergeSpec | None:
+        """How our fragment goes into the user's file (None for a drop-in)."""
+        if self.mode != "merge":
+            return None
+        return MergeSpec(self.format, self.strategy, self.key, tuple(self.owns))
+
+
+class LaunchSpec(_Table):
+    """[launch]: how `mlx-kit launch` runs the agent. Values may name {file0},
+    {file1}... (our files' paths), {config_dir}, {root_url} (the server's root URL, no
+    /v1), {api_key} ($MLX_KIT_API_KEY, else a placeholder), {context_window} and
+    {max_tokens} (of the model behind `local`, as the server reports them)."""
+
+    args: tuple[LaunchValue, ...] = Field(default=(), max_length=64, description=(
+        "The argv after the binary (the user's own arguments after -- follow)."))
+    env: dict[EnvName, LaunchValue] = Field(default_factory=dict, max_length=64, description=(
+        "Extra environment for the agent's process."))
+    env_defaults: dict[EnvName, LaunchValue] = Field(
+        default_factory=dict, max_length=64, description=(
+            "Environment set only where the user has not set it."))
+
+
+class HarnessSpec(_Table):
+    """An agent, as data: one harnesses/<agent>.toml."""
+
+    name: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=40)] = Field(
+        description="The agent's id on the command line (lowercase letters, digits, - and _).")
+    description: Annotated[StrictStr, Field(max_length=200)] = Field(
+        default="", description="One line for `harness list`.")
+    binary: Text = Field(description="The executable, looked up on PATH.")
+    install: Text = Field(description="The exact command that installs the agent.")
+    api: Literal[tuple(APIS)] = Field(description=(
+        "The wire API the agent speaks to our server: openai-completions (Chat "
+        "Completions, /v1/chat/completions), openai-responses (/v1/responses), "
+        "anthropic-messages (/v1/messages) or gemini (/v1beta)."))
+    verified: Optional[Annotated[tuple[Version, ...], Field(min_length=2, max_length=2)]] = \
+        Field(default=None, description=(
+            "The oldest and newest agent version the templates were tested with, "
+            "[\"0.73.1\", \"1.6.0\"]: `harness status` flags an installed version newer "
+            "than the newest."))
+    config_dir_table: ConfigDirSpec = Field(alias="config_dir", description=(
+        "The agent's config folder."))
+    files: tuple[FileSpec, ...] = Field(max_length=16, description="The files mlx-kit writes.")
+    launch: LaunchSpec = Field(default_factory=LaunchSpec, description=(
+        "How `mlx-kit launch` runs the agent."))
+    vars: dict[VarName, VarValue] = Field(default_factory=dict, max_length=64, description=(
+        "This agent's own template variables (strings, integers, numbers, booleans): its "
+        "templates read them as {{ vars.<name> }}; no other agent sees them."))
+
+    _source: Optional[Path] = PrivateAttr(default=None)
+    _templates: Optional[Path] = PrivateAttr(default=None)
+    _builtin: bool = PrivateAttr(default=True)
+
+    @model_validator(mode="after")
+    def _known_placeholders(self) -> HarnessSpec:
+        """Refuse a launch value that names anything but our files, the config dir, the
+        URL, the key and the model's limits (a typo would otherwise only fail when the
+        agent is launched)."""
+        known = sorted({f"file{i}" for i in range(len(self.files))} | set(_LAUNCH_VALUES))
+        values = [(("launch", "args", i), v) for i, v in enumerate(self.launch.args)]
+        for table in ("env", "env_defaults"):
+            values += [(("launch", table, k), v)
+                       for k, v in getattr(self.launch, table).items()]
+        for key, value in values:
+            try:
+                names = placeholders(value)
+            except ValueError as e:
+                raise SpecValueError(str(e), key=key) from None
+            for name in names:
+                if name not in known:
+                    raise SpecValueError(f"launch value {value!r} names {{{name}}}", key=key,
+                                         hint="known: " + ", ".join(known))
+        return self
+
+    # --- where it came from ---------------------------------------------------------------
+
+    @property
+    def source(self) -> Path | None:
+        """The spec file it was read from (None when parsed from data)."""
+        return self._source
+
+    @property
+    def templates(self) -> Path:
+        """The folder its ``template`` paths are relative to."""
+        return self._templates or templates_dir()
+
+    @property
+    def builtin(self) -> bool:
+        """Whether it ships with mlx-kit (else the user's own)."""
+        return self._builtin
+
+    # --- the names the harness code reads -------------------------------------------------
+
+    @property
+    def config_dir_env(self) -> tuple[str, ...]:
+        return self.config_dir_table.env
+
+    @property
+    def config_dir_darwin_env(self) -> tuple[str, ...] | None:
+        return self.config_dir_table.darwin_env
+
+    @property
+    def config_dir_default(self) -> str:
+        return self.config_dir_table.default
+
+    @property
+    def config_dir_darwin(self) -> str | None:
+        return self.config_dir_table.darwin
+
+    @property
+    def launch_args(self) -> tuple[str, ...]:
+        return self.launch.args
+
+    @property
+    def launch_env(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.launch.env.items()))
+
+    @property
+    def launch_env_defaults(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.launch.env_defaults.items()))
 
     def config_dir(self, environ: dict[str, str] | None = None) -> Path:
         """The agent's config folder: the first of its env vars that is set (with its sub
-        folder, for ``"VAR/sub/dir"``), else the default (``~`` expanded)."""
+        folder, for ``"VAR/sub/dir"``), else the default (``~`` and ``{kit_config_dir}``
+        expanded)."""
         env = os.environ if environ is None else environ
         darwin = sys.platform == "darwin"
         default = self.config_dir_darwin if darwin and self.config_dir_darwin \
@@ -106,7 +250,7 @@ class HarnessSpec:
             var, _, sub = candidate.partition("/")
             if env.get(var):
                 return Path(os.path.expanduser(env[var])) / sub
-        return Path(os.path.expanduser(default))
+        return Path(os.path.expanduser(default.format(kit_config_dir=str(config_dir()))))
 
     def file_paths(self) -> list[tuple[FileSpec, Path]]:
         """Each generated file with its absolute target path."""
@@ -161,144 +305,115 @@ class HarnessSpec:
         return argv, extra_env
 
 
-#: What launch values may name besides ``{fileN}`` and ``{config_dir}``.
-_MODEL_VALUES = ("context_window", "max_tokens")
-API_KEY_ENV = "MLX_KIT_API_KEY"  # the server's --api-key variable; render.py names it too
+# --- loading ------------------------------------------------------------------------------
+
+def parse_spec(data: dict[str, Any], where: str, templates: Path | None = None, *,
+               source: Path | None = None, builtin: bool = True) -> HarnessSpec:
+    """A spec from its parsed TOML ``data``.
+
+    Args:
+        where: the file, as error messages name it.
+        templates: the folder its templates are relative to (the bundled one by default);
+            each must exist there.
+
+    Raises:
+        HarnessError: ``<where>: <dotted key>: <problem>`` (+ hint), for the first problem.
+    """
+    templates = templates_dir() if templates is None else templates
+    try:
+        spec = HarnessSpec.model_validate(data, context={"templates": templates})
+    except ValidationError as e:
+        raise spec_error(HarnessSpec, e, where) from None
+    spec._source, spec._templates, spec._builtin = source, templates, builtin
+    return spec
 
 
-def _check_placeholders(values: list[str], files: int, where: str) -> None:
-    """Refuse a launch value that names anything but our files, the config dir and the
-    model's limits (a typo would otherwise only fail when the agent is launched)."""
-    known = {f"file{i}" for i in range(files)} | {"config_dir", "root_url", "api_key",
-                                                  *_MODEL_VALUES}
-    for value in values:
+def _read(path: Path, where: str, root: SpecRoot) -> HarnessSpec:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise HarnessError(f"{where}: larger than {MAX_SPEC_BYTES // 1024} KiB")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise HarnessError(f"{where}: cannot read it: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise HarnessError(f"{where}: not valid TOML: {e}") from None
+    return parse_spec(data, where, root.templates, source=path, builtin=root.builtin)
+
+
+@dataclass(frozen=True)
+class Agents:
+    """Every agent found: ``specs`` by name (built-ins first, each root's files sorted),
+    and ``problems``: the user's spec files that were refused, with why."""
+
+    specs: dict[str, HarnessSpec]
+    problems: dict[Path, HarnessError]
+
+
+def load_all(roots: tuple[SpecRoot, ...] | None = None) -> Agents:
+    """Load the specs of every root (:func:`kit.paths.spec_roots` by default), built-ins
+    and the user's alike.
+
+    A user spec that is broken, or names an agent already defined (a built-in, or an
+    earlier user file), is left out and reported in ``problems``: the other agents still
+    load. A name is never shadowed: install records, removal and `launch` all go by the
+    agent's name, so one name must mean one spec (copy a built-in under a new name to
+    change it).
+
+    Raises:
+        HarnessError: a built-in spec is broken (a packaging bug).
+    """
+    specs: dict[str, HarnessSpec] = {}
+    problems: dict[Path, HarnessError] = {}
+    for root in spec_roots() if roots is None else roots:
         try:
-            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
-        except ValueError as e:
-            raise HarnessError(f"{where}: bad launch value {value!r}: {e}") from None
-        for name in names:
-            if name not in known:
-                raise HarnessError(f"{where}: launch value {value!r} names {{{name}}}",
-                                   hint="known: " + ", ".join(sorted(known)))
-
-
-def _env_list(value: Any, where: str) -> tuple[str, ...]:
-    """A config_dir env setting: one variable name or a list of "VAR[/sub/dir]"."""
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(v, str) and v and not v.startswith("/")
-                                              for v in items):
-        raise HarnessError(f"{where}: env must be a variable name or a list of "
-                           "\"VAR\" / \"VAR/sub/dir\"")
-    return tuple(items)
-
-
-def _require(data: dict, key: str, kind: type, where: str) -> Any:
-    value = data.get(key)
-    if not isinstance(value, kind):
-        raise HarnessError(f"{where}: '{key}' must be a {kind.__name__}")
-    return value
-
-
-def _parse(data: dict[str, Any], where: str) -> HarnessSpec:
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise HarnessError(f"{where}: unknown keys {sorted(unknown)}")
-    cfg = _require(data, "config_dir", dict, where)
-    files = []
-    for i, f in enumerate(_require(data, "files", list, where)):
-        fw = f"{where}: files[{i}]"
-        if not isinstance(f, dict) or set(f) - {"path", "template", "mode", "format",
-                                                "strategy", "key", "owns"}:
-            raise HarnessError(f"{fw}: expected a table with path, template, mode "
-                               "(+ format, strategy, key, owns for merge)")
-        mode = f.get("mode", "drop-in")
-        if mode not in MODES:
-            raise HarnessError(f"{fw}: mode must be one of {MODES}")
-        template = _require(f, "template", str, fw)
-        if not (templates_dir() / template).is_file():
-            raise HarnessError(f"{fw}: template {template!r} not found")
-        merge = None
-        if mode == "merge":
-            if f.get("format") not in FORMATS or f.get("strategy") not in STRATEGIES:
-                raise HarnessError(f"{fw}: merge needs format in {FORMATS} and strategy in "
-                                   f"{STRATEGIES}")
-            if f["strategy"] == "list-by-key" and not isinstance(f.get("key"), str):
-                raise HarnessError(f"{fw}: strategy list-by-key needs key")
-            if f["strategy"] == "keys" and not f.get("owns"):
-                raise HarnessError(f"{fw}: strategy keys needs owns (dotted key paths)")
-            owns = f.get("owns", [])
-            if not isinstance(owns, list) or not all(isinstance(o, str) and o for o in owns):
-                raise HarnessError(f"{fw}: owns must be a list of dotted key paths")
-            for owned in owns:
-                try:
-                    list_selector(owned)
-                except HarnessError as e:
-                    raise HarnessError(f"{fw}: {e.message}") from None
-            merge = MergeSpec(f["format"], f["strategy"], f.get("key"), tuple(f.get("owns", ())))
-        files.append(FileSpec(_require(f, "path", str, fw), template, mode, merge))
-    launch = data.get("launch", {})
-    if not isinstance(launch, dict) or set(launch) - {"args", "env", "env_defaults"}:
-        raise HarnessError(f"{where}: [launch] takes args, env and env_defaults")
-    for table in ("env", "env_defaults"):
-        if not isinstance(launch.get(table, {}), dict) or not all(
-                isinstance(v, str) for v in launch.get(table, {}).values()):
-            raise HarnessError(f"{where}: launch.{table} must map variable names to strings")
-    if not isinstance(launch.get("args", []), list) or not all(
-            isinstance(a, str) for a in launch.get("args", [])):
-        raise HarnessError(f"{where}: launch.args must be a list of strings")
-    _check_placeholders([*launch.get("args", ()), *launch.get("env", {}).values(),
-                         *launch.get("env_defaults", {}).values()], len(files), where)
-    verified = data.get("verified")
-    if verified is not None and not (isinstance(verified, list) and len(verified) == 2 and all(
-            isinstance(v, str) and re.fullmatch(r"\d+(\.\d+)*", v) for v in verified)):
-        raise HarnessError(f"{where}: verified must be [oldest, newest] versions, "
-                           "e.g. [\"0.73.1\", \"1.6.0\"]")
-    unknown_cfg = set(cfg) - {"env", "darwin_env", "default", "darwin"}
-    if unknown_cfg:
-        raise HarnessError(f"{where}: config_dir: unknown keys {sorted(unknown_cfg)}")
-    return HarnessSpec(
-        name=_require(data, "name", str, where),
-        description=data.get("description", ""),
-        binary=_require(data, "binary", str, where),
-        install=_require(data, "install", str, where),
-        api=_require(data, "api", str, where),
-        config_dir_env=_env_list(cfg["env"], f"{where}: config_dir") if "env" in cfg else (),
-        config_dir_default=_require(cfg, "default", str, f"{where}: config_dir"),
-        config_dir_darwin=cfg.get("darwin"),
-        files=tuple(files),
-        launch_args=tuple(launch.get("args", ())),
-        launch_env=tuple(sorted(launch.get("env", {}).items())),
-        config_dir_darwin_env=_env_list(cfg["darwin_env"], f"{where}: config_dir")
-        if "darwin_env" in cfg else None,
-        launch_env_defaults=tuple(sorted(launch.get("env_defaults", {}).items())),
-        verified=tuple(verified) if verified else None,
-    )
+            paths = sorted(root.harnesses.glob("*.toml"))
+        except OSError as e:  # pragma: no cover - an unreadable folder of the user's
+            problems[root.harnesses] = HarnessError(f"{root.harnesses}: cannot list it: {e}")
+            continue
+        for path in paths:
+            where = path.name if root.builtin else str(path)
+            try:
+                spec = _read(path, where, root)
+                if spec.name in specs:
+                    raise HarnessError(
+                        f"{where}: agent {spec.name!r} is already defined by "
+                        f"{specs[spec.name].source}",
+                        hint="give yours another name (a user spec never replaces another)")
+            except HarnessError as e:
+                if root.builtin:
+                    raise
+                problems[path] = e
+                continue
+            specs[spec.name] = spec
+    return Agents(specs, problems)
 
 
 def all_specs() -> dict[str, HarnessSpec]:
-    """Every agent spec shipped in ``harnesses/``, by name.
+    """Every agent that loads, by name: the bundled ones, then the user's (see
+    :func:`load_all`; the user's broken spec files are left out).
 
     Raises:
-        HarnessError: a spec file is malformed.
+        HarnessError: a bundled spec file is malformed.
     """
-    specs = {}
-    for path in sorted(harnesses_dir().glob("*.toml")):
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise HarnessError(f"{path.name}: not valid TOML: {e}") from None
-        spec = _parse(data, path.name)
-        specs[spec.name] = spec
-    return specs
+    return load_all().specs
 
 
 def load_spec(name: str) -> HarnessSpec:
     """The spec of one agent.
 
     Raises:
-        HarnessError: no such agent (the message lists the known ones).
+        HarnessError: no such agent (the message lists the known ones), or the user's spec
+            file ``<name>.toml`` was refused (its problem).
     """
-    specs = all_specs()
-    if name not in specs:
-        raise HarnessError(f"unknown agent {name!r}", hint="known agents: " + ", ".join(specs))
-    return specs[name]
+    agents = load_all()
+    if name in agents.specs:
+        return agents.specs[name]
+    for path, problem in agents.problems.items():
+        if path.stem == name:
+            raise problem
+    hint = "known agents: " + ", ".join(sorted(agents.specs))
+    if agents.problems:
+        hint += f"; {len(agents.problems)} spec file(s) refused: see `mlx-kit harness list`"
+    raise HarnessError(f"unknown agent {name!r}", hint=hint)

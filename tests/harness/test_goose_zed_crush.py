@@ -17,7 +17,7 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.formats import loads
 from kit.harness.render import MARKER, context, render, shell_literal
-from kit.harness.spec import _parse, load_spec
+from kit.harness.spec import load_spec, parse_spec
 from kit.paths import harnesses_dir
 from kit.urls import parse_url
 from tests.harness.test_render import EVERYTHING
@@ -514,16 +514,16 @@ def _spec(tmp_path: Path, agent: str, edit) -> tuple[dict, str]:
     ("goose", lambda t: t.replace("{max_tokens}", "{max_token}"), "names {max_token}"),
     ("goose", lambda t: t.replace('args = []', 'args = ["{file1}"]'), "names {file1}"),
     ("goose", lambda t: t.replace('env_defaults =', 'colour = "x"\nenv_defaults ='),
-     "[launch] takes args, env and env_defaults"),
+     "launch.colour: unknown key"),
     ("zed", lambda t: t.replace('darwin_env = []', 'darwin_env = ["/abs"]'),
      "env must be a variable name or a list"),
     ("zed", lambda t: t.replace('darwin_env = []', 'darwin_env = []\ncolour = 1'),
-     "config_dir: unknown keys ['colour']"),
+     "config_dir.colour: unknown key"),
 ])
 def test_malformed_new_spec_keys_are_refused(tmp_path, agent, edit, message):
     data, where = _spec(tmp_path, agent, edit)
     with pytest.raises(HarnessError) as exc:
-        _parse(data, where)
+        parse_spec(data, where)
     assert message in exc.value.message
 
 

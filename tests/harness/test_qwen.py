@@ -16,7 +16,7 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness import manifest
 from kit.harness.render import API_KEY_ENV, context, render
-from kit.harness.spec import _parse, load_spec
+from kit.harness.spec import load_spec, parse_spec
 from kit.paths import harnesses_dir
 from kit.urls import parse_url
 
@@ -288,16 +288,16 @@ def test_launch_selects_the_openai_auth_and_our_model():
 @pytest.mark.parametrize("owns, message", [
     (["modelProviders.openai[id"], "owns entry 'modelProviders.openai[id'"),
     (["modelProviders[openai].x"], "owns entry 'modelProviders[openai].x'"),
-    ([1, 2], "owns must be a list of dotted key paths"),
-    ("model.name", "owns must be a list of dotted key paths"),
+    ([1, 2], "owns[0]: must be a string (got 1)"),
+    ("model.name", "owns: must be a list (got 'model.name')"),
 ], ids=["unclosed", "selector-not-last", "not-strings", "not-a-list"])
 def test_a_malformed_owns_in_a_spec_is_refused(owns, message):
     data = tomllib.loads((harnesses_dir() / "qwen.toml").read_text())
-    _parse(data, "qwen.toml")  # as shipped
+    parse_spec(data, "qwen.toml")  # as shipped
     data["files"][0]["owns"] = owns
     with pytest.raises(HarnessError) as exc:
-        _parse(data, "qwen.toml")
-    assert exc.value.message.startswith("qwen.toml: files[0]: ")
+        parse_spec(data, "qwen.toml")
+    assert exc.value.message.startswith("qwen.toml: files[0].owns")
     assert message in exc.value.message
 
 

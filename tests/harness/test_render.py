@@ -15,7 +15,7 @@ import pytest
 from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.render import MARKER, context, js_literal, render
-from kit.harness.spec import _parse, load_spec
+from kit.harness.spec import load_spec, parse_spec
 from kit.paths import harnesses_dir
 from kit.urls import parse_url
 from tests.conftest import clean_env, require_binary
@@ -144,27 +144,29 @@ def _spec_data(tmp_path: Path, edit) -> tuple[dict, str]:
 
 
 def test_the_shipped_pi_spec_parses(tmp_path):
-    spec = _parse(*_spec_data(tmp_path, lambda t: t))
+    spec = parse_spec(*_spec_data(tmp_path, lambda t: t))
     assert (spec.name, spec.binary) == ("pi", "pi")
     assert [f.template for f in spec.files] == ["pi/mlx-kit.ts.j2"]
     assert spec.launch_args == ("--provider", "mlx-kit", "--model", "local")
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda t: 'colour = "blue"\n' + t, "unknown keys ['colour']"),
+    (lambda t: 'colour = "blue"\n' + t, "agent.toml: colour: unknown key"),
     (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"', 'template = "pi/nope.ts.j2"'),
-     "template 'pi/nope.ts.j2' not found"),
-    (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"\n', ""), "'template' must be a str"),
+     "files[0].template: template 'pi/nope.ts.j2' not found"),
+    (lambda t: t.replace('template = "pi/mlx-kit.ts.j2"\n', ""),
+     "files[0].template: required key missing"),
     (lambda t: t.replace('mode = "drop-in"', 'mode = "drop-in"\ncolour = "blue"'),
-     "expected a table with path, template, mode"),
-    (lambda t: t.replace('mode = "drop-in"', 'mode = "symlink"'), "mode must be one of"),
-    (lambda t: t.replace('binary = "pi"\n', ""), "'binary' must be a str"),
+     "files[0].colour: unknown key"),
+    (lambda t: t.replace('mode = "drop-in"', 'mode = "symlink"'),
+     "files[0].mode: must be 'drop-in' or 'merge' (got 'symlink')"),
+    (lambda t: t.replace('binary = "pi"\n', ""), "agent.toml: binary: required key missing"),
 ], ids=["unknown-top-key", "template-file-missing", "template-key-missing",
         "unknown-file-key", "bad-mode", "binary-missing"])
 def test_malformed_spec_is_refused(tmp_path, edit, message):
     data, where = _spec_data(tmp_path, edit)
     with pytest.raises(HarnessError) as exc:
-        _parse(data, where)
+        parse_spec(data, where)
     assert message in exc.value.message
     assert exc.value.message.startswith("agent.toml")
 
