@@ -76,13 +76,17 @@ class Step:
         return self.old != self.new
 
     def diff(self) -> str:
-        """The step as a unified diff (``/dev/null`` for a file created or deleted)."""
+        """The step as a unified diff, usable as a patch: ``/dev/null`` for a file created
+        or deleted, lines split at ``\n`` only (a ``\r`` or U+2028 is a line's content),
+        and a last line without a newline marked as ``diff -u`` marks it."""
         if self.action == "refuse":
             return ""
-        return "".join(difflib.unified_diff(
-            (self.old or "").splitlines(keepends=True), (self.new or "").splitlines(keepends=True),
+        out = difflib.unified_diff(
+            _lines(self.old or ""), _lines(self.new or ""),
             fromfile=str(self.path) if self.old is not None else "/dev/null",
-            tofile=str(self.path) if self.new is not None else "/dev/null"))
+            tofile=str(self.path) if self.new is not None else "/dev/null")
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of "
+                       "file\n" for line in out)
 
     def describe(self) -> str:
         """One line: ``<action> <path>: <why>`` (+ the hint of a refusal)."""
@@ -112,12 +116,14 @@ class Plan:
             s for s in self.steps if s.action == "refuse"]
 
     def describe(self) -> list[str]:
-        """One line per step and note, as ``--dry-run`` prints them."""
+        """One line per step and note, as ``--dry-run`` prints them (a file that is not
+        there and stays so is left out)."""
         lines = []
         if self.recovery is not None:
             lines += [f"an earlier install the manifest did not record: {line}"
                       for line in self.recovery.describe()]
-        return lines + [s.describe() for s in self.steps] + self.notes()
+        return lines + [s.describe() for s in self.steps if s.old is not None
+                        or s.new is not None or s.action != "leave-alone"] + self.notes()
 
     def notes(self) -> list[str]:
         """What the plan leaves and why: planning's notes in order, then the backups kept
@@ -129,6 +135,13 @@ class Plan:
         """Every changed file's unified diff, the recovery's first."""
         steps = (self.recovery.steps if self.recovery else []) + self.steps
         return "".join(s.diff() for s in steps if s.changed)
+
+
+def _lines(text: str) -> list[str]:
+    """``text``'s lines, each with its ``\n`` (``str.splitlines`` also splits at ``\r``,
+    U+2028 and others, which would make the diff no patch of the file)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _refuse(path: Path, old: str | None, e: HarnessError, merged: bool = False,
