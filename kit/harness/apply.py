@@ -38,7 +38,7 @@ class Removal:
 
 
 def _refuse_if_any(plan: Plan) -> None:
-    """Raise the first refused step's error (ownership refusals before the others)."""
+    """Raise the first refused step's error (the recovery's first, then in install order)."""
     for step in plan.refusals():
         raise step.error(step.why, hint=step.hint)
 

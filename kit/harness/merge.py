@@ -19,6 +19,9 @@ Two strategies, chosen per file in the agent's spec:
 Every other entry, key, comment and the order of the file stay as they were (round-trip
 parsers, :mod:`kit.harness.formats`). The manifest records a hash of each value we wrote,
 so removal can tell when the user edited one of our entries.
+
+Pure document transforms, text in and text out: nothing here reads or writes a file or
+decides what is ours to change (:mod:`kit.harness.plan` and :mod:`kit.harness.proof` do).
 """
 
 from __future__ import annotations

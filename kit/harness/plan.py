@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from kit.errors import HarnessError
 from kit.harness import evidence, proof
-from kit.harness.files import check_writable, read_text, sha256_text
+from kit.harness.files import check_writable, read_text
 from kit.harness.formats import loads
 from kit.harness.merge import content_fingerprint, merge, merged_again, unmerge
 from kit.harness.spec import FileSpec, HarnessSpec
