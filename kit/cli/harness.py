@@ -17,7 +17,9 @@ def install(
     agent: str = typer.Argument(..., help="Agent name (see `mlx-kit harness list`)."),
     url: Optional[str] = URL,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="Alias of --url."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff, write nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (the diff on "
+                                 "stdout; each file's action and why on stderr), write "
+                                 "nothing."),
     force: bool = typer.Option(False, "--force", help="Overwrite a file mlx-kit did not write."),
 ) -> None:
     """Write the agent's provider config for the server (model id 'local')."""
@@ -26,18 +28,36 @@ def install(
     from kit.urls import parse_url
 
     spec = load_spec(agent)
-    result = hi.install(spec, parse_url(base_url or url), dry_run=dry_run, force=force)
+    if dry_run:
+        print_plan(hi.plan(spec, parse_url(base_url or url), force=force))
+        return
+    result = hi.install(spec, parse_url(base_url or url), force=force)
     if result.recovered is not None:
         print_removal(result.recovered, prefix="an earlier install the manifest did not "
                       "record: ")
-    if dry_run:
-        diffs = [c.diff() for c in result.changes if c.changed]
-        console.print("".join(diffs) if diffs else "no changes\n", markup=False, end="")
-        return
     for ch in result.changes:
         verb = "wrote" if ch.path in result.written else "unchanged"
         console.print(f"{verb} {ch.path}", markup=False)
     console.print(f"models baked in from the {result.baked_source}", markup=False)
+
+
+def print_plan(plan, prefix: str = "") -> None:
+    """Print a plan (``kit.harness.plan.Plan``) as ``--dry-run`` shows it: the unified diff
+    of every file it changes on stdout (usable as a patch), one line per file on stderr
+    (``<action> <path>: <why>``) and what it leaves, and why.
+
+    Raises:
+        HarnessError: the plan refuses a step (the real run would refuse it too).
+    """
+    from kit.cli.console import err_console
+
+    diff = plan.diff()
+    if diff or not prefix:
+        console.print(diff or "no changes\n", markup=False, end="")
+    for line in plan.describe():
+        err_console.print(f"{prefix}{line}", markup=False)
+    for step in plan.refusals():
+        raise step.error(step.why, hint=step.hint)
 
 
 @app.command("remove")
@@ -45,6 +65,9 @@ def remove(
     agent: Optional[str] = typer.Argument(None, help="Agent name."),
     all_: bool = typer.Option(False, "--all", help="Remove every agent mlx-kit configured."),
     force: bool = typer.Option(False, "--force", help="Remove even if edited since written."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (the diff on "
+                                 "stdout; each file's action and why on stderr), change "
+                                 "nothing."),
 ) -> None:
     """Remove exactly what mlx-kit wrote for the agent (or for all of them)."""
     from kit.cli.console import err_console
@@ -63,6 +86,10 @@ def remove(
     changed_any = False
     for name in names:
         try:
+            if dry_run:
+                print_plan(hi.plan_removal(load_spec(name), force=force),
+                           prefix=f"{name}: " if all_ else "")
+                continue
             result = hi.remove(load_spec(name), force=force)
         except KitError as e:
             if not all_:
@@ -74,7 +101,7 @@ def remove(
             changed_any = True
         elif not all_:
             console.print(f"nothing of mlx-kit's was installed for {name}")
-    if all_ and not changed_any and not refused:
+    if all_ and not changed_any and not refused and not dry_run:
         console.print("nothing of mlx-kit's is installed for any agent")
     if refused:
         raise ConfigError(f"not removed: {', '.join(refused)} (see above)",
@@ -82,7 +109,7 @@ def remove(
 
 
 def print_removal(result, prefix: str = "") -> bool:
-    """Say what a removal (``kit.harness.install.Removal``) did, one line per file, and
+    """Say what a removal (``kit.harness.apply.Removal``) did, one line per file, and
     what it left and why. Returns whether it changed anything."""
     for p in result.removed:
         console.print(f"{prefix}removed {p}", markup=False)
@@ -106,10 +133,12 @@ def show(
     from kit.harness.spec import load_spec
     from kit.urls import parse_url
 
-    for ch in hi.plan(load_spec(agent), parse_url(url)).changes:
-        console.print(f"# {ch.path}" + (" (merged into your file)" if ch.owned is not None
-                                        else ""), markup=False)
-        console.print(ch.new, markup=False, end="" if ch.new.endswith("\n") else "\n")
+    for step in hi.plan(load_spec(agent), parse_url(url)).steps:
+        if step.new is None:  # a shared file we cannot merge into: say why
+            raise step.error(step.why, hint=step.hint)
+        console.print(f"# {step.path}" + (" (merged into your file)" if step.merged
+                                          else ""), markup=False)
+        console.print(step.new, markup=False, end="" if step.new.endswith("\n") else "\n")
 
 
 @app.command("status")

@@ -1,7 +1,9 @@
-"""Harness machinery: load an agent's spec -> render its templates -> write (drop-in) ->
-record in the manifest (and a receipt beside the backups); ``remove`` reverses exactly what
-the manifest recorded, or, with no manifest record to trust, what the markers and backups
-prove ours (:mod:`kit.harness.recover`).
+"""Harness machinery: load an agent's spec -> render its templates -> plan every file's
+change with the proof that allows it (:mod:`kit.harness.plan`, the ownership rules in
+:mod:`kit.harness.proof`) -> apply it (:mod:`kit.harness.apply`: backups and receipts,
+atomic writes, the manifest). ``remove`` goes the same way: by the manifest's record when
+it is trusted, else by what the markers and backups prove ours. ``--dry-run`` prints the
+plan.
 
 Agents are data: ``harnesses/<agent>.toml`` + ``templates/<agent>/*.j2``. Adding an agent
 adds those two files and touches no code here.

@@ -79,8 +79,13 @@ def read_receipt(agent: str, path: Path) -> dict[str, Any] | None:
 
 def read_backup(agent: str, path: Path) -> str | None:
     """The user's original text of ``path``, or None."""
+    return read_backup_at(backup_path(agent, path))
+
+
+def read_backup_at(backup: Path) -> str | None:
+    """The text of the backup file ``backup``, or None (absent, unreadable, not UTF-8)."""
     try:
-        return backup_path(agent, path).read_bytes().decode("utf-8")
+        return backup.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 

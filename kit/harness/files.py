@@ -1,4 +1,5 @@
-"""Safe file writes: atomic replace, created-folder tracking.
+"""Safe file writes: atomic replace, created-folder tracking, writability checks, and
+file-system errors reported as :class:`HarnessError`.
 
 ``os.replace`` of a temp file in the same folder is atomic on POSIX and Windows; no library
 in our stack offers "write text atomically + tell me which parent folders you created".
@@ -11,9 +12,22 @@ import hashlib
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from kit.errors import HarnessError
+
+
+@contextmanager
+def file_errors(action: str):
+    """Report a file-system failure (read-only folder, permissions) as a HarnessError
+    naming ``action`` ("write pi's config") and the file."""
+    try:
+        yield
+    except OSError as e:
+        raise HarnessError(f"cannot {action}: {e.strerror or e}"
+                           + (f": {e.filename}" if e.filename else ""),
+                           hint="check the folder's permissions") from None
 
 
 def sha256_text(text: str) -> str:

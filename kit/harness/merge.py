@@ -19,6 +19,9 @@ Two strategies, chosen per file in the agent's spec:
 Every other entry, key, comment and the order of the file stay as they were (round-trip
 parsers, :mod:`kit.harness.formats`). The manifest records a hash of each value we wrote,
 so removal can tell when the user edited one of our entries.
+
+Pure document transforms, text in and text out: nothing here reads or writes a file or
+decides what is ours to change (:mod:`kit.harness.plan` and :mod:`kit.harness.proof` do).
 """
 
 from __future__ import annotations
@@ -43,20 +46,21 @@ class MergeSpec:
     owns: tuple[str, ...] = ()
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` as plain dicts, lists and scalars (round-trip containers unwrapped)."""
     unwrap = getattr(value, "unwrap", None)  # tomlkit items
     if callable(unwrap):
         value = unwrap()
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
 def fingerprint(value: Any) -> str:
     """A hash of a value's content, independent of formatting and comments."""
-    text = json.dumps(_plain(value), sort_keys=True, default=str)
+    text = json.dumps(plain(value), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -123,7 +127,8 @@ def _delete_keeping_comments(seq: Any, i: int, replacement: Any = _NOTHING) -> N
         tokens[2].value = tokens[2].value.rstrip("\n") + "\n" + moved
 
 
-def _path(dotted: str) -> list[str]:
+def path_of(dotted: str) -> list[str]:
+    """``"a.b.c"`` -> ``["a", "b", "c"]``."""
     return dotted.split(".")
 
 
@@ -143,15 +148,15 @@ def list_selector(owned: str) -> tuple[list[str], str] | None:
     if m is None:
         raise HarnessError(f"owns entry {owned!r}: expected a dotted path, or a dotted path "
                            "to a list followed by [key]")
-    return _path(m["path"]), m["key"]
+    return path_of(m["path"]), m["key"]
 
 
-def _entry_id(path: list[str], key: str, value: Any) -> str:
+def entry_id(path: list[str], key: str, value: Any) -> str:
     """The record's id of one owned list entry: ``a.b[id=local]``."""
     return f"{'.'.join(path)}[{key}={value}]"
 
 
-def _owned_entry(spec: MergeSpec, ident: str) -> tuple[list[str], str, str] | None:
+def owned_entry(spec: MergeSpec, ident: str) -> tuple[list[str], str, str] | None:
     """The (list path, key, value) of a recorded list-entry id, None for a dotted key."""
     for owned in spec.owns:
         sel = list_selector(owned)
@@ -163,7 +168,7 @@ def _owned_entry(spec: MergeSpec, ident: str) -> tuple[list[str], str, str] | No
     return None
 
 
-def _find(entries: Any, key: str, value: str) -> int | None:
+def find_entry(entries: Any, key: str, value: str) -> int | None:
     """The index of the entry whose ``key`` is ``value`` in a list, or None."""
     if not isinstance(entries, list):
         return None
@@ -174,11 +179,11 @@ def _find(entries: Any, key: str, value: str) -> int | None:
 def _put(entries: list, key: str, entry: Any, ident: str, owned: dict, previous: dict) -> None:
     """Put ``entry`` into ``entries`` by ``key``: replace the entry with the same key
     (remembering the user's in ``previous``) or append it; record its fingerprint."""
-    at = _find(entries, key, str(entry[key]))
+    at = find_entry(entries, key, str(entry[key]))
     if at is None:
         entries.append(entry)
     else:
-        previous.setdefault(ident, _plain(entries[at]))
+        previous.setdefault(ident, plain(entries[at]))
         entries[at] = entry
     owned[ident] = fingerprint(entry)
 
@@ -208,19 +213,29 @@ def _prune(doc: dict, path: list[str], created: set[str]) -> None:
     """Delete the containers at ``path`` and above that we created, innermost first, while
     they are empty (never the user's own, even empty)."""
     for depth in range(len(path), 0, -1):
-        node = _get(doc, path[:depth])
+        node = get_at(doc, path[:depth])
         if ".".join(path[:depth]) not in created or not isinstance(node, (dict, list)) or node:
             break
-        holder = _get(doc, path[:depth - 1]) if depth > 1 else doc
+        holder = get_at(doc, path[:depth - 1]) if depth > 1 else doc
         del holder[path[depth - 1]]
 
 
-def _get(doc: Any, path: list[str]) -> Any:
+def get_at(doc: Any, path: list[str]) -> Any:
+    """The value at ``path`` (a list of keys) in ``doc``, or None when a level is missing."""
     for part in path:
         if not isinstance(doc, dict) or part not in doc:
             return None
         doc = doc[part]
     return doc
+
+
+def has_at(doc: Any, path: list[str]) -> bool:
+    """Whether ``doc`` has a key at ``path`` (holding null counts: null is not absent)."""
+    for part in path:
+        if not isinstance(doc, dict) or part not in doc:
+            return False
+        doc = doc[part]
+    return True
 
 
 def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[str, dict]:
@@ -257,7 +272,7 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
             selector = list_selector(dotted)
             if selector is not None:  # entries of a list inside the mapping, by key
                 path, key = selector
-                entries = _get(fragment, path)
+                entries = get_at(fragment, path)
                 if entries is None:
                     continue
                 holder = _parents(doc, path[:-1], created, where)
@@ -268,16 +283,16 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
                     raise HarnessError(f"{'.'.join(path)} in {where} should hold a list; "
                                        "it does not")
                 for entry in entries:
-                    _put(holder[path[-1]], key, entry, _entry_id(path, key, entry[key]),
+                    _put(holder[path[-1]], key, entry, entry_id(path, key, entry[key]),
                          owned, previous)
                 continue
-            path = _path(dotted)
-            value = _get(fragment, path)
+            path = path_of(dotted)
+            value = get_at(fragment, path)
             if value is None:
                 continue
             node = _parents(doc, path[:-1], created, where)
             if path[-1] in node:
-                previous.setdefault(dotted, _plain(node[path[-1]]))
+                previous.setdefault(dotted, plain(node[path[-1]]))
             node[path[-1]] = value
             owned[dotted] = fingerprint(value)
     return kept + dumps(spec.format, doc), {"entries": owned, "created": created,
@@ -332,7 +347,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
         return current, True
     if spec.strategy == "list-by-key":
         for ident in owned:  # in place, keeping comments on the rest
-            i = _find(doc, spec.key, ident)  # ours is the first by that key (_put): a
+            i = find_entry(doc, spec.key, ident)  # ours is the first by that key (_put): a
             if i is None:                    # later one with the same key is the user's
                 continue
             if fingerprint(doc[i]) != owned[ident] and not force:
@@ -343,15 +358,15 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
         is_empty = len(doc) == 0
     else:
         for dotted, fp in owned.items():
-            entry = _owned_entry(spec, dotted)
+            entry = owned_entry(spec, dotted)
             if entry is not None:  # an entry of a list inside the mapping
                 path, key, value = entry
-                parent, name = _get(doc, path), _find(_get(doc, path), key, value)
+                parent, name = get_at(doc, path), find_entry(get_at(doc, path), key, value)
                 label = f"the entry {key}={value} of {'.'.join(path)}"
                 container = path
             else:
-                path = _path(dotted)
-                parent = _get(doc, path[:-1]) if len(path) > 1 else doc
+                path = path_of(dotted)
+                parent = get_at(doc, path[:-1]) if len(path) > 1 else doc
                 name = path[-1] if isinstance(parent, dict) and path[-1] in parent else None
                 label, container = dotted, path[:-1]
             if name is None:
@@ -378,16 +393,16 @@ def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str
     left out): equal to ``record["entries"]`` when nobody changed them."""
     current: dict[str, str] = {}
     for ident in record.get("entries", {}):
-        entry = _owned_entry(spec, ident) if spec.strategy == "keys" else None
+        entry = owned_entry(spec, ident) if spec.strategy == "keys" else None
         if spec.strategy == "list-by-key":
-            at = _find(doc, spec.key, ident)
+            at = find_entry(doc, spec.key, ident)
             found = doc[at] if at is not None else None
         elif entry is not None:
-            entries = _get(doc, entry[0])
-            at = _find(entries, entry[1], entry[2])
+            entries = get_at(doc, entry[0])
+            at = find_entry(entries, entry[1], entry[2])
             found = entries[at] if at is not None else None
         else:
-            found = _get(doc, _path(ident))
+            found = get_at(doc, path_of(ident))
         if found is not None:
             current[ident] = fingerprint(found)
     return current
