@@ -14,7 +14,7 @@
     ├── ServerError               the server cannot be reached, started or stopped
     │   └── PortInUseError        something that is not mlx-kit holds the port
     ├── HarnessError              an agent cannot be configured or removed
-    │   └── EditedFileError       a file we wrote was edited since (harness/install.py)
+    │   └── EditedFileError       a file we wrote was edited since (harness/plan.py)
     └── AgentNotInstalledError    the agent's binary is not on PATH
 
 Each protocol maps a cause to its HTTP status and error shape through one table
