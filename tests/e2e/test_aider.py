@@ -9,12 +9,9 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
 from tests.e2e.warnings import assert_no_config_warnings
-
-pytestmark = pytest.mark.slow
 
 
 def test_aider_answers_through_our_server(server, tmp_path):

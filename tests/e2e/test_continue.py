@@ -8,13 +8,11 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 from ruamel.yaml import YAML
 
 from tests.conftest import clean_env, generated_texts, require_binary
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 USER_CONFIG = "# my IDE config\nname: mine\nversion: 0.0.1\nschema: v1\nmodels: []\n"
 

@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
 
-pytestmark = pytest.mark.slow
 
 #: The user's own settings: Google login, their model, UI settings and a model-config
 #: override for `local` (Gemini CLI's modelConfigs.customOverrides).

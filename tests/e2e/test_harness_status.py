@@ -19,8 +19,6 @@ import pytest
 from kit.harness.spec import all_specs
 from tests.conftest import clean_env
 
-pytestmark = pytest.mark.slow
-
 
 def status(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kit", "harness", "status"], env=env,

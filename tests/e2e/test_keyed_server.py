@@ -14,7 +14,6 @@ import pytest
 from tests.conftest import clean_env, require_binary, start_server, stop
 from tests.e2e.test_claude_codex import CLAUDE_SLIM
 
-pytestmark = pytest.mark.slow
 
 KEY = "sekret-key-0123"
 Q = "What is the capital of France?"

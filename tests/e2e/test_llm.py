@@ -8,12 +8,10 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 
 from tests.conftest import clean_env, require_binary
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 USER_YAML = """\
 # my own models -- mlx-kit must keep this comment

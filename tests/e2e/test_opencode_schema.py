@@ -24,7 +24,6 @@ from kit.harness.render import context, render
 from kit.harness.spec import load_spec
 from tests.conftest import clean_env, free_port, require_binary
 
-pytestmark = pytest.mark.slow
 
 CAPS = {"tools": True, "reasoning": False, "vision": False}
 MODELS = [{"id": "local", "name": "local", "model": "mlx-community/Qwen3-4B-4bit",

@@ -24,7 +24,6 @@ from tests.conftest import (clean_env, free_port, generated_texts, require_binar
                             start_server, stop)
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"

@@ -23,12 +23,10 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import clean_env, generated_texts, require_binary
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 #: The user's own settings, as Qwen 0.15.10 writes them ("$version": 4, so qwen leaves the
 #: file alone and removal can give back the exact bytes).

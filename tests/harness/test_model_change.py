@@ -22,7 +22,6 @@ def _written(home: Path) -> dict[Path, str]:
             if p.is_file() and not p.name.startswith("serve-") and p.suffix != ".log"}
 
 
-@pytest.mark.slow
 def test_no_reference_to_a_deleted_model_remains_after_reconfiguring(hf_home, tmp_path):
     agents = sorted(all_specs())
     home = tmp_path / "home"

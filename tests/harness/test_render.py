@@ -110,7 +110,7 @@ def test_rendered_base_url_round_trips():
     assert json.loads(_const(_render_pi(nasty, _models("m")), "const BASE_URL = ")) == nasty
 
 
-@pytest.mark.slow
+@pytest.mark.agent
 def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_url, monkeypatch):
     """pi starts, with nothing listening at the URL, and lists mlx-kit/local from the baked
     list even though model names and ids hold quotes, newlines, U+2028 and template syntax."""
@@ -192,7 +192,6 @@ def test_a_codex_profile_for_a_model_named_beyond_the_bmp_is_valid_toml():
     assert "\u2028" not in text and "\x7f" not in text
 
 
-
 def test_codex_profile_names_a_catalog_with_the_local_models_window():
     """Codex 0.171 warned "Model metadata for `local` not found. Defaulting to fallback
     metadata" on every run: the profile now names a catalog file (a relative path, read
@@ -212,7 +211,7 @@ def test_codex_profile_names_a_catalog_with_the_local_models_window():
     assert MARKER in files["mlx-kit.models.json"][:300]  # where removal looks for it
 
 
-@pytest.mark.slow
+@pytest.mark.agent
 def test_real_codex_reads_the_installed_catalog(home, dead_url, monkeypatch):
     """The real Codex parses the catalog we write (a missing key is a parse error in 0.171)
     and lists `local` from it with the served window, not its 272,000-token fallback."""

@@ -10,8 +10,6 @@ import pytest
 
 from tests.conftest import clean_env
 
-pytestmark = pytest.mark.slow
-
 
 def run_py(code: str, env: dict) -> str:
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -105,6 +105,7 @@ def test_the_server_restarts_an_engine_killed_while_idle_and_the_next_request_wo
     assert fresh.health()["engine_pid"] == new  # served by it, no second restart
 
 
+@pytest.mark.agent  # pi, through agents_path()
 def test_launch_after_the_idle_engine_was_killed_runs_the_agent_and_its_request_works(
         fresh, hf_home):
     # Regression: launch exited 1 every time ("wait_ready sees status failed") and the
@@ -167,6 +168,7 @@ def broken_model(hf_home, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.agent  # pi, through agents_path()
 def test_a_model_that_failed_to_load_is_failed_not_restarted_and_status_says_the_fix(
         hf_home, tmp_path, broken_model):
     home = tmp_path / "home"

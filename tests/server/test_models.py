@@ -19,8 +19,6 @@ F32 = "mlx-kit/SmolLM2-135M-Instruct"
 Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-pytestmark = pytest.mark.slow
-
 
 def chat(server, model="local", messages=QUESTION, **kw) -> httpx.Response:
     return httpx.post(server.v1 + "/chat/completions", timeout=180,
