@@ -92,18 +92,20 @@ def flat(text: str) -> str:
 # --- `python -m kit` -----------------------------------------------------------------------
 
 def run_kit(env: dict[str, str] | Path, *args: str, cwd: Path | None = None,
-            timeout: float = 120, input: str | None = None,
-            stdin: int | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 120, input: str | None = None, stdin: int | None = None,
+            hf_home: Path | None = None, **extra: str) -> subprocess.CompletedProcess:
     """Run ``python -m kit ARGS`` (the code under test: PYTHONPATH is inherited) and return
     its result, stdout/stderr as text.
 
-    ``env``: the environment, or a throwaway HOME folder, for which :func:`clean_env` (HOME)
-    is used and ``cwd`` defaults to it. ``timeout`` in seconds (``TimeoutExpired`` past
-    it); ``input`` is written to stdin, else ``stdin`` (e.g. ``subprocess.DEVNULL``; None:
-    inherited) is passed on."""
+    ``env``: the environment, or a throwaway HOME folder, for which
+    ``clean_env(HOME, hf_home)`` is used and ``cwd`` defaults to it; ``extra`` variables
+    go on top of either.
+    ``timeout`` in seconds (``TimeoutExpired`` past it); ``input`` is written to stdin,
+    else ``stdin`` (e.g. ``subprocess.DEVNULL``; None: inherited) is passed on."""
     if isinstance(env, Path):
         cwd = env if cwd is None else cwd
-        env = clean_env(env)
+        env = clean_env(env, hf_home)
+    env = {**env, **extra}
     io: dict[str, Any] = {"input": input} if input is not None else {"stdin": stdin}
     return subprocess.run([sys.executable, "-m", "kit", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, **io)

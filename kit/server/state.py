@@ -30,6 +30,8 @@ class ServerState:
         default_temperature, default_top_p: sampling for requests that set none (None:
             the model's generation_config.json).
         started: server start time (unix seconds).
+        swaps_pending: swaps handed to the engine and not yet done (/health; a swap waits
+            for the requests queued before it, and requests sent after it wait for it).
     """
 
     engine: Engine | EngineProcess
@@ -40,6 +42,7 @@ class ServerState:
     default_temperature: float | None = None
     default_top_p: float | None = None
     started: float = field(default_factory=time.time)
+    swaps_pending: int = 0
     _catalog: tuple[float, list] = (0.0, [])
 
     @property
@@ -104,6 +107,7 @@ class ServerState:
     async def swap(self, spec: str) -> dict:
         """Swap the model behind ``local``; errors become API errors (400 a name or folder
         that cannot be a model, 404 none by that name, 507 does not fit, 500 load failed)."""
+        self.swaps_pending += 1  # engine.swap queues it before its first await
         try:
             result = await self.engine.swap(spec)
         except ModelNotFoundError as e:
@@ -121,6 +125,8 @@ class ServerState:
             raise APIError(500, e.message, type="server_error") from None
         except EngineError as e:  # e.g. the engine process died during the load
             raise APIError(503, str(e), type="server_error", param="model") from None
+        finally:
+            self.swaps_pending -= 1
         self._catalog = (0.0, [])  # a starter may have been built
         return {"model": result.model, "previous": result.previous,
                 "load_seconds": round(result.load_seconds, 3), "changed": result.changed}
@@ -154,7 +160,7 @@ class ServerState:
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
                 "unloads": e.unloads, "restarts": getattr(e, "restarts", 0),
                 "engine_pid": getattr(e, "pid", os.getpid()), "ttl": e.ttl,
-                "load_seconds": e.load_seconds,
+                "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")}}

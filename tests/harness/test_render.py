@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import json5
 import pytest
@@ -16,9 +15,8 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.render import MARKER, context, js_literal, render
 from kit.harness.spec import _parse, load_spec
-from kit.paths import harnesses_dir
 from kit.urls import parse_url
-from tests.conftest import clean_env, require_binary
+from tests.helpers import clean_env, edited_spec, require_binary
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -135,16 +133,8 @@ def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_ur
 
 # --- spec validation ------------------------------------------------------------------
 
-def _spec_data(tmp_path: Path, edit) -> tuple[dict, str]:
-    """pi.toml's text, edited, written to a temp spec file and parsed back as TOML."""
-    text = edit((harnesses_dir() / "pi.toml").read_text())
-    path = tmp_path / "agent.toml"
-    path.write_text(text)
-    return tomllib.loads(path.read_text()), path.name
-
-
 def test_the_shipped_pi_spec_parses(tmp_path):
-    spec = _parse(*_spec_data(tmp_path, lambda t: t))
+    spec = _parse(*edited_spec("pi", lambda t: t))
     assert (spec.name, spec.binary) == ("pi", "pi")
     assert [f.template for f in spec.files] == ["pi/mlx-kit.ts.j2"]
     assert spec.launch_args == ("--provider", "mlx-kit", "--model", "local")
@@ -162,7 +152,7 @@ def test_the_shipped_pi_spec_parses(tmp_path):
 ], ids=["unknown-top-key", "template-file-missing", "template-key-missing",
         "unknown-file-key", "bad-mode", "binary-missing"])
 def test_malformed_spec_is_refused(tmp_path, edit, message):
-    data, where = _spec_data(tmp_path, edit)
+    data, where = edited_spec("pi", edit)
     with pytest.raises(HarnessError) as exc:
         _parse(data, where)
     assert message in exc.value.message

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import clean_env
+from tests.helpers import clean_env
 
 
 def run_py(code: str, env: dict) -> str:
