@@ -90,6 +90,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                    + ("the hf_home fixture was built; " if built else "")
                    + ", ".join(str(p) for p in weights[:5]))
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_line(message, red=True)
         else:
             print(message, file=sys.stderr)
