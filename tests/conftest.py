@@ -56,14 +56,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def _model_deselected(config: pytest.Config) -> bool:
-    """Whether ``-m`` leaves out every ``model`` test (e.g. ``not model and not agent``)."""
+    """Whether ``-m`` leaves out every ``model`` test, with or without ``agent`` too
+    (e.g. ``not model and not agent``, ``not slow``; not ``agent``)."""
     expr = config.getoption("markexpr", "")
     if not expr:
         return False
     from _pytest.mark.expression import Expression  # how pytest itself evaluates -m
 
     compiled = Expression.compile(expr)
-    return not compiled.evaluate(lambda name, **kw: name in ("model", "slow"))
+    return not any(compiled.evaluate(lambda name, marks=marks, **kw: name in marks)
+                   for marks in ({"model", "slow"}, {"model", "agent", "slow"}))
 
 
 def _starter_weights_under(root: Path) -> list[Path]:
@@ -106,9 +108,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 def hf_home(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     """A fresh Hugging Face home holding the two starter variants, dense float32 and
     4-bit, converted once per session: two real models to swap between."""
-    if _model_deselected(request.config):  # auto-marking missed a test: say which
-        pytest.fail(f"{request.node.nodeid} builds the starter model under -m "
-                    f"{request.config.getoption('markexpr')!r}")
+    item = helpers.SESSION["item"]  # the test that asked for it first
+    if item is not None and item.get_closest_marker("model") is None:
+        pytest.fail(f"{item.nodeid} builds the starter model but is not marked `model` "
+                    "(it asked for hf_home by name at run time: add @pytest.mark.model)")
     helpers.SESSION["hf_home_built"] = True
     home = tmp_path_factory.mktemp("hf")
     env = clean_env(tmp_path_factory.mktemp("home-starter"), home)
