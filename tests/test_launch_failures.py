@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.conftest import clean_env, free_port
+from tests.helpers import clean_env, free_port, run_kit
 
 
 def test_launch_reports_a_server_that_dies_with_the_log_tail(tmp_path):
@@ -16,12 +13,11 @@ def test_launch_reports_a_server_that_dies_with_the_log_tail(tmp_path):
     fake_pi.chmod(0o755)
     env = clean_env(tmp_path, tmp_path / "hf", PATH=f"{bin_dir}:{clean_env(tmp_path)['PATH']}")
     url = f"http://127.0.0.1:{free_port()}"
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", "pi", "--url", url,
-                        "--model", str(tmp_path / "no-such-model")],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = run_kit(env, "launch", "pi", "--url", url, "--model", str(tmp_path / "no-such-model"))
     assert r.returncode == 1
     assert "server exited" in r.stderr
     assert "no-such-model" in r.stderr and "not found" in r.stderr  # from the log's tail
     assert "full log:" in r.stderr
     assert "fake pi ran" not in r.stdout
-    assert "Traceback" not in r.stderr.split("full log:")[0].split("\n")[0]
+    # what launch printed before pointing at the full log (the error and the log's tail)
+    assert "Traceback" not in r.stderr.split("full log:")[0]

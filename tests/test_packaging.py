@@ -10,7 +10,7 @@ import subprocess
 import sys
 import zipfile
 
-from tests.conftest import REPO, clean_env
+from tests.helpers import REPO, clean_env
 
 DATA = ["kit/_data/templates/pi/mlx-kit.ts.j2", "kit/_data/harnesses/pi.toml"]
 

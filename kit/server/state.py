@@ -35,6 +35,8 @@ class ServerState:
             the model's generation_config.json).
         started: server start time (unix seconds).
         catalog_cache: the models on this machine, rescanned in a background thread.
+        swaps_pending: swaps handed to the engine and not yet done (/health; a swap waits
+            for the requests queued before it, and requests sent after it wait for it).
     """
 
     engine: EngineLike
@@ -46,6 +48,7 @@ class ServerState:
     default_top_p: float | None = None
     started: float = field(default_factory=time.time)
     catalog_cache: CatalogCache = field(default_factory=CatalogCache)
+    swaps_pending: int = 0
 
     @property
     def model_id(self) -> str:
@@ -111,12 +114,15 @@ class ServerState:
     async def swap(self, spec: str) -> dict:
         """Swap the model behind ``local``; errors become API errors (400 a name or folder
         that cannot be a model, 404 none by that name, 507 does not fit, 500 load failed)."""
+        self.swaps_pending += 1  # engine.swap queues it before its first await
         try:
             result = await self.engine.swap(spec)
         except KitError as e:  # not found, not a model, does not fit, failed to load, died
             error = api_error(e)
             error.param = "model"
             raise error from None
+        finally:
+            self.swaps_pending -= 1
         # a starter may have been built: list it as it is now (a scan that ran during the
         # swap may have missed it), rescanned in the background thread, awaited here
         try:
@@ -163,7 +169,7 @@ class ServerState:
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
                 "unloads": e.unloads, "restarts": e.restarts,
                 "engine_pid": e.pid, "ttl": e.ttl,
-                "load_seconds": e.load_seconds,
+                "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")}}

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
-import httpx
-import pytest
-
-from tests.conftest import clean_env, generated_texts, require_binary
+from tests.helpers import (assert_served, clean_env, generated_texts, require_binary,
+                           requests_served, run_kit)
 from tests.e2e.warnings import assert_no_config_warnings
-
-pytestmark = pytest.mark.slow
 
 
 def test_aider_answers_through_our_server(server, tmp_path):
@@ -22,24 +17,22 @@ def test_aider_answers_through_our_server(server, tmp_path):
     env = clean_env(tmp_path, MLX_KIT_LOG_LEVEL="debug")
     project = tmp_path / "project"
     project.mkdir()
-    before = httpx.get(server.root + "/health").json()["requests_served"]
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", "aider", "--url", server.v1, "--",
-                        "--message", "What is the capital of France?", "--yes-always",
-                        "--no-git", "--no-pretty", "--no-stream"],
-                       env=env, cwd=project, capture_output=True, text=True, timeout=400,
-                       stdin=subprocess.DEVNULL)
+    before = requests_served(server)
+    r = run_kit(env, "launch", "aider", "--url", server.v1, "--",
+                "--message", "What is the capital of France?", "--yes-always",
+                "--no-git", "--no-pretty", "--no-stream",
+                cwd=project, timeout=400, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_no_config_warnings("aider", r.stdout, r.stderr)
     out = r.stdout + r.stderr
     assert "Model: openai/local" in out
     assert "Unknown context window" not in out and "unknown" not in out.lower().split("model:")[0]
     # aider exits 0 even when a request fails: the server must have answered it
-    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
+    assert_served(server, before)
     texts = generated_texts(server.log_text())
     assert texts and texts[-1].strip() and texts[-1].strip()[:20] in out
     assert re.search(r"Tokens: \d+ sent, \d+ received", out)
 
-    r = subprocess.run([sys.executable, "-m", "kit", "harness", "remove", "aider"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = run_kit(env, "harness", "remove", "aider", timeout=60)
     assert r.returncode == 0
     assert not (tmp_path / ".config" / "mlx-kit").exists()  # only our folder, now empty, goes

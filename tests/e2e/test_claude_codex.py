@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
-import httpx
-import pytest
-
-from tests.conftest import clean_env, generated_texts, require_binary
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.warnings import assert_no_config_warnings
-
-pytestmark = pytest.mark.slow
 
 
 # Claude Code's own flags for a small prompt (~4,000 starter tokens without them): on this
@@ -24,21 +18,15 @@ CLAUDE_SLIM = ("--tools", "", "--system-prompt", "You are a helpful assistant. A
 
 
 def launch(server, tmp_path, agent: str, *args: str) -> subprocess.CompletedProcess:
-    env = clean_env(tmp_path)
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "kit", "launch", agent, "--url", server.v1,
-                           "--", *args], env=env, cwd=project, capture_output=True, text=True,
-                          timeout=500, stdin=subprocess.DEVNULL)
-
-
-def served(server) -> int:
-    return httpx.get(server.root + "/health").json()["requests_served"]
+    return run_kit(clean_env(tmp_path), "launch", agent, "--url", server.v1, "--", *args,
+                   cwd=project, timeout=500, stdin=subprocess.DEVNULL)
 
 
 def test_claude_code_answers_through_messages(server, tmp_path):
     require_binary("claude")
-    before = served(server)
+    before = requests_served(server)
     r = launch(server, tmp_path, "claude", *CLAUDE_SLIM, "-p", "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     # Claude Code >= 2.1.3xx warns that it "assumes a context window of 1m tokens" for a
@@ -47,18 +35,17 @@ def test_claude_code_answers_through_messages(server, tmp_path):
     settings = json.loads((tmp_path / ".claude" / "mlx-kit.settings.json").read_text())
     assert settings["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192"
     assert "Paris" in r.stdout
-    assert served(server) >= before + 1
+    assert_served(server, before, r.stdout, at_least=True)
     assert "POST /v1/messages?beta=true" in server.log_text()
-    assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
 
 
 def test_codex_answers_through_responses(server, tmp_path):
     require_binary("codex")
-    before = served(server)
+    before = requests_served(server)
     r = launch(server, tmp_path, "codex", "exec", "--skip-git-repo-check",
                "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     assert_no_config_warnings("codex", r.stdout, r.stderr)  # e.g. "... is ignored"
     assert "Paris" in r.stdout
-    assert served(server) >= before + 1
+    assert_served(server, before, at_least=True)
     assert "POST /v1/responses" in server.log_text()

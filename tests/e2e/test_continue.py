@@ -5,16 +5,12 @@ own ~/.continue/config.yaml is untouched."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
-import httpx
-import pytest
 from ruamel.yaml import YAML
 
-from tests.conftest import clean_env, generated_texts, require_binary
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 USER_CONFIG = "# my IDE config\nname: mine\nversion: 0.0.1\nschema: v1\nmodels: []\n"
 
@@ -25,15 +21,14 @@ def test_continue_cli_answers_through_our_server(server, tmp_path):
     own = tmp_path / ".continue" / "config.yaml"
     own.parent.mkdir()
     own.write_text(USER_CONFIG)
-    before = httpx.get(server.root + "/health").json()["requests_served"]
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", "continue", "--url", server.v1,
-                        "--", "-p", "What is the capital of France?"], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+    before = requests_served(server)
+    r = run_kit(env, "launch", "continue", "--url", server.v1, "--", "-p",
+                "What is the capital of France?", cwd=tmp_path, timeout=400,
+                stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_no_config_warnings("continue", r.stdout, r.stderr)
     assert "Paris" in r.stdout
-    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
-    assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
+    assert_served(server, before, r.stdout)
 
     ours = tmp_path / ".continue" / "mlx-kit.yaml"
     config = YAML(typ="safe").load(ours.read_text())
@@ -42,6 +37,5 @@ def test_continue_cli_answers_through_our_server(server, tmp_path):
     assert model["apiBase"] == server.v1 and model["model"] == "local"
     assert model["defaultCompletionOptions"] == {"contextLength": 8192, "maxTokens": 2048}
 
-    assert subprocess.run([sys.executable, "-m", "kit", "harness", "remove", "continue"],
-                          env=env, capture_output=True, timeout=60).returncode == 0
+    assert run_kit(env, "harness", "remove", "continue", timeout=60).returncode == 0
     assert not ours.exists() and own.read_text() == USER_CONFIG

@@ -17,15 +17,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-import httpx
-import pytest
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 
-from tests.conftest import clean_env, generated_texts, require_binary
-
-pytestmark = pytest.mark.slow
 
 #: The user's own settings: Google login, their model, UI settings and a model-config
 #: override for `local` (Gemini CLI's modelConfigs.customOverrides).
@@ -55,12 +50,6 @@ def gemini_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def kit(env: dict, *args: str, cwd: Path | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 def config_warnings(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if CONFIG_WARNING.search(ln)
             and not any(s in ln for s in ENVIRONMENT_LINES)]
@@ -76,16 +65,16 @@ def test_gemini_answers_through_our_server_and_remove_restores_the_file(server, 
     settings.write_text(USER_SETTINGS)
     project = tmp_path / "project"
     project.mkdir()
-    before = httpx.get(server.root + "/health").json()["requests_served"]
+    before = requests_served(server)
     log_start = len(server.log_text())
 
-    r = kit(env, "launch", "gemini", "--url", server.v1, "--", "--skip-trust", "-p", QUESTION,
-            cwd=project)
+    r = run_kit(env, "launch", "gemini", "--url", server.v1, "--", "--skip-trust", "-p",
+                QUESTION, cwd=project, timeout=300, stdin=subprocess.DEVNULL)
 
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     answer = r.stdout.strip()
-    assert answer and answer in [t.strip() for t in generated_texts(server.log_text())]
-    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
+    assert answer
+    assert_served(server, before, answer)
     log = server.log_text()[log_start:]
     assert "POST /v1beta/models/local%3AstreamGenerateContent?alt=sse" in log
     assert config_warnings(r.stderr) == [], r.stderr
@@ -96,6 +85,6 @@ def test_gemini_answers_through_our_server_and_remove_restores_the_file(server, 
     assert merged["ui"] == {"theme": "GitHub"} and merged["modelConfigs"] == json.loads(
         USER_SETTINGS)["modelConfigs"]  # the user's own keys stay
 
-    r = kit(env, "harness", "remove", "gemini")
+    r = run_kit(env, "harness", "remove", "gemini", timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert settings.read_text() == USER_SETTINGS  # byte-identical

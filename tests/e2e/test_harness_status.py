@@ -11,20 +11,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kit.harness.spec import all_specs
-from tests.conftest import clean_env
-
-pytestmark = pytest.mark.slow
+from tests.helpers import clean_env, run_kit
 
 
 def status(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", "harness", "status"], env=env,
-                          cwd=cwd, capture_output=True, text=True, timeout=120)
+    return run_kit(env, "harness", "status", cwd=cwd)
 
 
 def rows(stdout: str) -> dict[str, list[str]]:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import httpx
 import pytest
 
-from tests.conftest import clean_env, require_binary, start_server, stop
+from tests.helpers import (assert_served, clean_env, require_binary, requests_served, run_kit,
+                           start_server, stop)
 from tests.e2e.test_claude_codex import CLAUDE_SLIM
 
-pytestmark = pytest.mark.slow
 
 KEY = "sekret-key-0123"
 Q = "What is the capital of France?"
@@ -51,12 +50,11 @@ def test_launch_passes_the_key_to_the_agent(agent, keyed_server, tmp_path):
     env = clean_env(tmp_path, MLX_KIT_API_KEY=KEY, LLM_USER_PATH=str(tmp_path / "llm"))
     project = tmp_path / "project"
     project.mkdir()
-    before = httpx.get(keyed_server.root + "/health").json()["requests_served"]
+    before = requests_served(keyed_server)
     refused = len(re.findall(r'" 401', keyed_server.log_text()))
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", agent, "--url",
-                        keyed_server.v1, "--", *args], env=env, cwd=project,
-                       capture_output=True, text=True, timeout=500, stdin=subprocess.DEVNULL)
+    r = run_kit(env, "launch", agent, "--url", keyed_server.v1, "--", *args, cwd=project,
+                timeout=500, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    assert httpx.get(keyed_server.root + "/health").json()["requests_served"] > before
+    assert_served(keyed_server, before, at_least=True)
     assert len(re.findall(r'" 401', keyed_server.log_text())) == refused, \
         "a request of the agent went without the key"

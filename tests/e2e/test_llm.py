@@ -5,15 +5,10 @@ server, `harness remove llm` puts the file back byte for byte."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
-import httpx
-import pytest
-
-from tests.conftest import clean_env, require_binary
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 USER_YAML = """\
 # my own models -- mlx-kit must keep this comment
@@ -30,12 +25,7 @@ def test_llm_answers_through_our_server_and_remove_restores_the_file(server, tmp
     config = tmp_path / "llm-home" / "extra-openai-models.yaml"
     config.parent.mkdir()
     config.write_text(USER_YAML)
-
-    def kit(*args):
-        return subprocess.run([sys.executable, "-m", "kit", *args], env=env, text=True,
-                              capture_output=True, timeout=120)
-
-    r = kit("harness", "install", "llm", "--url", server.v1)
+    r = run_kit(env, "harness", "install", "llm", "--url", server.v1)
     assert r.returncode == 0, r.stderr
     merged = config.read_text()
     assert merged.startswith(USER_YAML)  # the user's entry, comments and all, first
@@ -44,15 +34,15 @@ def test_llm_answers_through_our_server_and_remove_restores_the_file(server, tmp
     models = subprocess.run([llm, "models"], env=env, text=True, capture_output=True, timeout=120)
     assert "local" in models.stdout and "my-gpt" in models.stdout
 
-    before = httpx.get(server.root + "/health").json()["requests_served"]
+    before = requests_served(server)
     answer = subprocess.run([llm, "-m", "local", "--no-log", "What is the capital of France?"],
                             env=env, text=True, capture_output=True, timeout=180)
     assert answer.returncode == 0, answer.stderr
     assert_no_config_warnings("llm", answer.stdout, answer.stderr, models.stderr)
     assert "Paris" in answer.stdout
-    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
+    assert_served(server, before)
 
-    r = kit("harness", "remove", "llm")
+    r = run_kit(env, "harness", "remove", "llm")
     assert r.returncode == 0, r.stderr
     assert "removed mlx-kit's entries" in r.stdout
     assert config.read_text() == USER_YAML  # byte-identical
@@ -60,10 +50,8 @@ def test_llm_answers_through_our_server_and_remove_restores_the_file(server, tmp
 
 def test_llm_config_created_by_install_is_deleted_by_remove(tmp_path):
     env = clean_env(tmp_path, LLM_USER_PATH=str(tmp_path / "llm-home"))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "kit", *a], env=env, text=True,  # noqa: E731
-                                    capture_output=True, timeout=120)
-    assert run("harness", "install", "llm", "--url", "http://127.0.0.1:9").returncode == 0
+    assert run_kit(env, "harness", "install", "llm", "--url", "http://127.0.0.1:9").returncode == 0
     config = tmp_path / "llm-home" / "extra-openai-models.yaml"
     assert config.is_file()
-    assert run("harness", "remove", "llm").returncode == 0
+    assert run_kit(env, "harness", "remove", "llm").returncode == 0
     assert not (tmp_path / "llm-home").exists()

@@ -6,16 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
-import httpx
-import pytest
-
-from tests.conftest import clean_env, require_binary
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 USER_CONFIG = '{\n  // my own opencode settings\n  "theme": "tokyonight",\n  "autoupdate": false\n}\n'
 
@@ -28,16 +22,15 @@ def test_opencode_answers_through_our_server(server, tmp_path):
     user_config.write_text(USER_CONFIG)
     project = tmp_path / "project"
     project.mkdir()
-    before = httpx.get(server.root + "/health").json()["requests_served"]
+    before = requests_served(server)
 
-    r = subprocess.run([sys.executable, "-m", "kit", "launch", "opencode", "--url", server.v1,
-                        "--", "run", "What is the capital of France?"], env=env, cwd=project,
-                       capture_output=True, text=True, timeout=400)
+    r = run_kit(env, "launch", "opencode", "--url", server.v1, "--", "run",
+                "What is the capital of France?", cwd=project, timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_no_config_warnings("opencode", r.stdout, r.stderr)
     assert "Paris" in r.stdout
     # opencode sent its main request (and a title request) to our server
-    assert httpx.get(server.root + "/health").json()["requests_served"] >= before + 1
+    assert_served(server, before, at_least=True)
     ours = tmp_path / ".config" / "opencode" / "mlx-kit.jsonc"
     config = json.loads("\n".join(ours.read_text().splitlines()[3:]))
     assert config["model"] == "mlx-kit/local"
@@ -48,8 +41,7 @@ def test_opencode_answers_through_our_server(server, tmp_path):
     # opencode itself adds "$schema" to the user's file; mlx-kit never touches it
     before_remove = user_config.read_text()
     assert "// my own opencode settings" in before_remove and '"tokyonight"' in before_remove
-    r = subprocess.run([sys.executable, "-m", "kit", "harness", "remove", "opencode"], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = run_kit(env, "harness", "remove", "opencode", timeout=60)
     assert r.returncode == 0 and re.search(r"removed .*mlx-kit\.jsonc", r.stdout)
     assert not ours.exists()
     assert user_config.read_text() == before_remove

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,8 @@ import pytest
 
 from kit.harness.render import context, render
 from kit.harness.spec import load_spec
-from tests.conftest import clean_env, free_port, require_binary
+from tests.helpers import clean_env, free_port, require_binary, run_kit
 
-pytestmark = pytest.mark.slow
 
 CAPS = {"tools": True, "reasoning": False, "vision": False}
 MODELS = [{"id": "local", "name": "local", "model": "mlx-community/Qwen3-4B-4bit",
@@ -85,9 +83,7 @@ def test_the_installed_config_passes_opencodes_validation_and_keeps_every_key(tm
     loaded by opencode exactly as `mlx-kit launch opencode` points it at the file."""
     opencode = require_binary("opencode")
     env = clean_env(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "kit", "harness", "install", "opencode", "--url",
-                        f"http://127.0.0.1:{free_port()}"], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = run_kit(env, "harness", "install", "opencode", "--url", f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 0, r.stderr[-2000:]
     installed = tmp_path / ".config" / "opencode" / "mlx-kit.jsonc"
 

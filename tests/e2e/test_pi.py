@@ -13,18 +13,16 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kit.harness.spec import load_spec
-from tests.conftest import (clean_env, free_port, generated_texts, require_binary,
-                            start_server, stop)
+from tests.helpers import (assert_served, clean_env, free_port, generated_texts,
+                           require_binary, run_kit, start_server, stop)
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
@@ -58,8 +56,7 @@ class Env:
         self.server_log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
 
     def kit(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "kit", *args], env=self.env, cwd=self.home,
-                              capture_output=True, text=True, timeout=timeout)
+        return run_kit(self.env, *args, cwd=self.home, timeout=timeout)
 
     def pi(self, *args: str, timeout: float = 120, input: str | None = None
            ) -> subprocess.CompletedProcess:
@@ -69,6 +66,10 @@ class Env:
 
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=5).json()
+
+    def log_text(self) -> str:
+        """The log of the server launch started (for :func:`assert_served`)."""
+        return self.server_log.read_text(errors="replace")
 
     def extensions(self) -> dict[str, bytes]:
         folder = self.agent_dir / "extensions"
@@ -103,9 +104,8 @@ def test_launch_starts_the_server_and_pi_answers_through_it(env):
     assert answer
     # The server saw exactly one chat request (pi's compaction did not fire a second one)
     # and generated the very text pi printed.
+    assert_served(env, 0, answer)
     health = env.health()
-    assert health["requests_served"] == 1
-    assert answer in [t.strip() for t in generated_texts(env.server_log.read_text())]
     assert (env.agent_dir / "extensions" / "mlx-kit.ts").is_file()
     env.first_pid = health["pid"]
 
@@ -115,10 +115,8 @@ def test_second_launch_reuses_the_same_server_process(env):
     assert r.returncode == 0, r.stderr
     assert "reusing mlx-kit server" in r.stderr
     assert_no_config_warnings("pi", r.stdout, r.stderr)
-    health = env.health()
-    assert health["pid"] == env.first_pid
-    assert health["requests_served"] == 2
-    assert r.stdout.strip() in [t.strip() for t in generated_texts(env.server_log.read_text())]
+    assert env.health()["pid"] == env.first_pid
+    assert_served(env, 1, r.stdout)
 
 
 def test_after_a_swap_a_new_pi_session_shows_the_new_model_under_local(env, hf_home):
@@ -191,11 +189,8 @@ def test_a_server_started_with_api_key_accepts_pis_requests(env, hf_home):
                           "--temperature", "0")
     try:
         keyed = {**env.env, "MLX_KIT_URL": server.v1, "MLX_KIT_API_KEY": "sekret-123"}
-        run = lambda e: subprocess.run(  # noqa: E731
-            [sys.executable, "-m", "kit", "launch", "pi", "--", "-p",
-             "What is the capital of France?", "--no-session"],
-            env=e, cwd=env.home, capture_output=True, text=True, timeout=300)
-        r = run(keyed)
+        r = run_kit(keyed, "launch", "pi", "--", "-p", "What is the capital of France?",
+                    "--no-session", cwd=env.home, timeout=300)
         assert r.returncode == 0, r.stderr
         assert_no_config_warnings("pi", r.stdout, r.stderr)
         assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]

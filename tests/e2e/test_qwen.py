@@ -17,18 +17,14 @@ bundled skills, whose ~7,100-character reminder excluding the `skill` tool leave
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-import httpx
-import pytest
-
-from tests.conftest import clean_env, generated_texts, require_binary
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.warnings import assert_no_config_warnings
 
-pytestmark = pytest.mark.slow
 
 #: The user's own settings, as Qwen 0.15.10 writes them ("$version": 4, so qwen leaves the
 #: file alone and removal can give back the exact bytes).
@@ -70,10 +66,8 @@ def qwen_env(home: Path) -> dict[str, str]:
     return env
 
 
-def kit(env: dict, *args: str, cwd: Path | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+#: `python -m kit` with no terminal on stdin (so neither kit nor qwen waits on one).
+kit = functools.partial(run_kit, stdin=subprocess.DEVNULL)
 
 
 def project(tmp_path: Path, memory: bool) -> Path:
@@ -95,7 +89,7 @@ def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tm
     settings.parent.mkdir()
     settings.write_text(USER_SETTINGS)
     cwd = project(tmp_path, memory=False)
-    before = httpx.get(server.root + "/health").json()["requests_served"]
+    before = requests_served(server)
 
     r = kit(env, "launch", "qwen", "--url", server.v1, "--", *SLIM, "-p", QUESTION, cwd=cwd)
 
@@ -103,8 +97,7 @@ def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tm
     assert_no_config_warnings("qwen", r.stdout, r.stderr)
     answer = r.stdout.strip()
     assert answer  # the starter, greedy, said "The capital of France is Paris." here
-    assert answer in [t.strip() for t in generated_texts(server.log_text())]
-    assert httpx.get(server.root + "/health").json()["requests_served"] == before + 1
+    assert_served(server, before, answer)
     merged = json.loads(settings.read_text())
     [ours] = [e for e in merged["modelProviders"]["openai"] if e["id"] == "local"]
     assert ours["baseUrl"] == server.v1

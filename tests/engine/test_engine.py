@@ -61,23 +61,29 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
         return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
                            params=SamplingParams(max_tokens=n, temperature=0.0))
 
-    async def collect(request: ChatRequest,
-                      delay: float = 0.0) -> tuple[str, float, float, Finished]:
-        await asyncio.sleep(delay)
+    async def collect(request: ChatRequest, after: asyncio.Event | None = None,
+                      first: asyncio.Event | None = None) -> tuple[str, float, float, Finished]:
+        """The request's text, first and last token times and Finished; sent once
+        ``after`` is set, setting ``first`` at its first token."""
+        if after is not None:
+            await after.wait()
         text, times, fin = "", [], None
         async for ev in engine.generate(request):
             if isinstance(ev, TextDelta):
                 text += ev.text
                 times.append(time.monotonic())
+                if first is not None:
+                    first.set()
             elif isinstance(ev, Finished):
                 fin = ev
         return text, times[0], times[-1], fin
 
     async def main():
         alone = [(await collect(req("cats", 60)))[0], (await collect(req("dogs", 30)))[0]]
+        a_decoding = asyncio.Event()  # b is sent once a decodes alone: after its 1st token
         with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
-            a, b = await asyncio.gather(collect(req("cats", 60)),
-                                        collect(req("dogs", 30), delay=1.0))
+            a, b = await asyncio.gather(collect(req("cats", 60), first=a_decoding),
+                                        collect(req("dogs", 30), after=a_decoding))
         return alone, a, b
 
     alone, a, b = asyncio.run(main())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 @pytest.fixture

@@ -18,14 +18,9 @@ from kit.harness import install as hi
 from kit.harness.formats import loads
 from kit.harness.render import MARKER, context, render, shell_literal
 from kit.harness.spec import load_spec, parse_spec
-from kit.paths import harnesses_dir
 from kit.urls import parse_url
 from tests.harness.test_render import EVERYTHING
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from tests.helpers import edited_spec, snapshot
 
 CAPS = {"tools": True, "reasoning": False, "vision": False}
 MODELS = [
@@ -46,13 +41,6 @@ def env(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(hi, "baked_models", lambda url: (MODELS, "test entries"))
     return home
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` with its bytes (None for folders), mlx-kit's own data
-    (manifest, backups) left out."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(root.rglob("*")) if "mlx-kit" not in p.relative_to(root).parts}
 
 
 def _render(agent: str, models=MODELS, url: str = "http://127.0.0.1:8090/v1") -> str:
@@ -233,7 +221,7 @@ def test_goose_install_adds_one_provider_file_and_remove_leaves_the_rest(env, de
     (goose / "custom_providers").mkdir(parents=True)
     (goose / "config.yaml").write_text(GOOSE_CONFIG)
     (goose / "custom_providers" / "custom_my_box.json").write_text(GOOSE_USER_PROVIDER)
-    before = snapshot(env / ".config")
+    before = snapshot(env / ".config", skip=("mlx-kit",))
     spec = load_spec("goose")
 
     result = hi.install(spec, parse_url(dead_url))
@@ -246,7 +234,7 @@ def test_goose_install_adds_one_provider_file_and_remove_leaves_the_rest(env, de
 
     removal = hi.remove(spec)
     assert removal.removed == [target]
-    assert snapshot(env / ".config") == before
+    assert snapshot(env / ".config", skip=("mlx-kit",)) == before
 
 
 @pytest.mark.parametrize("variable, expected", [
@@ -337,7 +325,7 @@ def zed_settings(env: Path) -> Path:
 
 
 def test_zed_merge_keeps_every_byte_of_the_users_settings(env, zed_settings, dead_url):
-    before = snapshot(env / ".config")
+    before = snapshot(env / ".config", skip=("mlx-kit",))
     spec = load_spec("zed")
 
     result = hi.install(spec, parse_url(dead_url))
@@ -353,7 +341,7 @@ def test_zed_merge_keeps_every_byte_of_the_users_settings(env, zed_settings, dea
 
     removal = hi.remove(spec)
     assert removal.unmerged == [zed_settings]
-    assert snapshot(env / ".config") == before
+    assert snapshot(env / ".config", skip=("mlx-kit",)) == before
 
 
 def test_zed_remove_keeps_the_users_later_edit_and_takes_out_ours(env, zed_settings, dead_url):
@@ -476,7 +464,7 @@ def test_crush_merge_keeps_the_users_config_strict_json_and_byte_identical(env, 
     path.parent.mkdir(parents=True)
     path.write_text(CRUSH_CONFIG)
     (path.parent / "crushrc").write_text("# the user's shell config\n")
-    before = snapshot(env / ".config")
+    before = snapshot(env / ".config", skip=("mlx-kit",))
     spec = load_spec("crush")
 
     hi.install(spec, parse_url(dead_url))
@@ -489,7 +477,7 @@ def test_crush_merge_keeps_the_users_config_strict_json_and_byte_identical(env, 
         assert line.replace(",", "") in merged.replace(",", "")
 
     hi.remove(spec)
-    assert snapshot(env / ".config") == before
+    assert snapshot(env / ".config", skip=("mlx-kit",)) == before
 
 
 def test_crush_config_dir_and_launch(env, tmp_path, monkeypatch):
@@ -505,11 +493,6 @@ def test_crush_config_dir_and_launch(env, tmp_path, monkeypatch):
 
 # --- the spec keys these agents brought ----------------------------------------------------
 
-def _spec(tmp_path: Path, agent: str, edit) -> tuple[dict, str]:
-    text = edit((harnesses_dir() / f"{agent}.toml").read_text())
-    return tomllib.loads(text), "agent.toml"
-
-
 @pytest.mark.parametrize("agent, edit, message", [
     ("goose", lambda t: t.replace("{max_tokens}", "{max_token}"), "names {max_token}"),
     ("goose", lambda t: t.replace('args = []', 'args = ["{file1}"]'), "names {file1}"),
@@ -521,7 +504,7 @@ def _spec(tmp_path: Path, agent: str, edit) -> tuple[dict, str]:
      "config_dir.colour: unknown key"),
 ])
 def test_malformed_new_spec_keys_are_refused(tmp_path, agent, edit, message):
-    data, where = _spec(tmp_path, agent, edit)
+    data, where = edited_spec(agent, edit)
     with pytest.raises(HarnessError) as exc:
         parse_spec(data, where)
     assert message in exc.value.message

@@ -3,8 +3,6 @@ remove undoes exactly what install did and never touches the user's own files.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from kit.harness import manifest
 from kit.harness.render import MARKER
 from kit.harness.spec import load_spec
 from kit.urls import parse_url
-from tests.conftest import clean_env
+from tests.helpers import clean_env, run_kit, snapshot
 
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
 
@@ -28,12 +26,6 @@ def pi():
 @pytest.fixture
 def target(home) -> Path:
     return home / ".pi" / "agent" / "extensions" / "mlx-kit.ts"
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` with its bytes (None for folders)."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(root.rglob("*"))}
 
 
 # --- install ----------------------------------------------------------------------------
@@ -184,11 +176,6 @@ def test_remove_without_manifest_deletes_only_a_file_with_the_marker(pi, home, t
 
 # --- through the real command line --------------------------------------------------------
 
-def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home), cwd=home,
-                          capture_output=True, text=True, timeout=60)
-
-
 def list_row(out: str, agent: str) -> list[str]:
     """The cells of ``agent``'s row in the `harness list` table."""
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()]
@@ -197,28 +184,28 @@ def list_row(out: str, agent: str) -> list[str]:
 
 
 def test_cli_install_list_remove(home, target, dead_url):
-    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+    r = run_kit(home, "harness", "install", "pi", "--url", dead_url)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("wrote ")
     assert "no mlx-kit server answered at" in r.stdout
     assert f'const BASE_URL = "{dead_url}/v1";' in target.read_text()
 
-    r = kit(home, "harness", "list")
+    r = run_kit(home, "harness", "list")
     assert r.returncode == 0, r.stderr
     assert list_row(r.stdout, "pi")[1] == "yes"
 
-    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+    r = run_kit(home, "harness", "install", "pi", "--url", dead_url)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("unchanged ")
 
-    r = kit(home, "harness", "remove", "pi")
+    r = run_kit(home, "harness", "remove", "pi")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("removed ")
     assert not target.exists() and not (home / ".pi").exists()
 
-    r = kit(home, "harness", "list")
+    r = run_kit(home, "harness", "list")
     assert list_row(r.stdout, "pi")[1] == "no"
-    r = kit(home, "harness", "remove", "pi")
+    r = run_kit(home, "harness", "remove", "pi")
     assert r.returncode == 0 and "nothing of mlx-kit's was installed for pi" in r.stdout
 
 
@@ -226,7 +213,7 @@ def test_cli_install_refuses_users_file_without_traceback(home, target, dead_url
     target.parent.mkdir(parents=True)
     target.write_text(USER_EXTENSION)
 
-    r = kit(home, "harness", "install", "pi", "--url", dead_url)
+    r = run_kit(home, "harness", "install", "pi", "--url", dead_url)
 
     assert r.returncode == 1
     assert "was not written by mlx-kit" in r.stderr and "--force" in r.stderr
@@ -237,13 +224,13 @@ def test_cli_install_refuses_users_file_without_traceback(home, target, dead_url
 def test_cli_dry_run_prints_the_exact_unified_diff(home, target, dead_url):
     """The printed diff is usable as a diff: its '+' lines are exactly the file install then
     writes (no line wrapped or folded to the terminal width), and '+++' names the target."""
-    r = kit(home, "harness", "install", "pi", "--url", dead_url, "--dry-run")
+    r = run_kit(home, "harness", "install", "pi", "--url", dead_url, "--dry-run")
     assert r.returncode == 0, r.stderr
     assert not target.exists()
     lines = r.stdout.splitlines()
     assert lines[:2] == ["--- /dev/null", f"+++ {target}"], lines[:4]
 
-    assert kit(home, "harness", "install", "pi", "--url", dead_url).returncode == 0
+    assert run_kit(home, "harness", "install", "pi", "--url", dead_url).returncode == 0
     added = [line[1:] for line in lines[3:]]
     assert all(line.startswith("+") for line in lines[3:]), [
         line for line in lines[3:] if not line.startswith("+")][:3]
@@ -305,14 +292,12 @@ def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url,
 
 def test_cli_status_show_and_remove_all(home, dead_url):
     env = clean_env(home, COLUMNS="250")  # a wide table: one line per agent
-    run = lambda *a: subprocess.run([sys.executable, "-m", "kit", *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True, timeout=120)
     for agent in ("pi", "llm", "codex"):
-        assert run("harness", "install", agent, "--url", dead_url).returncode == 0
+        assert run_kit(env, "harness", "install", agent, "--url", dead_url).returncode == 0
     codex_profile = home / ".codex" / "mlx-kit.config.toml"
     codex_profile.write_text(codex_profile.read_text() + "# my edit\n")
 
-    status = run("harness", "status")
+    status = run_kit(env, "harness", "status")
     assert status.returncode == 0
     rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines()
             if line.startswith("│")}
@@ -320,26 +305,26 @@ def test_cli_status_show_and_remove_all(home, dead_url):
     assert "mlx-kit.config.toml" in status.stdout  # codex drifted: shown in its row
     assert "down" in rows["pi"]  # nothing listens at the URL the config points at
     assert "(not " not in status.stdout
-    elsewhere = run("harness", "status", "--url", "http://127.0.0.1:1")
+    elsewhere = run_kit(env, "harness", "status", "--url", "http://127.0.0.1:1")
     rows = {line.split("│")[1].strip(): line for line in elsewhere.stdout.splitlines()
             if line.startswith("│")}
     assert "(not http://127.0.0.1:1)" in rows["pi"]  # configured for another server
     assert "(not " not in rows["aider"]  # not configured: nothing to compare
-    same = run("harness", "status", "--url", dead_url)
+    same = run_kit(env, "harness", "status", "--url", dead_url)
     assert "(not " not in same.stdout
 
-    show = run("harness", "show", "codex", "--url", dead_url)
+    show = run_kit(env, "harness", "show", "codex", "--url", dead_url)
     assert show.returncode == 0 and 'wire_api = "responses"' in show.stdout
 
-    first = run("harness", "remove", "--all")
+    first = run_kit(env, "harness", "remove", "--all")
     assert first.returncode == 1 and "codex" in first.stderr  # codex was edited...
     assert not (home / ".pi").exists()  # ...and the other agents were still removed
     assert (home / ".codex" / "mlx-kit.config.toml").exists()
-    removed = run("harness", "remove", "--all", "--force")
+    removed = run_kit(env, "harness", "remove", "--all", "--force")
     assert removed.returncode == 0
     assert not (home / ".pi").exists() and not (home / ".codex").exists()
     assert not (home / ".config" / "io.datasette.llm").exists()
-    assert run("harness", "remove").returncode == 1  # neither an agent nor --all
+    assert run_kit(env, "harness", "remove").returncode == 1  # neither an agent nor --all
 
 
 # --- found by the property tests (tests/harness/test_properties.py) -----------------------

@@ -5,14 +5,10 @@ no reference to X anywhere mlx-kit wrote."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
 from kit.harness.spec import all_specs
-from tests.conftest import clean_env, start_server, starter_with_template, stop
+from tests.helpers import clean_env, run_kit, start_server, starter_with_template, stop
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -22,7 +18,6 @@ def _written(home: Path) -> dict[Path, str]:
             if p.is_file() and not p.name.startswith("serve-") and p.suffix != ".log"}
 
 
-@pytest.mark.slow
 def test_no_reference_to_a_deleted_model_remains_after_reconfiguring(hf_home, tmp_path):
     agents = sorted(all_specs())
     home = tmp_path / "home"
@@ -34,9 +29,7 @@ def test_no_reference_to_a_deleted_model_remains_after_reconfiguring(hf_home, tm
 
     def install_all(url: str) -> None:
         for agent in agents:
-            r = subprocess.run([sys.executable, "-m", "kit", "harness", "install", agent,
-                                "--url", url], env=env, capture_output=True, text=True,
-                               timeout=120)
+            r = run_kit(env, "harness", "install", agent, "--url", url)
             assert r.returncode == 0, (agent, r.stdout + r.stderr)
 
     server = start_server(tmp_path / "srv1", hf_home, "--model", str(old))

@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import json5
 import pytest
@@ -16,9 +15,8 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.render import MARKER, context, js_literal, render
 from kit.harness.spec import load_spec, parse_spec
-from kit.paths import harnesses_dir
 from kit.urls import parse_url
-from tests.conftest import clean_env, require_binary
+from tests.helpers import clean_env, edited_spec, require_binary
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -110,7 +108,7 @@ def test_rendered_base_url_round_trips():
     assert json.loads(_const(_render_pi(nasty, _models("m")), "const BASE_URL = ")) == nasty
 
 
-@pytest.mark.slow
+@pytest.mark.agent
 def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_url, monkeypatch):
     """pi starts, with nothing listening at the URL, and lists mlx-kit/local from the baked
     list even though model names and ids hold quotes, newlines, U+2028 and template syntax."""
@@ -135,16 +133,8 @@ def test_real_pi_loads_the_installed_extension_with_hostile_models(home, dead_ur
 
 # --- spec validation ------------------------------------------------------------------
 
-def _spec_data(tmp_path: Path, edit) -> tuple[dict, str]:
-    """pi.toml's text, edited, written to a temp spec file and parsed back as TOML."""
-    text = edit((harnesses_dir() / "pi.toml").read_text())
-    path = tmp_path / "agent.toml"
-    path.write_text(text)
-    return tomllib.loads(path.read_text()), path.name
-
-
 def test_the_shipped_pi_spec_parses(tmp_path):
-    spec = parse_spec(*_spec_data(tmp_path, lambda t: t))
+    spec = parse_spec(*edited_spec("pi", lambda t: t))
     assert (spec.name, spec.binary) == ("pi", "pi")
     assert [f.template for f in spec.files] == ["pi/mlx-kit.ts.j2"]
     assert spec.launch_args == ("--provider", "mlx-kit", "--model", "local")
@@ -164,7 +154,7 @@ def test_the_shipped_pi_spec_parses(tmp_path):
 ], ids=["unknown-top-key", "template-file-missing", "template-key-missing",
         "unknown-file-key", "bad-mode", "binary-missing"])
 def test_malformed_spec_is_refused(tmp_path, edit, message):
-    data, where = _spec_data(tmp_path, edit)
+    data, where = edited_spec("pi", edit)
     with pytest.raises(HarnessError) as exc:
         parse_spec(data, where)
     assert message in exc.value.message
@@ -194,7 +184,6 @@ def test_a_codex_profile_for_a_model_named_beyond_the_bmp_is_valid_toml():
     assert "\u2028" not in text and "\x7f" not in text
 
 
-
 def test_codex_profile_names_a_catalog_with_the_local_models_window():
     """Codex 0.171 warned "Model metadata for `local` not found. Defaulting to fallback
     metadata" on every run: the profile now names a catalog file (a relative path, read
@@ -214,7 +203,7 @@ def test_codex_profile_names_a_catalog_with_the_local_models_window():
     assert MARKER in files["mlx-kit.models.json"][:300]  # where removal looks for it
 
 
-@pytest.mark.slow
+@pytest.mark.agent
 def test_real_codex_reads_the_installed_catalog(home, dead_url, monkeypatch):
     """The real Codex parses the catalog we write (a missing key is a parse error in 0.171)
     and lists `local` from it with the served window, not its 272,000-token fallback."""

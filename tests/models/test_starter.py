@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import clean_env
-
-pytestmark = pytest.mark.slow
+from tests.helpers import clean_env
 
 
 def run_py(code: str, env: dict) -> str:

@@ -16,7 +16,7 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import start_server, stop
+from tests.helpers import start_server, stop
 
 BIG = "hello world " * 700_000  # 8.4 MB of text, ~1.4M tokens: 170x the starter's window
 SMALL = [{"role": "user", "content": "Say hi."}]

@@ -4,15 +4,11 @@ origins allowed with --allow-origin / MLX_KIT_ORIGINS get proper CORS answers.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-import anthropic
 import httpx
-import openai
 import pytest
 
-from tests.conftest import clean_env, free_port, stop, Server, wait_health
+from tests.helpers import (anthropic_for, clean_env, free_port, openai_for, run_kit,
+                           spawn_server, start_server, stop, wait_health)
 
 CHAT = {"model": "local", "max_tokens": 2,
         "messages": [{"role": "user", "content": "Say hi"}]}
@@ -75,9 +71,9 @@ def test_the_servers_own_pages_may_call_it(server):
 
 
 def test_official_sdks_send_no_origin_and_pass(server):
-    c = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60)
+    c = openai_for(server, timeout=60)
     assert c.chat.completions.create(**CHAT).choices[0].message.role == "assistant"
-    a = anthropic.Anthropic(base_url=server.root, api_key="unused", max_retries=0, timeout=60)
+    a = anthropic_for(server, timeout=60)
     assert a.messages.create(**MESSAGES).role == "assistant"
 
 
@@ -85,19 +81,10 @@ def test_official_sdks_send_no_origin_and_pass(server):
 def open_server(hf_home, tmp_path_factory):
     """A server with an allowed origin by flag, one by MLX_KIT_ORIGINS, an extra Host name
     by flag and one by MLX_KIT_HOSTS."""
-    home = tmp_path_factory.mktemp("home-open")
-    port = free_port()
-    log = home / "serve.log"
-    env = clean_env(home, hf_home, MLX_KIT_ORIGINS="https://app.example, http://x.test:8000",
-                    MLX_KIT_HOSTS="env-host.test")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--log-file", str(log), "--temperature", "0",
-                                 "--allow-origin", "http://localhost:5173",
-                                 "--allow-host", ".mine.test"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    s = Server(proc, port, log, home)
-    wait_health(s.root, proc)
+    s = start_server(tmp_path_factory.mktemp("home-open"), hf_home, "--temperature", "0",
+                     "--allow-origin", "http://localhost:5173", "--allow-host", ".mine.test",
+                     log_level=None, MLX_KIT_ORIGINS="https://app.example, http://x.test:8000",
+                     MLX_KIT_HOSTS="env-host.test")
     yield s
     stop(s)
 
@@ -135,9 +122,8 @@ def test_allowed_host_names_are_accepted(open_server):
 
 
 def test_a_bad_allowed_origin_is_a_clear_startup_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "kit", "serve", "--port", str(free_port()),
-                        "--allow-origin", "localhost:5173/path"],
-                       env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+    r = run_kit(clean_env(tmp_path), "serve", "--port", str(free_port()),
+                "--allow-origin", "localhost:5173/path", timeout=60)
     assert r.returncode != 0
     assert "--allow-origin" in r.stderr and "Traceback" not in r.stderr
 
@@ -149,16 +135,10 @@ def test_wildcard_bind_accepts_this_machines_names_only(hf_home, tmp_path):
 
     import psutil
 
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--host", "0.0.0.0",
-                                 "--port", str(port), "--api-key", "k", "--log-file", str(log)],
-                                env=clean_env(tmp_path, hf_home), stdout=out,
-                                stderr=subprocess.STDOUT)
-    s = Server(proc, port, log, tmp_path)
+    s = spawn_server(tmp_path, hf_home, "--host", "0.0.0.0", "--api-key", "k", log_level=None)
+    port = s.port
     try:
-        wait_health(s.root, proc)
+        wait_health(s.root, s.proc)
         addresses = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                      if a.family == socket.AF_INET]
         for host in ["localhost", socket.gethostname(), *addresses]:

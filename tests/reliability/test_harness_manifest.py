@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, free_port
+from tests.helpers import clean_env, free_port, run_kit
 
 QWEN_SETTINGS = """{
   "ui": {"theme": "Dracula"},
@@ -47,10 +46,9 @@ USER_FILES = {
 
 
 def kit(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
-    env = clean_env(home, home / "hf", COLUMNS="250",  # a wide table: one line per agent
-                    **({"PATH": path} if path else {}))
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+    """:func:`run_kit` with an empty HF home and a wide table (one line per agent)."""
+    env = clean_env(home, home / "hf", COLUMNS="250", **({"PATH": path} if path else {}))
+    return run_kit(env, *args)
 
 
 def data_dir(home: Path) -> Path:

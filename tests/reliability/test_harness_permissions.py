@@ -12,19 +12,12 @@ possible here: the shared virtualenv is not readable by other users.)
 from __future__ import annotations
 
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, free_port
+from tests.helpers import clean_env, free_port, run_kit
 from tests.reliability.test_harness_manifest import QWEN_SETTINGS
-
-
-def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home),
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -43,7 +36,7 @@ def settings(tmp_path: Path) -> Path:
 def test_install_refuses_a_read_only_settings_file(tmp_path, settings, url):
     settings.chmod(0o444)
 
-    r = kit(tmp_path, "harness", "install", "qwen", "--url", url)
+    r = run_kit(clean_env(tmp_path), "harness", "install", "qwen", "--url", url)
 
     assert r.returncode == 1
     assert f"{settings}: the file is read-only" in r.stderr
@@ -56,11 +49,11 @@ def test_install_refuses_a_read_only_settings_file(tmp_path, settings, url):
 
 def test_remove_refuses_a_file_made_read_only_and_works_once_writable(tmp_path, settings,
                                                                        url):
-    assert kit(tmp_path, "harness", "install", "qwen", "--url", url).returncode == 0
+    assert run_kit(clean_env(tmp_path), "harness", "install", "qwen", "--url", url).returncode == 0
     settings.chmod(0o444)
     installed = settings.read_text()
 
-    r = kit(tmp_path, "harness", "remove", "qwen")
+    r = run_kit(clean_env(tmp_path), "harness", "remove", "qwen")
 
     assert r.returncode == 1
     assert f"{settings}: the file is read-only" in r.stderr
@@ -68,16 +61,16 @@ def test_remove_refuses_a_file_made_read_only_and_works_once_writable(tmp_path, 
     assert settings.read_text() == installed  # nothing half-done
 
     settings.chmod(0o644)
-    assert kit(tmp_path, "harness", "remove", "qwen").returncode == 0
+    assert run_kit(clean_env(tmp_path), "harness", "remove", "qwen").returncode == 0
     assert settings.read_text() == QWEN_SETTINGS
 
 
 def test_remove_refuses_a_read_only_drop_in_file(tmp_path, url):
-    assert kit(tmp_path, "harness", "install", "pi", "--url", url).returncode == 0
+    assert run_kit(clean_env(tmp_path), "harness", "install", "pi", "--url", url).returncode == 0
     ext = tmp_path / ".pi" / "agent" / "extensions" / "mlx-kit.ts"
     ext.chmod(0o444)
 
-    r = kit(tmp_path, "harness", "remove", "pi")
+    r = run_kit(clean_env(tmp_path), "harness", "remove", "pi")
 
     assert r.returncode == 1 and f"{ext}: the file is read-only" in r.stderr
     assert ext.is_file()
@@ -89,7 +82,7 @@ def test_install_over_a_folder_names_the_target_not_a_temp_file(tmp_path, url, a
     target = tmp_path / rel
     target.mkdir(parents=True)
 
-    r = kit(tmp_path, "harness", "install", agent, "--url", url)
+    r = run_kit(clean_env(tmp_path), "harness", "install", agent, "--url", url)
 
     assert r.returncode == 1
     assert f"{target}: it is a folder, not a file" in r.stderr
@@ -100,7 +93,7 @@ def test_install_over_a_folder_names_the_target_not_a_temp_file(tmp_path, url, a
 def test_install_under_a_file_where_a_folder_belongs_names_it(tmp_path, url):
     (tmp_path / ".qwen").write_text("not a folder")
 
-    r = kit(tmp_path, "harness", "install", "qwen", "--url", url)
+    r = run_kit(clean_env(tmp_path), "harness", "install", "qwen", "--url", url)
 
     assert r.returncode == 1
     assert f"{tmp_path / '.qwen'} is a file, not a folder" in r.stderr

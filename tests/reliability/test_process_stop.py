@@ -17,16 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import clean_env, free_port, start_server, stop
-
-
-def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home),
-                          capture_output=True, text=True, timeout=90)
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
+from tests.helpers import clean_env, flat, free_port, run_kit, start_server, stop
 
 
 def pid_file(home: Path, port: int) -> Path:
@@ -89,7 +80,7 @@ def fake_health(bystander):
 def test_stop_leaves_a_process_named_by_a_fake_health_alive_and_says_why(
         tmp_path, bystander, fake_health):
     url, _ = fake_health
-    r = kit(tmp_path, "stop", "--url", url)
+    r = run_kit(clean_env(tmp_path), "stop", "--url", url)
     assert r.returncode == 1
     assert "no pid file of this user" in flat(r.stderr) and "another user or HOME" in flat(r.stderr)
     assert "Traceback" not in r.stderr + r.stdout
@@ -108,7 +99,7 @@ def test_stop_never_signals_an_unrelated_process_that_our_pid_file_and_health_na
     path.write_text(json.dumps({"pid": bystander.pid, "create_time": 1.0,
                                 "cmdline": [sys.executable, "-m", "kit", "serve"],
                                 "admin_token": "t0ken"}))
-    r = kit(tmp_path, "stop", "--url", url)
+    r = run_kit(clean_env(tmp_path), "stop", "--url", url)
     assert r.returncode == 1 and "refused to shut down: HTTP 404" in flat(r.stderr)
     assert bystander.poll() is None
     assert "POST /admin/shutdown" in seen
@@ -124,7 +115,7 @@ def test_stop_never_signals_a_process_whose_real_identity_is_in_the_pid_file_if_
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(),
                                 "cmdline": me.cmdline(), "admin_token": "t0ken"}))
-    r = kit(tmp_path, "stop", "--url", url)
+    r = run_kit(clean_env(tmp_path), "stop", "--url", url)
     assert r.returncode == 1 and "refused to shut down" in flat(r.stderr)
     assert bystander.poll() is None
 
@@ -138,7 +129,7 @@ def test_stop_with_a_non_loopback_url_refuses_and_signals_nothing(tmp_path, byst
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(),
                                 "cmdline": me.cmdline(), "admin_token": "t0ken"}))
-    r = kit(tmp_path, "stop", "--url", f"http://192.0.2.7:{port}")  # TEST-NET-1
+    r = run_kit(clean_env(tmp_path), "stop", "--url", f"http://192.0.2.7:{port}")  # TEST-NET-1
     assert r.returncode == 1
     assert "not a loopback address" in flat(r.stderr)
     assert bystander.poll() is None
@@ -153,7 +144,7 @@ def test_a_second_homes_server_survives_stop_from_the_first_home_and_its_own_sto
     server = start_server(other_home, hf_home)
     try:
         engine_pid = server.health()["engine_pid"]
-        r = kit(my_home, "stop", "--url", server.root)
+        r = run_kit(clean_env(my_home), "stop", "--url", server.root)
         assert r.returncode == 1 and "another user or HOME" in flat(r.stderr)
         assert server.proc.poll() is None and server.health()["status"] == "ok"
         # the admin API is closed to anyone without that HOME's token
@@ -161,7 +152,7 @@ def test_a_second_homes_server_survives_stop_from_the_first_home_and_its_own_sto
         assert r.status_code == 401 and server.proc.poll() is None
 
         # the normal stop, from the server's own HOME: every check agrees -> SIGTERM
-        r = kit(other_home, "stop", "--url", server.root)
+        r = run_kit(clean_env(other_home), "stop", "--url", server.root)
         assert r.returncode == 0, r.stderr
         assert f"stopped the server at {server.root} (pid {server.proc.pid}, via signal)" \
             in flat(r.stdout)
@@ -185,7 +176,7 @@ def test_stop_asks_the_admin_api_when_the_pid_cannot_be_proven_and_leaves_no_pro
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert info["create_time"] == pytest.approx(psutil.Process(server.proc.pid).create_time())
         path.write_text(json.dumps({**info, "create_time": info["create_time"] - 1000}))
-        r = kit(tmp_path, "stop", "--url", server.root)
+        r = run_kit(clean_env(tmp_path), "stop", "--url", server.root)
         assert r.returncode == 0, r.stderr
         assert "via admin API" in r.stdout and f"pid {server.proc.pid}" in r.stdout
         server.proc.wait(20)  # the same path as SIGTERM: graceful, engine stopped
@@ -230,7 +221,7 @@ def test_stop_refuses_a_live_server_process_that_does_not_answer(tmp_path, serve
     # URL: /health cannot confirm it, so stop says so instead of signalling it.
     port = free_port()
     write_proving_pid_file(tmp_path, port, serve_lookalike)
-    r = kit(tmp_path, "stop", "--url", f"http://127.0.0.1:{port}")
+    r = run_kit(clean_env(tmp_path), "stop", "--url", f"http://127.0.0.1:{port}")
     assert r.returncode == 1 and "nothing answers" in flat(r.stderr)
     assert f"kill {serve_lookalike.pid}" in flat(r.stderr)
     assert serve_lookalike.is_running() and serve_lookalike.status() != psutil.STATUS_ZOMBIE
@@ -242,7 +233,7 @@ def test_stop_refuses_when_health_names_another_pid_than_our_live_server_and_kee
     # neither process is signalled and our admin token is not sent to it.
     url, seen = fake_health
     path = write_proving_pid_file(tmp_path, int(url.rsplit(":", 1)[1]), serve_lookalike)
-    r = kit(tmp_path, "stop", "--url", url)
+    r = run_kit(clean_env(tmp_path), "stop", "--url", url)
     assert r.returncode == 1
     assert f"reports pid {bystander.pid}" in flat(r.stderr)
     assert serve_lookalike.status() != psutil.STATUS_ZOMBIE and bystander.poll() is None

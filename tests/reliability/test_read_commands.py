@@ -6,17 +6,7 @@ as the real CLI (``python -m kit``) on a throwaway HOME; nothing listens at the 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-from tests.conftest import clean_env, free_port
-
-
-def tree(home: Path) -> dict[str, bytes | None]:
-    """Every path below ``home``: a file's bytes, None for a folder."""
-    return {str(p.relative_to(home)): None if p.is_dir() else p.read_bytes()
-            for p in sorted(home.rglob("*"))}
+from tests.helpers import clean_env, free_port, run_kit, snapshot
 
 
 def test_read_commands_leave_no_folder_in_a_fresh_home(tmp_path):
@@ -31,7 +21,7 @@ def test_read_commands_leave_no_folder_in_a_fresh_home(tmp_path):
     for command, rc in expected_rc.items():
         args = command.split() + (["--url", url] if command in ("harness status", "models",
                                                                 "status") else [])
-        r = subprocess.run([sys.executable, "-m", "kit", *args], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120)
+        r = run_kit(env, *args, cwd=tmp_path)
         assert r.returncode == rc, f"{command}: {r.stdout}{r.stderr}"
-        assert tree(home) == {}, f"`mlx-kit {command}` wrote into HOME: {sorted(tree(home))}"
+        wrote = snapshot(home)
+        assert wrote == {}, f"`mlx-kit {command}` wrote into HOME: {sorted(wrote)}"

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import REPO, clean_env, free_port, require_binary, start_server, stop
+from tests.helpers import (REPO, flat, require_binary, run_kit, spawn_server, start_server,
+                           stop)
 
 CHAT = {"model": "local", "messages": [{"role": "user", "content": "Say hi."}],
         "max_tokens": 3, "temperature": 0}
@@ -26,10 +26,9 @@ AGENT_PATH = str(REPO / ".tools" / "npm" / "node_modules" / ".bin")  # .ci/run i
 
 def kit(home: Path, hf_home: Path, *args: str, path: str | None = None,
         timeout: float = 180) -> subprocess.CompletedProcess:
-    extra = {"PATH": path} if path else {}
-    return subprocess.run([sys.executable, "-m", "kit", *args], timeout=timeout,
-                          env=clean_env(home, hf_home, **extra), cwd=home,
-                          capture_output=True, text=True)
+    """:func:`run_kit` in ``home`` with the session's models (and ``path`` as PATH)."""
+    return run_kit(home, *args, hf_home=hf_home, timeout=timeout,
+                   **({"PATH": path} if path else {}))
 
 
 def agents_path() -> str:
@@ -38,10 +37,6 @@ def agents_path() -> str:
     if shutil.which("pi", path=path) is None:
         require_binary("pi")
     return path
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def wait_ok(server, old: int | None = None, timeout: float = 120) -> tuple[int, list[str]]:
@@ -105,6 +100,7 @@ def test_the_server_restarts_an_engine_killed_while_idle_and_the_next_request_wo
     assert fresh.health()["engine_pid"] == new  # served by it, no second restart
 
 
+@pytest.mark.agent  # pi, through agents_path()
 def test_launch_after_the_idle_engine_was_killed_runs_the_agent_and_its_request_works(
         fresh, hf_home):
     # Regression: launch exited 1 every time ("wait_ready sees status failed") and the
@@ -167,18 +163,13 @@ def broken_model(hf_home, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.agent  # pi, through agents_path()
 def test_a_model_that_failed_to_load_is_failed_not_restarted_and_status_says_the_fix(
         hf_home, tmp_path, broken_model):
     home = tmp_path / "home"
     home.mkdir()
-    port = free_port()
-    log = home / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--model", str(broken_model), "--log-file", str(log)],
-                                env=clean_env(home, hf_home), stdout=out,
-                                stderr=subprocess.STDOUT)
-    root = f"http://127.0.0.1:{port}"
+    s = spawn_server(home, hf_home, "--model", str(broken_model), log_level=None)
+    proc, log, root = s.proc, s.log, s.root
     try:
         h: dict = {}
         for _ in range(1200):

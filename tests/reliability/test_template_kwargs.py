@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kit.server.content import RESERVED_TEMPLATE_KEYS
-from tests.conftest import start_server, starter_with_template, stop
+from tests.helpers import start_server, starter_with_template, stop
 
 USER = [{"role": "user", "content": "hi"}]
 SLOW = "{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}hi"

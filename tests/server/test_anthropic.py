@@ -14,10 +14,10 @@ F32 = "mlx-kit/SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
-def client(server) -> anthropic.Anthropic:
-    # Claude Code's setting: the base URL without /v1
-    return anthropic.Anthropic(base_url=server.root, api_key="unused", max_retries=0,
-                               timeout=120)
+def client(anthropic_client) -> anthropic.Anthropic:
+    """The shared Anthropic SDK client (tests/conftest.py: Claude Code's base URL, without
+    /v1), under this module's name."""
+    return anthropic_client
 
 
 def test_message(client):

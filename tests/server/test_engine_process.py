@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import start_server, stop
+from tests.helpers import start_server, stop, wait_until
 
 NO_EOS = {"0": -100, "1": -100, "2": -100}  # the starter's special tokens: it cannot stop
 CHAT = {"model": "local", "messages": [{"role": "user", "content": "Count to fifty."}],
@@ -27,38 +27,51 @@ def _gone(pid: int, timeout: float = 20) -> bool:
     return True
 
 
+def _engine_cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _client_connections(server) -> int:
+    """Open TCP connections the server process holds on its port (clients waiting)."""
+    return sum(1 for c in psutil.Process(server.proc.pid).net_connections("tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.port)
+
+
 @pytest.fixture
 def fresh(hf_home, tmp_path):
+    """A server of this test's own: for the tests that kill, stop or pause its processes
+    (the read-only ones use the session's ``server``)."""
     server = start_server(tmp_path, hf_home)
     yield server
     stop(server)
 
 
-def test_health_names_the_engine_process(fresh):
-    health = fresh.health()
-    assert health["pid"] == fresh.proc.pid
+def test_health_names_the_engine_process(server):
+    health = server.health()
+    assert health["pid"] == server.proc.pid
     engine = psutil.Process(health["engine_pid"])
-    assert engine.ppid() == fresh.proc.pid
+    assert engine.ppid() == server.proc.pid
     assert health["restarts"] == 0
     # the HTTP process never loads mlx (so it never holds the GIL decode needs)
-    httpx.post(fresh.v1 + "/chat/completions", json={**CHAT, "max_tokens": 2}, timeout=60)
-    httpx.post(fresh.v1 + "/messages/count_tokens", timeout=60, json={
+    httpx.post(server.v1 + "/chat/completions", json={**CHAT, "max_tokens": 2}, timeout=60)
+    httpx.post(server.v1 + "/messages/count_tokens", timeout=60, json={
         "model": "local", "messages": [{"role": "user", "content": "Hi"}]})
-    httpx.get(fresh.v1 + "/models", timeout=60)
-    maps = {m.path for m in psutil.Process(fresh.proc.pid).memory_maps()}
+    httpx.get(server.v1 + "/models", timeout=60)
+    maps = {m.path for m in psutil.Process(server.proc.pid).memory_maps()}
     assert not [m for m in maps if "libmlx" in m]
     assert [m for m in engine.memory_maps() if "libmlx" in m.path]
 
 
-def test_compiled_cuda_kernels_are_kept_in_the_user_cache_not_the_temp_dir(fresh):
+def test_compiled_cuda_kernels_are_kept_in_the_user_cache_not_the_temp_dir(server):
     # Regression (H200 run): mlx's CUDA build compiles each new kernel variant on first use
     # (~30 s for a quantized matmul) into the temp dir, so a reboot that empties /tmp made
     # an agent turn stall again. mlx reads MLX_PTX_CACHE_DIR in the engine process.
     from importlib.metadata import version
 
-    env = psutil.Process(fresh.health()["engine_pid"]).environ()
+    env = psutil.Process(server.health()["engine_pid"]).environ()
     assert env["MLX_PTX_CACHE_DIR"] == str(
-        fresh.home / ".cache" / "mlx-kit" / "ptx" / version("mlx"))
+        server.home / ".cache" / "mlx-kit" / "ptx" / version("mlx"))
 
 
 def test_kill_9_of_the_server_leaves_no_engine_process_holding_the_model(fresh):
@@ -134,15 +147,16 @@ def test_stopping_with_a_request_in_flight_stops_its_generation(fresh):
     # handler but generation went on to max_tokens, and the engine had to be terminated.
     import threading
 
+    engine_pid = fresh.health()["engine_pid"]
+    idle = _engine_cpu_seconds(engine_pid)
     threading.Thread(target=lambda: httpx.post(fresh.v1 + "/chat/completions", timeout=60,
                                                json={**CHAT, "max_tokens": 1500,
                                                      "logit_bias": NO_EOS}),
                      daemon=True).start()
-    for _ in range(100):
-        if fresh.health()["model_state"] == "ready" and "POST /v1/chat" in fresh.log_text():
-            break
-        time.sleep(0.1)
-    time.sleep(1.0)  # generating now
+    # generating now: the idle engine spends no CPU; half a second of it is past the
+    # prefill of this short prompt (milliseconds) and into the 1,500-token decode
+    wait_until(lambda: _engine_cpu_seconds(engine_pid) > idle + 0.5, 60,
+               what="the engine decoding the request")
     t0 = time.monotonic()
     fresh.proc.terminate()
     assert fresh.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
@@ -165,7 +179,8 @@ def test_health_answers_while_every_worker_thread_waits_on_a_stuck_engine(fresh)
             for _ in range(12)]
         for t in waiting:
             t.start()
-        time.sleep(1.0)
+        wait_until(lambda: _client_connections(fresh) >= len(waiting), 30,
+                   what="every count_tokens call waiting in the server")
         t0 = time.monotonic()
         r = httpx.get(fresh.root + "/health", timeout=15)
         assert r.status_code == 200 and time.monotonic() - t0 < 5

@@ -12,7 +12,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.conftest import start_server, stop
+from tests.helpers import start_server, stop
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 QUESTION = "What is the capital of France?"
@@ -264,7 +264,7 @@ ASK = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def tools_client(hf_home, tmp_path_factory):
-    from tests.conftest import starter_with_template
+    from tests.helpers import starter_with_template
 
     model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
                                   DATA / "chatml-tools.jinja", tool_parser="json_tools")
@@ -333,7 +333,7 @@ def test_the_function_response_turn_is_answered_in_text(tools_client):
 def think_client(hf_home, tmp_path_factory):
     """The starter behind a thinking template (tests/data/chatml-think.jinja: the
     generation prompt opens <think>), as in test_thinking_cache.py."""
-    from tests.conftest import starter_with_template
+    from tests.helpers import starter_with_template
 
     model = starter_with_template(
         hf_home, tmp_path_factory.mktemp("models") / "smollm2-think", DATA / "chatml-think.jinja",

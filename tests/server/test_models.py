@@ -5,21 +5,17 @@ window, and the model commands (models, fit, pull, swap)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import clean_env, free_port, start_server, stop
+from tests.helpers import clean_env, free_port, run_kit, start_server, stop, wait_until
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-pytestmark = pytest.mark.slow
 
 
 def chat(server, model="local", messages=QUESTION, **kw) -> httpx.Response:
@@ -27,15 +23,26 @@ def chat(server, model="local", messages=QUESTION, **kw) -> httpx.Response:
                       json={"model": model, "messages": messages, "max_tokens": 10, **kw})
 
 
+@pytest.fixture(scope="module")
+def f32_server(hf_home, tmp_path_factory):
+    """One server on the f32 starter for the tests that leave it as it is (no swap
+    succeeds on it): greedy, with an alias for the alias test."""
+    s = start_server(tmp_path_factory.mktemp("home-f32"), hf_home, "--temperature", "0",
+                     "--alias", "my-assistant=local")
+    yield s
+    stop(s)
+
+
 @pytest.fixture
-def f32_server(hf_home, tmp_path):
+def fresh_f32_server(hf_home, tmp_path):
+    """A server of this test's own, for a test that swaps its model."""
     s = start_server(tmp_path, hf_home, "--temperature", "0")
     yield s
     stop(s)
 
 
-def test_swap_under_load_fails_no_request_and_keeps_one_model(f32_server):
-    s = f32_server
+def test_swap_under_load_fails_no_request_and_keeps_one_model(fresh_f32_server):
+    s = fresh_f32_server
     long_stream: dict = {"models": set(), "text": "", "lines": []}
     first_token = threading.Event()
 
@@ -61,7 +68,8 @@ def test_swap_under_load_fails_no_request_and_keeps_one_model(f32_server):
     swap_result: dict = {}
     w = threading.Thread(target=lambda: swap_result.update(r=s.swap(Q4)))
     w.start()
-    time.sleep(0.3)  # the swap is queued behind A; these 5 queue behind the swap
+    # the swap is queued behind A (the engine has it); these 5 queue behind the swap
+    wait_until(lambda: s.health()["swaps_pending"] == 1, 60, what="the swap being queued")
     results: list = [None] * 5
     during = [threading.Thread(target=lambda i=i: results.__setitem__(i, chat(s)))
               for i in range(5)]
@@ -134,15 +142,12 @@ def test_real_id_not_loaded_is_404_unless_swap_on_request(f32_server, hf_home, t
         stop(s)
 
 
-def test_aliases_route_agent_model_names_to_local(hf_home, tmp_path):
-    s = start_server(tmp_path, hf_home, "--alias", "my-assistant=local")
-    try:
-        for name in ("claude-3-5-haiku-latest", "gpt-4o", "my-assistant"):
-            r = chat(s, model=name)
-            assert r.status_code == 200, (name, r.text)
-            assert r.json()["model"] == F32
-    finally:
-        stop(s)
+def test_aliases_route_agent_model_names_to_local(f32_server):
+    s = f32_server  # started with --alias my-assistant=local
+    for name in ("claude-3-5-haiku-latest", "gpt-4o", "my-assistant"):
+        r = chat(s, model=name)
+        assert r.status_code == 200, (name, r.text)
+        assert r.json()["model"] == F32
 
 
 def test_ttl_unloads_when_idle_and_reloads_on_the_next_request(hf_home, tmp_path):
@@ -175,14 +180,9 @@ def test_prompt_beyond_the_context_window_is_400_and_server_stays_up(f32_server)
     assert chat(f32_server).status_code == 200
 
 
-def run_kit(*args, env, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_models_json_lists_both_starters_and_marks_local(f32_server, hf_home, tmp_path):
     env = clean_env(tmp_path, hf_home)
-    r = run_kit("models", "--json", "--url", f32_server.root, env=env)
+    r = run_kit(env, "models", "--json", "--url", f32_server.root)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     by_id = {m["id"]: m for m in out["models"]}
@@ -202,34 +202,34 @@ def test_models_lists_broken_entries_with_a_reason(hf_home, tmp_path):
     (broken / "config.json").write_text('{"model_type": "llama"}')
     (hf / "hub" / "models--someone--broken" / "refs").mkdir()
     (hf / "hub" / "models--someone--broken" / "refs" / "main").write_text("abc")
-    r = run_kit("models", "--json", "--url", f"http://127.0.0.1:{free_port()}",
-                env=clean_env(tmp_path, hf))
+    r = run_kit(clean_env(tmp_path, hf), "models", "--json", "--url",
+                f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 0, r.stderr
     entry = {m["id"]: m for m in json.loads(r.stdout)["models"]}["someone/broken"]
     assert entry["loadable"] is False and "safetensors" in entry["reason"]
 
 
-def test_swap_and_fit_commands(f32_server, hf_home):
-    env = clean_env(f32_server.home, hf_home)
-    r = run_kit("swap", Q4, "--url", f32_server.root, env=env)
+def test_swap_and_fit_commands(fresh_f32_server, hf_home):
+    env = clean_env(fresh_f32_server.home, hf_home)
+    r = run_kit(env, "swap", Q4, "--url", fresh_f32_server.root)
     assert r.returncode == 0, r.stderr
     assert f"local -> {Q4}" in r.stdout
-    bad = run_kit("swap", "nobody/nothing", "--url", f32_server.root, env=env)
+    bad = run_kit(env, "swap", "nobody/nothing", "--url", fresh_f32_server.root)
     assert bad.returncode == 1 and "not found" in bad.stderr and "Traceback" not in bad.stderr
-    fit = run_kit("fit", F32, "--ctx", "2048", env=env)
+    fit = run_kit(env, "fit", F32, "--ctx", "2048")
     assert fit.returncode == 0 and "538" in fit.stdout and "fits" in fit.stdout
-    huge = run_kit("fit", F32, "--ctx", "100000000", env=env)
+    huge = run_kit(env, "fit", F32, "--ctx", "100000000")
     assert huge.returncode == 2 and "does NOT fit" in huge.stdout
 
 
 def test_pull_offline_is_one_clear_line(tmp_path):
     env = clean_env(tmp_path, tmp_path / "hf", HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")
-    r = run_kit("pull", "mlx-community/Qwen2.5-0.5B-Instruct-4bit", env=env)
+    r = run_kit(env, "pull", "mlx-community/Qwen2.5-0.5B-Instruct-4bit")
     assert r.returncode == 1
     assert "error: cannot download mlx-community/Qwen2.5-0.5B-Instruct-4bit: the Hugging Face " \
            "hub is not reachable" in r.stderr
     assert "Traceback" not in r.stderr
-    bad = run_kit("pull", "not a repo", env=env)
+    bad = run_kit(env, "pull", "not a repo")
     assert bad.returncode == 1 and "ORG/NAME" in bad.stderr
 
 
@@ -239,7 +239,7 @@ def test_pull_of_a_starter_id_builds_it_locally(hf_home, tmp_path):
     hf = tmp_path / "hf"
     shutil.copytree(hf_home, hf, symlinks=True)
     shutil.rmtree(hf / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct-4bit")
-    r = run_kit("pull", Q4, env=clean_env(tmp_path, hf))
+    r = run_kit(clean_env(tmp_path, hf), "pull", Q4)
     assert r.returncode == 0, r.stderr
     assert "converting" in r.stderr and Q4 in r.stdout
 
@@ -262,7 +262,7 @@ def test_swap_to_a_corrupt_model_fails_and_the_old_one_keeps_serving(f32_server,
     assert f32_server.health()["model"] == F32
 
 
-def test_the_models_own_sampling_defaults_apply(hf_home, tmp_path):
+def test_the_models_own_sampling_defaults_apply(f32_server, hf_home, tmp_path):
     """The starter ships SmolLM2's recommended sampling (temperature 0.2, top_p 0.9); a
     server started without --temperature uses it, a flag overrides it."""
     s = start_server(tmp_path, hf_home)
@@ -271,8 +271,5 @@ def test_the_models_own_sampling_defaults_apply(hf_home, tmp_path):
         assert s.health()["sampling_defaults"]["top_p"] == pytest.approx(0.9)
     finally:
         stop(s)
-    s = start_server(tmp_path, hf_home, "--temperature", "0")
-    try:
-        assert s.health()["sampling_defaults"]["temperature"] == 0
-    finally:
-        stop(s)
+    s = f32_server  # started with --temperature 0
+    assert s.health()["sampling_defaults"]["temperature"] == 0

@@ -16,8 +16,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+def client(openai_client) -> openai.OpenAI:
+    """The shared OpenAI SDK client (tests/conftest.py), under this module's name."""
+    return openai_client
 
 
 def test_models_lists_local_first_naming_the_real_model(server):

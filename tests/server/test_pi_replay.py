@@ -10,9 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-pytestmark = pytest.mark.slow
 
 RECORDED = json.loads((Path(__file__).parent.parent / "data" / "pi-0.73.1-request.json").read_text())
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from tests.conftest import start_server, starter_with_template, stop
+from tests.helpers import start_server, starter_with_template, stop
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -49,9 +49,15 @@ def tools_server(hf_home, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(tools_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=tools_server.v1, api_key="unused", max_retries=0,
-                         timeout=120)
+def api_server(tools_server):
+    """The shared SDK clients (tests/conftest.py) talk to this module's tools server."""
+    return tools_server
+
+
+@pytest.fixture(scope="module")
+def client(openai_client) -> openai.OpenAI:
+    """The shared OpenAI SDK client (tests/conftest.py), under this module's name."""
+    return openai_client
 
 
 def test_the_model_reports_tool_support(tools_server):
