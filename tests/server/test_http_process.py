@@ -45,6 +45,7 @@ def test_http_process_has_no_mlx_on_a_normal_run(server):
     assert_http_process_has_no_mlx(server)
 
 
+@pytest.mark.model  # builds the starter itself, from an empty HF_HOME
 def test_first_run_builds_the_starter_outside_the_http_process(tmp_path):
     """An empty HF_HOME: the starter is converted and verified (with mlx) in a child
     process; its progress still reaches the server's log, where `launch` shows it."""
