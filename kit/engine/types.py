@@ -1,7 +1,7 @@
 """The engine's protocol-neutral request and event types.
 
-Every protocol adapter (OpenAI chat/completions now; Anthropic Messages and OpenAI Responses
-later) translates its request into a :class:`ChatRequest` and renders the engine's events.
+Every protocol module (OpenAI chat/completions/Responses, Anthropic Messages, Gemini)
+translates its request into a :class:`ChatRequest` and renders the engine's events.
 """
 
 from __future__ import annotations
