@@ -48,3 +48,14 @@ def comments(fmt: str, text: str) -> Counter[str]:
 def added(fmt: str, now: str, before: str) -> bool:
     """Whether ``now`` holds a comment (or more copies of one) that ``before`` lacks."""
     return bool(comments(fmt, now) - comments(fmt, before))
+
+
+def trailing_block(text: str) -> str:
+    """The blank and ``#``-comment lines at the end of ``text``, as they are ("" when its
+    last line is content, or it holds no comment); for the hash formats (YAML, TOML)."""
+    lines = text.splitlines(keepends=True)
+    start = len(lines)
+    while start and (not lines[start - 1].strip() or lines[start - 1].lstrip().startswith("#")):
+        start -= 1
+    block = "".join(lines[start:])
+    return block if _hash_comments(block) else ""

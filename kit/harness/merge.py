@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.errors import HarnessError
+from kit.harness import comments
 from kit.harness.formats import dumps, empty, loads
 
 
@@ -81,6 +82,25 @@ def content_fingerprint(spec: MergeSpec, text: str, where: str) -> str:
 
 
 _NOTHING = object()
+
+
+def _dumps_keeping_end(fmt: str, source: str, doc: Any) -> str:
+    """``dumps(fmt, doc)``, with the comment lines at the end of ``source`` (the text
+    ``doc`` was loaded from) put back at the end when the parser dropped them all.
+
+    ruamel.yaml (0.19) attaches no comment that follows an empty item of a nested list at
+    the end of the document (``- - `` then ``# note``), so the load loses it; no option
+    keeps it. At the end of the file is where it was, so appending it there, as it was,
+    gives the user's bytes back (a comment changes no content). A comment lost elsewhere
+    is :func:`kit.harness.proof.dropped_comments`' to find."""
+    out = dumps(fmt, doc)
+    if fmt not in ("yaml", "toml"):  # JSONC is edited in place, json has no comments
+        return out
+    block = comments.trailing_block(source)
+    lost = comments.comments(fmt, source) - comments.comments(fmt, out)
+    if not block or comments.comments(fmt, block) - lost:
+        return out  # nothing at the end, or the parser kept (some of) it
+    return out + ("" if not out or out.endswith(("\n", "\r")) else "\n") + block
 
 
 def _delete_keeping_comments(seq: Any, i: int, replacement: Any = _NOTHING) -> None:
@@ -295,8 +315,10 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
                 previous.setdefault(dotted, plain(node[path[-1]]))
             node[path[-1]] = value
             owned[dotted] = fingerprint(value)
-    return kept + dumps(spec.format, doc), {"entries": owned, "created": created,
-                                            "previous": previous}
+    # (a file of comments only is kept whole above)
+    text = kept + dumps(spec.format, doc) if kept else \
+        _dumps_keeping_end(spec.format, current or "", doc)
+    return text, {"entries": owned, "created": created, "previous": previous}
 
 
 def merged_again(first: dict | None, again: dict) -> dict:
@@ -385,7 +407,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
             del parent[name]
             _prune(doc, container, created)  # the parents we created, once empty
         is_empty = len(doc) == 0
-    return dumps(spec.format, doc), is_empty
+    return _dumps_keeping_end(spec.format, current, doc), is_empty
 
 
 def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str]:

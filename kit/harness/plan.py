@@ -200,6 +200,13 @@ def _install_step(spec: HarnessSpec, fspec: FileSpec, path: Path, old: str | Non
                   "created_file": prev.get("created_file", old is None),
                   "original_fp": prev.get("original_fp")}
         save = not prev and old is not None  # the user's original, kept once
+        if not save and old is not None:  # (a first install keeps them in the backup)
+            saved_at = evidence.read_backup_at(backup) if backup else None
+            unsaved = proof.dropped_comments(fspec.merge.format, old, new, saved_at,
+                                             str(path))[1]
+            if unsaved:
+                return _refuse(path, old, proof.comments_refusal(
+                    path, fspec.merge.format, unsaved, "merging"), merged=True, new=new)
         if save:
             backup = evidence.backup_path(spec.name, path)
             record["original_fp"] = content_fingerprint(fspec.merge, old, str(path))
@@ -307,19 +314,26 @@ def _recorded_step(f: dict, fspec: FileSpec | None, force: bool) -> Step:
         except HarnessError as e:
             return _refuse(path, old, e, merged=True)
         why = "our entries by the fingerprints recorded at install (manifest record trusted)"
+        original = evidence.read_backup_at(backup) if backup else None
+        restore = proof.restores_original(m, old, text, original, f.get("original_fp"),
+                                          f.get("sha256"), str(path))
+        saved, unsaved = ([], []) if restore else proof.dropped_comments(
+            m.format, old, text, original, str(path))
+        if unsaved:
+            return _refuse(path, old, proof.comments_refusal(path, m.format, unsaved,
+                                                             "removing"), merged=True, new=text)
         if proof.deletable_created_file(m.format, text, is_empty, f.get("created_file")):
             return Step(path, "delete-ours", "install created it and only our entries are "
                         "in it", old, None, merged=True, **base)
-        original = evidence.read_backup_at(backup) if backup else None
-        if proof.restores_original(m, old, text, original, f.get("original_fp"),
-                                   f.get("sha256"), str(path)):
+        if restore:
             return Step(path, "restore-backup", why + "; what is left equals your file "
                         "from before install, whose exact bytes come back", old, original,
                         merged=True, **base)
         if text == old:
             return Step(path, "leave-alone", "none of our entries is in it", old, old,
                         merged=True, **base)
-        return Step(path, "unmerge", why, old, text, merged=True, **base)
+        return _keeping(Step(path, "unmerge", why, old, text, merged=True, **base), saved,
+                        m.format)
     if old is None:
         return Step(path, "leave-alone", "not there", None, None, **base)
     text = old
@@ -394,13 +408,31 @@ def _recover_step(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
     except HarnessError as e:
         return _refuse(path, old, e, merged=True)
     why = "our marked entries, and the receipt of our install"
-    if backup_text is not None and proof.restores_original(
-            m, old, text, backup_text, content_fingerprint(m, backup_text, "the backup"),
-            (receipt or {}).get("sha256"), str(path)):
+    restore = backup_text is not None and proof.restores_original(
+        m, old, text, backup_text, content_fingerprint(m, backup_text, "the backup"),
+        (receipt or {}).get("sha256"), str(path))
+    saved, unsaved = ([], []) if restore else proof.dropped_comments(
+        m.format, old, text, backup_text, str(path))
+    if unsaved:
+        return _refuse(path, old, proof.comments_refusal(path, m.format, unsaved, "removing"),
+                       merged=True, new=text)
+    if restore:
         return Step(path, "restore-backup", why + "; what is left equals your file from "
                     "before install, whose exact bytes come back", old, backup_text,
                     merged=True, notes=notes, **base)
     if proof.deletable_created_file(m.format, text, is_empty, created_file):
         return Step(path, "delete-ours", "the receipt says install created it; only our "
                     "entries are in it", old, None, merged=True, notes=notes, **base)
-    return Step(path, "unmerge", why, old, text, merged=True, notes=notes, **base)
+    return _keeping(Step(path, "unmerge", why, old, text, merged=True, notes=notes, **base),
+                    saved, m.format)
+
+
+def _keeping(step: Step, saved: list[str], fmt: str) -> Step:
+    """``step``, keeping its backup when the rewrite loses comments (``saved``) that only
+    the backup of the user's original still holds."""
+    if saved and step.backup is not None:
+        step.keep_backup = True
+        step.kept_note = (f"the {fmt} parser could not keep your comment(s) "
+                          f"{', '.join(map(repr, saved))} in {step.path}; your file from "
+                          f"before mlx-kit's install, which has them, is kept at {step.backup}")
+    return step

@@ -23,12 +23,14 @@ theirs would be lost (:func:`restores_original`).
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kit.errors import HarnessError
 from kit.harness import comments, evidence
 from kit.harness.files import sha256_text
-from kit.harness.formats import loads
+from kit.harness.formats import dumps, loads
 from kit.harness.merge import (MergeSpec, content_fingerprint, entry_id, find_entry,
                                fingerprint, get_at, has_at, list_selector, owned_entry,
                                path_of)
@@ -86,13 +88,65 @@ def restores_original(m: MergeSpec, current: str, unmerged: str, original: str |
     loses nothing of theirs: what is left without our entries has the original's content
     (fingerprint ``original_fp``), and the file is untouched since we wrote it (its hash
     is ``written_sha``) or holds no comment the original lacks (an agent that rewrote the
-    file reformats it but adds no comments; a comment the user added since is theirs)."""
+    file reformats it but adds no comments; a comment the user added since is theirs).
+
+    The comments are those of the file as it is (``current``), not of ``unmerged``: the
+    parser may drop a comment on the way (ruamel.yaml, after ``- - `` at a list's end),
+    and a comment it dropped is still one the backup lacks. Our templates write no
+    comments into a merged file, so each comment ``current`` has is the user's or was
+    in the original."""
     if original is None or original_fp is None \
             or original_fp != content_fingerprint(m, unmerged, where):
         return False
     if written_sha and sha256_text(current) == written_sha:
         return True
-    return not comments.added(m.format, unmerged, original)
+    return not comments.added(m.format, current, original)
+
+
+def dropped_comments(fmt: str, old: str, new: str, backup: str | None,
+                     where: str) -> tuple[list[str], list[str]]:
+    """The user's comments that the parser cannot hold and that writing ``new`` over
+    ``old`` leaves nowhere in the file, each once, split into (those the backup of the
+    user's original, ``backup``, holds; those no copy holds). They are the comments of
+    ``old`` that ``new`` lacks and a plain load and dump of ``old`` loses too, and those
+    of ``backup`` that ``new`` lacks and a load and dump of ``backup`` loses (install's
+    merge dropped them; a comment the user deleted since is not one of these). Comments
+    on entries of ours that the rewrite takes out are not listed; JSONC (edited in place)
+    loses none.
+
+    Raises:
+        HarnessError: ``old`` does not parse.
+    """
+    now = comments.comments(fmt, new)
+    lost = _unparsed(fmt, old, where) - now
+    saved = comments.comments(fmt, backup or "")
+    try:
+        at_install = _unparsed(fmt, backup, "the backup") - now if backup else Counter()
+    except HarnessError:  # not ours to judge: the backup is kept as it is elsewhere
+        at_install = Counter()
+    return (sorted({c for c in lost if c in saved} | set(at_install)),
+            sorted(c for c in lost if c not in saved))
+
+
+def _unparsed(fmt: str, text: str, where: str) -> Counter[str]:
+    """The comments of ``text`` that a load and dump by the parser loses."""
+    had = comments.comments(fmt, text)
+    if not had or fmt == "jsonc":
+        return Counter()
+    doc = loads(fmt, text, where)
+    return had - (comments.comments(fmt, dumps(fmt, doc)) if doc is not None else Counter())
+
+
+def comments_refusal(path: Path, fmt: str, lost: list[str], doing: str) -> HarnessError:
+    """The error that refuses a write (``doing``: "merging" or "removing" mlx-kit's
+    entries) that would lose the user's comments ``lost`` (:func:`dropped_comments`)."""
+    what = f"comment {lost[0]!r}" if len(lost) == 1 else \
+        f"comments {', '.join(map(repr, lost))}"
+    return HarnessError(
+        f"{doing} mlx-kit's entries {'into' if doing == 'merging' else 'from'} {path} would "
+        f"drop your {what}: the {fmt} parser cannot keep a comment where it is; nothing "
+        "was written", hint="move the comment to the top or the end of the file, then run "
+        "the command again")
 
 
 def _has_marker(value: Any) -> bool:

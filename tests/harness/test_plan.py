@@ -249,3 +249,113 @@ def test_the_diff_of_a_file_without_a_last_newline_is_a_patch():
     assert "\\ No newline at end of file\n" in diff
     assert apply_patch({"/x/settings.json": step.old}, diff) == {
         "/x/settings.json": step.new}
+
+
+# --- comments the YAML parser drops (found by tests/harness/test_properties.py) -----------
+
+#: An llm entry identical to ours (marker included), as the user may have copied it in.
+LLM_ENTRY = ("- {model_id: local, model_name: local, api_base: http://127.0.0.1:8090/v1, "
+             "can_stream: true, supports_tools: true, vision: false, mlx_kit: mlx-kit:generated"
+             " (do not edit); `mlx-kit harness remove llm` takes this entry out}\n")
+#: ruamel.yaml attaches no comment that follows the empty nested item ``- - `` at the end.
+LLM_FILE = LLM_ENTRY * 2 + LLM_ENTRY.replace("api_base: http://127.0.0.1:8090/v1, ", "") + \
+    "- - \n"
+
+
+@pytest.fixture
+def llm(home, monkeypatch):
+    """llm's spec and its extra-openai-models.yaml on the throwaway HOME; install bakes one
+    model with tools (the entry LLM_ENTRY is ours, byte for byte in content)."""
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    monkeypatch.setattr(hi, "baked_models", lambda url: ([{
+        "id": "local", "name": "local", "model": "mlx-community/Qwen3-4B-4bit",
+        "context_window": 40960, "max_tokens": 8192,
+        "capabilities": {"tools": True, "reasoning": False, "vision": False}}], "test"))
+    spec = load_spec("llm")
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    return spec, path
+
+
+def test_remove_llm_keeps_a_comment_the_user_added_after_install_that_yaml_drops(llm):
+    """The user's file held entries like ours and ended in ``- - ``; they added a comment at
+    the end after install. Removal must not put the backup back over it (it used to: the
+    comment check looked at the parsed-and-dumped text, which had already lost it), and
+    must not write a text without it."""
+    from kit.harness.formats import loads
+
+    spec, path = llm
+    path.write_text(LLM_FILE)
+    hi.install(spec, parse_url("http://127.0.0.1:8090"))
+    path.write_text(path.read_text() + "# zz-added-later \n")
+
+    [step] = hi.plan_removal(spec).steps
+    assert step.action == "unmerge"  # not restore-backup: the backup lacks the comment
+    hi.remove(spec)
+
+    text = path.read_text()
+    assert text.endswith("- - \n# zz-added-later \n")
+    assert loads("yaml", text, "now") == loads("yaml", LLM_FILE, "before")
+
+
+def test_remove_llm_without_edits_still_gives_back_the_users_exact_bytes(llm):
+    spec, path = llm
+    path.write_text(LLM_FILE + "# mine, at the end\n")
+    hi.install(spec, parse_url("http://127.0.0.1:8090"))
+    hi.remove(spec)
+    assert path.read_text() == LLM_FILE + "# mine, at the end\n"
+
+
+def test_remove_refuses_rather_than_drop_a_comment_yaml_cannot_keep(llm, home):
+    """A comment after ``- - `` in the middle of the file is one ruamel.yaml loses wherever
+    we write: removal stops with an error naming it, and writes nothing."""
+    spec, path = llm
+    path.write_text("- {model_id: mine}\n")
+    hi.install(spec, parse_url("http://127.0.0.1:8090"))
+    edited = path.read_text() + "- - \n# my note\n- {model_id: other}\n"
+    path.write_text(edited)
+    before = snapshot(home)
+
+    with pytest.raises(HarnessError) as exc:
+        hi.remove(spec)
+
+    assert "'# my note'" in exc.value.message and str(path) in exc.value.message
+    assert "move the comment" in exc.value.hint
+    assert snapshot(home) == before  # the file, the manifest and the backup as they were
+
+
+def test_remove_keeps_the_backup_holding_a_comment_yaml_could_not_keep(llm, home):
+    """ruamel.yaml moves an end-of-line comment after ``-  `` (under ``- - ``) to a line of
+    its own at install, where its next load drops it. Removal after another edit cannot
+    keep it in the file, so the user's file from before install, which has it, is kept
+    and the removal says where."""
+    spec, path = llm
+    original = "- model_id: mine\n  k:\n  - - \n  -  # my note\n    - \n    - \n"
+    path.write_text(original)
+    hi.install(spec, parse_url("http://127.0.0.1:8090"))
+    path.write_text("# added later\n" + path.read_text())
+
+    done = hi.remove(spec)
+
+    assert path.read_text().startswith("# added later\n") and "mlx-kit" not in path.read_text()
+    [note] = [n for n in done.notes if "'# my note'" in n]
+    backup = Path(note.rpartition(" is kept at ")[2])
+    assert backup.read_text() == original
+
+
+def test_remove_keeps_the_backup_holding_a_comment_install_could_not_keep(llm):
+    """A comment after ``- - `` in the middle of the user's file is dropped by install's
+    merge (its only copy is the backup); a removal that cannot put the backup back keeps
+    it, and says where."""
+    spec, path = llm
+    original = "- model_id: mine\n- - \n# my note\n- {model_id: other}\n"
+    path.write_text(original)
+    hi.install(spec, parse_url("http://127.0.0.1:8090"))
+    assert "# my note" not in path.read_text()  # (ruamel.yaml 0.19; the reason for this)
+    path.write_text("# added later\n" + path.read_text())
+
+    done = hi.remove(spec)
+
+    assert path.read_text().startswith("# added later\n") and "mlx-kit" not in path.read_text()
+    [note] = [n for n in done.notes if "'# my note'" in n]
+    assert Path(note.rpartition(" is kept at ")[2]).read_text() == original
