@@ -263,3 +263,17 @@ def test_a_misspelt_key_is_named_before_the_missing_one_it_leaves():
     with pytest.raises(HarnessError) as exc:
         parse_spec(data, "pi.toml")
     assert exc.value.message == "pi.toml: files[0].templte: unknown key (+1 more)"
+
+
+@pytest.mark.parametrize("nested", ["[" * 5000 + "]" * 5000, "{a=" * 3000 + "1" + "}" * 3000],
+                         ids=["arrays", "inline-tables"])
+def test_a_deeply_nested_user_spec_is_a_problem_not_a_crash(home, nested):
+    """tomllib recurses per nesting level: a small file nested thousands deep raised a
+    RecursionError that crashed `harness list` for every agent."""
+    folder = home / ".config" / "mlx-kit" / "harnesses"
+    folder.mkdir(parents=True)
+    (folder / "deep.toml").write_text(f"x = {nested}\n")
+    agents = load_all()
+    assert [p.message for p in agents.problems.values()] == [
+        f"{folder / 'deep.toml'}: nested too deeply to be an agent spec"]
+    assert "pi" in agents.specs
