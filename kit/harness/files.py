@@ -52,9 +52,11 @@ def make_parents(path: Path) -> list[Path]:
     return list(reversed(missing))
 
 
-def check_writable(path: Path, action: str = "write") -> None:
+def check_writable(path: Path, action: str = "write", through_link: bool = False) -> None:
     """Refuse to change ``path`` when it is not a regular file or is read-only, or when its
-    folder does not let us create the temporary file an atomic write needs.
+    folder does not let us create the temporary file an atomic write needs (with
+    ``through_link``, the folder of the file a symbolic link at ``path`` points to: see
+    :func:`atomic_write`).
 
     The file's write bits are checked as well as ``os.access``: root may write any file, but
     a file the user made read-only (``chmod a-w``) says "leave me alone" to root too.
@@ -78,6 +80,8 @@ def check_writable(path: Path, action: str = "write") -> None:
         raise HarnessError(f"cannot {action} {path}: the file is read-only; mlx-kit does not "
                            "change a read-only file", hint=f"make it writable (chmod u+w "
                            f"{path}) and run the command again")
+    if through_link and path.is_symlink() and path.is_file():
+        path = path.resolve()
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -89,13 +93,21 @@ def check_writable(path: Path, action: str = "write") -> None:
                            hint="check the folder's permissions")
 
 
-def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
+def atomic_write(path: Path, text: str, mode: int | None = None,
+                 through_link: bool = False) -> None:
     """Write ``text`` to ``path`` so readers see the old or the new file, never half of one.
+
+    ``os.replace`` replaces a symbolic link at ``path`` with a regular file. With
+    ``through_link`` the file it points to is replaced instead and the link stays: a user's
+    own settings file that links into their dotfiles must stay that link (mlx-kit's own
+    drop-ins replace a link, since the path, not what it pointed to, is ours).
 
     Raises:
         IsADirectoryError: ``path`` is a folder (the error names ``path``).
         OSError: the folder cannot be written.
     """
+    if through_link and path.is_symlink() and path.is_file():
+        path = path.resolve()
     if path.is_dir():  # os.replace would fail naming the temporary file instead
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

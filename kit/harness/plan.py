@@ -178,7 +178,7 @@ def plan_install(spec: HarnessSpec, rendered: dict[str, str], entry: dict | None
     for step in steps:  # the folder and permissions of every file we would write
         if step.action != "refuse" and step.changed:
             try:
-                check_writable(step.path)
+                check_writable(step.path, through_link=step.merged)
             except HarnessError as e:
                 steps[steps.index(step)] = _refuse(step.path, step.old, e, step.merged,
                                                    step.new)
@@ -303,7 +303,7 @@ def _recorded_step(f: dict, fspec: FileSpec | None, force: bool) -> Step:
         m = fspec.merge
         try:
             text, is_empty = unmerge(m, old, f["owned"], str(path), force=force)
-            check_writable(path, "remove mlx-kit's entries from")
+            check_writable(path, "remove mlx-kit's entries from", through_link=True)
         except HarnessError as e:
             return _refuse(path, old, e, merged=True)
         why = "our entries by the fingerprints recorded at install (manifest record trusted)"
@@ -389,7 +389,7 @@ def _recover_step(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
                             f"left mlx-kit's marked entries in {path} "
                             f"({', '.join(sorted(record['entries']))}): mlx-kit has no "
                             "record of installing them; pass --force to remove them"], **base)
-        check_writable(path, "remove mlx-kit's entries from")
+        check_writable(path, "remove mlx-kit's entries from", through_link=True)
         text, is_empty = unmerge(m, old, record, str(path), force=True)
     except HarnessError as e:
         return _refuse(path, old, e, merged=True)

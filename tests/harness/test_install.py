@@ -369,3 +369,34 @@ def test_remove_deletes_the_folder_install_made_for_several_files(home, dead_url
     removed = hi.remove(codex).removed
     assert home / ".codex" in removed
     assert not (home / ".codex").exists()
+
+
+@pytest.mark.parametrize("edit_after_install", [False, True], ids=["restored", "unmerged"])
+def test_a_settings_file_that_links_into_dotfiles_stays_a_link(home, dead_url, monkeypatch,
+                                                               edit_after_install):
+    """os.replace put a regular file where the user's symbolic link was: install and
+    removal left ~/.config/io.datasette.llm/extra-openai-models.yaml a copy, and the
+    dotfiles file it linked to was never updated again."""
+    monkeypatch.setattr(hi, "baked_models", lambda url: (
+        [{"id": "local", "name": "local", "model": "m", "context_window": 4096,
+          "max_tokens": 512, "capabilities": {"tools": True, "vision": False}}], "test"))
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    spec = load_spec("llm")
+    [(_, path)] = spec.file_paths()
+    dotfiles = home / "dotfiles" / "llm-models.yaml"
+    dotfiles.parent.mkdir()
+    mine = "# mine\n- model_id: gpt-mine\n  model_name: gpt-4o-mini\n"
+    dotfiles.write_text(mine)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(dotfiles)
+
+    hi.install(spec, parse_url(dead_url))
+    assert path.is_symlink() and path.resolve() == dotfiles
+    assert "model_id: \"local\"" in dotfiles.read_text() and mine in dotfiles.read_text()
+    if edit_after_install:
+        mine_too = "- model_id: gpt-also-mine\n  model_name: gpt-4o\n"
+        dotfiles.write_text(dotfiles.read_text() + mine_too)
+    hi.remove(spec)
+
+    assert path.is_symlink() and path.resolve() == dotfiles
+    assert dotfiles.read_text() == mine + (mine_too if edit_after_install else "")
