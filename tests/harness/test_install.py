@@ -400,3 +400,39 @@ def test_a_settings_file_that_links_into_dotfiles_stays_a_link(home, dead_url, m
 
     assert path.is_symlink() and path.resolve() == dotfiles
     assert dotfiles.read_text() == mine + (mine_too if edit_after_install else "")
+
+
+@pytest.mark.parametrize("corrupt, where", [
+    (lambda f: f.update(owned="x"), "agents.llm.files[0].owned: input should be a valid "
+                                    "dictionary"),
+    (lambda f: f["owned"].update(entries=[1]), "agents.llm.files[0].owned.entries"),
+    (lambda f: f["owned"].update(previous=7), "agents.llm.files[0].owned.previous"),
+    (lambda f: f.update(backup=3), "agents.llm.files[0].backup: input should be a valid string"),
+    (lambda f: f.update(created_dirs="abc"), "agents.llm.files[0].created_dirs"),
+], ids=["owned", "entries", "previous", "backup", "created_dirs"])
+def test_a_manifest_record_of_the_wrong_type_is_corrupt_and_remove_still_restores(
+        home, dead_url, monkeypatch, capsys, corrupt, where):
+    """The manifest's shape was checked only down to each file's path: an `owned` or
+    `backup` of the wrong type crashed `harness list/status/install/remove` with an
+    AttributeError/TypeError, and nothing could be removed."""
+    import json
+
+    monkeypatch.setattr(hi, "baked_models", lambda url: (
+        [{"id": "local", "name": "local", "model": "m", "context_window": 4096,
+          "max_tokens": 512, "capabilities": {"tools": True, "vision": False}}], "test"))
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    spec = load_spec("llm")
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    mine = "# mine\n- model_id: gpt-mine\n  model_name: gpt-4o-mini\n"
+    path.write_text(mine)
+    hi.install(spec, parse_url(dead_url))
+    data = json.loads(manifest.manifest_path().read_text())
+    corrupt(data["agents"]["llm"]["files"][0])
+    manifest.manifest_path().write_text(json.dumps(data))
+    manifest.previous_path().unlink(missing_ok=True)
+
+    assert hi.status(spec).installed
+    hi.remove(spec)
+    assert path.read_text() == mine
+    assert f"is corrupt: unexpected structure at {where}" in capsys.readouterr().err
