@@ -436,3 +436,39 @@ def test_a_manifest_record_of_the_wrong_type_is_corrupt_and_remove_still_restore
     hi.remove(spec)
     assert path.read_text() == mine
     assert f"is corrupt: unexpected structure at {where}" in capsys.readouterr().err
+
+
+def test_a_copy_of_pis_spec_under_another_name_neither_overwrites_nor_removes_pis_file(
+        home, dead_url, monkeypatch):
+    """adding-an-agent.md says: to change a built-in, copy its spec under a new name. The
+    copy has pi's path, and the marker says "mlx-kit's", not whose: installing the copy
+    overwrote pi's extension (even without --force) and removing it deleted pi's file,
+    with or without a manifest."""
+    from kit.paths import harnesses_dir, templates_dir
+
+    monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
+    root = home / ".config" / "mlx-kit"
+    (root / "harnesses").mkdir(parents=True)
+    (root / "harnesses" / "mypi.toml").write_text(
+        (harnesses_dir() / "pi.toml").read_text().replace('name = "pi"', 'name = "mypi"'))
+    (root / "templates" / "pi").mkdir(parents=True)
+    for t in (templates_dir() / "pi").iterdir():
+        (root / "templates" / "pi" / t.name).write_text(t.read_text() + "// mine\n")
+    pi, mypi = load_spec("pi"), load_spec("mypi")
+    hi.install(pi, parse_url(dead_url))
+    [(_, path)] = pi.file_paths()
+    pis = path.read_bytes()
+
+    for force in (False, True):
+        with pytest.raises(HarnessError) as exc:
+            hi.install(mypi, parse_url(dead_url), force=force)
+        assert exc.value.message == f"{path} is pi's: `mlx-kit harness install pi` wrote it"
+    assert path.read_bytes() == pis
+    for manifest_lost in (False, True):
+        if manifest_lost:
+            manifest.manifest_path().unlink()
+            manifest.previous_path().unlink(missing_ok=True)
+        result = hi.remove(mypi)
+        assert result.removed == [] and path.read_bytes() == pis
+        assert result.notes == [f"left {path}: `mlx-kit harness install pi` wrote it"]
+    assert hi.remove(pi).removed[0] == path and not path.exists()
