@@ -36,8 +36,20 @@ def sha256_text(text: str) -> str:
 
 def read_text(path: Path, errors: str = "strict") -> str:
     """A file's text exactly as stored: UTF-8, line endings untranslated (``Path.read_text``
-    turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte)."""
-    return path.read_bytes().decode("utf-8", errors)
+    turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte).
+
+    Raises:
+        HarnessError: ``errors="strict"`` and the file is not UTF-8 (mlx-kit never changes
+            or backs up a file it cannot read as text: its bytes would not come back).
+        OSError: the file cannot be read.
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        raise HarnessError(f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                           f"{e.start}); mlx-kit changes nothing in it",
+                           hint="fix or move the file, then run the command again") from None
 
 
 def make_parents(path: Path) -> list[Path]:

@@ -472,3 +472,29 @@ def test_a_copy_of_pis_spec_under_another_name_neither_overwrites_nor_removes_pi
         assert result.removed == [] and path.read_bytes() == pis
         assert result.notes == [f"left {path}: `mlx-kit harness install pi` wrote it"]
     assert hi.remove(pi).removed[0] == path and not path.exists()
+
+
+@pytest.mark.parametrize("agent, force", [("llm", False), ("pi", True)],
+                         ids=["merged-file", "forced-drop-in"])
+def test_a_target_that_is_not_utf8_is_a_clean_refusal_and_stays_as_it_was(
+        agent, force, home, tmp_path, dead_url, monkeypatch):
+    """A user's settings file with one non-UTF-8 byte crashed install and remove with a
+    UnicodeDecodeError (the plan reads them strictly, so a backup keeps every byte)."""
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
+    spec = load_spec(agent)
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"# caf\xe9 in latin-1\n")
+    before = snapshot(home)
+    runs = [lambda: hi.install(spec, parse_url(dead_url), force=force)]
+    if not force:  # a merged file is parsed on removal too; an unmarked drop-in is left
+        runs.append(lambda: hi.remove(spec))
+    for run in runs:
+        with pytest.raises(HarnessError) as exc:
+            run()
+        assert exc.value.message == (f"{path} is not UTF-8 text (byte 0xe9 at offset 5); "
+                                     "mlx-kit changes nothing in it")
+    assert snapshot(home) == before
+    r = run_kit(clean_env(home), "harness", "install", agent, "--url", dead_url, cwd=tmp_path)
+    assert r.returncode == 1 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
