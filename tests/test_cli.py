@@ -246,3 +246,19 @@ def test_launch_with_https_url_says_why_and_starts_nothing(tmp_path):
     assert "fake pi ran" not in r.stdout
     with socket.socket() as s:  # nothing was left listening
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_an_error_naming_a_toml_table_prints_it_not_as_markup(home):
+    """rich read `[vars]` in a hint as a markup tag and dropped it: `hint: toy's : x`."""
+    root = home / ".config" / "mlx-kit"
+    (root / "harnesses").mkdir(parents=True)
+    (root / "templates" / "toy").mkdir(parents=True)
+    (root / "harnesses" / "toy.toml").write_text(
+        'name = "toy"\nbinary = "toy"\ninstall = "true"\napi = "openai-responses"\n'
+        '[config_dir]\ndefault = "~/.toy"\n[vars]\nx = 1\n'
+        '[[files]]\npath = "toy.json"\ntemplate = "toy/toy.json.j2"\n')
+    (root / "templates" / "toy" / "toy.json.j2").write_text("{{ marker }} {{ vars.y }}\n")
+    r = run_kit(home, "harness", "show", "toy")
+    assert r.returncode == 1
+    assert "hint: toy's [vars]: x" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout

@@ -54,12 +54,14 @@ def main(argv: list[str] | None = None) -> None:
 
     Usage errors, ``--help`` and Ctrl-C are handled by typer/click's standalone mode (usage
     message, exit 2; "Aborted!", exit 1); our expected errors print one line + hint."""
+    from rich.markup import escape  # messages name keys like [vars] and files[0]: text
+
     try:
         app(args=argv, prog_name="mlx-kit")
     except KitError as e:
-        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False)
         if e.hint:
-            err_console.print(f"[bold]hint:[/] {e.hint}", highlight=False)
+            err_console.print(f"[bold]hint:[/] {escape(e.hint)}", highlight=False)
         sys.exit(1)
     except Exception as e:
         from kit.paths import log_dir
@@ -67,6 +69,6 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.NamedTemporaryFile("w", prefix="crash-", suffix=".log", delete=False,
                                          dir=log_dir(create=True)) as f:
             traceback.print_exc(file=f)
-        err_console.print(f"[bold red]unexpected error:[/] {type(e).__name__}: {e}\n"
-                          f"details: {f.name}", highlight=False)
+        err_console.print(f"[bold red]unexpected error:[/] {type(e).__name__}: "
+                          f"{escape(str(e))}\ndetails: {escape(f.name)}", highlight=False)
         sys.exit(1)

@@ -70,6 +70,8 @@ def remove(
                                  "nothing."),
 ) -> None:
     """Remove exactly what mlx-kit wrote for the agent (or for all of them)."""
+    from rich.markup import escape
+
     from kit.cli.console import err_console
     from kit.errors import ConfigError, KitError
     from kit.harness import install as hi
@@ -94,7 +96,8 @@ def remove(
         except KitError as e:
             if not all_:
                 raise
-            err_console.print(f"[bold red]error:[/] {name}: {e.message}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {name}: {escape(e.message)}",
+                              highlight=False)
             refused.append(name)  # --all: the other agents still get removed
             continue
         if print_removal(result, prefix=f"{name}: " if all_ else ""):

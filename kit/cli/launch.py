@@ -58,7 +58,10 @@ def launch(
     try:
         result = hi.install(spec, u)
     except hi.EditedFileError as e:  # keep the user's edits; the agent still runs
-        err_console.print(f"[yellow]warning:[/] {e.message} ({e.hint})", highlight=False)
+        from rich.markup import escape
+
+        err_console.print(f"[yellow]warning:[/] {escape(e.message)} ({escape(e.hint or '')})",
+                          highlight=False)
     else:
         for path in result.written:
             err_console.print(f"configured {spec.name}: {path}", markup=False)

@@ -105,7 +105,7 @@ def _install_step(agent: str, step: Step, written: list[Path]) -> dict:
     evidence.write_receipt(agent, step.path, existed=step.existed, created_dirs=created,
                            install_id=step.install_id, sha256=sha)
     if step.changed:
-        atomic_write(step.path, step.new)
+        atomic_write(step.path, step.new, through_link=step.merged)
         written.append(step.path)
     return {"path": str(step.path), "sha256": sha, "created_dirs": created,
             "backup": str(backup) if backup else None, "install_id": step.install_id,
@@ -137,10 +137,11 @@ def _remove_step(agent: str, step: Step, result: Removal) -> None:
         path.unlink()
         result.removed.append(path)
     elif step.action == "unmerge":
-        atomic_write(path, step.new)
+        atomic_write(path, step.new, through_link=True)
         result.unmerged.append(path)
     elif step.action == "restore-backup" and step.merged:
-        shutil.copyfile(step.backup, path)  # copyfile keeps the file's own mode
+        # copyfile keeps the file's own mode, and writes through a link (the user's)
+        shutil.copyfile(step.backup, path)
         result.unmerged.append(path)
     elif step.action == "restore-backup":  # a drop-in a forced install replaced
         if step.old is not None:

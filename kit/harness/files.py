@@ -36,8 +36,20 @@ def sha256_text(text: str) -> str:
 
 def read_text(path: Path, errors: str = "strict") -> str:
     """A file's text exactly as stored: UTF-8, line endings untranslated (``Path.read_text``
-    turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte)."""
-    return path.read_bytes().decode("utf-8", errors)
+    turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte).
+
+    Raises:
+        HarnessError: ``errors="strict"`` and the file is not UTF-8 (mlx-kit never changes
+            or backs up a file it cannot read as text: its bytes would not come back).
+        OSError: the file cannot be read.
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        raise HarnessError(f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                           f"{e.start}); mlx-kit changes nothing in it",
+                           hint="fix or move the file, then run the command again") from None
 
 
 def make_parents(path: Path) -> list[Path]:
@@ -52,9 +64,11 @@ def make_parents(path: Path) -> list[Path]:
     return list(reversed(missing))
 
 
-def check_writable(path: Path, action: str = "write") -> None:
+def check_writable(path: Path, action: str = "write", through_link: bool = False) -> None:
     """Refuse to change ``path`` when it is not a regular file or is read-only, or when its
-    folder does not let us create the temporary file an atomic write needs.
+    folder does not let us create the temporary file an atomic write needs (with
+    ``through_link``, the folder of the file a symbolic link at ``path`` points to: see
+    :func:`atomic_write`).
 
     The file's write bits are checked as well as ``os.access``: root may write any file, but
     a file the user made read-only (``chmod a-w``) says "leave me alone" to root too.
@@ -78,6 +92,8 @@ def check_writable(path: Path, action: str = "write") -> None:
         raise HarnessError(f"cannot {action} {path}: the file is read-only; mlx-kit does not "
                            "change a read-only file", hint=f"make it writable (chmod u+w "
                            f"{path}) and run the command again")
+    if through_link and path.is_symlink() and path.is_file():
+        path = path.resolve()
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -89,13 +105,21 @@ def check_writable(path: Path, action: str = "write") -> None:
                            hint="check the folder's permissions")
 
 
-def atomic_write(path: Path, text: str, mode: int | None = None) -> None:
+def atomic_write(path: Path, text: str, mode: int | None = None,
+                 through_link: bool = False) -> None:
     """Write ``text`` to ``path`` so readers see the old or the new file, never half of one.
+
+    ``os.replace`` replaces a symbolic link at ``path`` with a regular file. With
+    ``through_link`` the file it points to is replaced instead and the link stays: a user's
+    own settings file that links into their dotfiles must stay that link (mlx-kit's own
+    drop-ins replace a link, since the path, not what it pointed to, is ours).
 
     Raises:
         IsADirectoryError: ``path`` is a folder (the error names ``path``).
         OSError: the folder cannot be written.
     """
+    if through_link and path.is_symlink() and path.is_file():
+        path = path.resolve()
     if path.is_dir():  # os.replace would fail naming the temporary file instead
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

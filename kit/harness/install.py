@@ -69,6 +69,25 @@ def _entry(agent: str, *, quiet: bool) -> dict | None:
     return data["agents"].get(agent)
 
 
+def _claims(spec: HarnessSpec) -> dict[str, tuple[str, bool]]:
+    """The paths of ``spec``'s files that another agent's install wrote: path -> (that
+    agent, whether it merges into the file). From the manifest, and from the receipts of
+    the other known agents (a lost manifest must not make their files anyone's)."""
+    from kit.harness.spec import all_specs
+
+    ours = {str(p) for _, p in spec.file_paths()}
+    claims: dict[str, tuple[str, bool]] = {}
+    for name, entry in manifest.load()[0]["agents"].items():
+        for f in entry.get("files", []) if name != spec.name else []:
+            if f["path"] in ours:
+                claims[f["path"]] = (name, f.get("mode") == "merge")
+    for name, other in all_specs().items():
+        for fs, p in other.file_paths() if name != spec.name else []:
+            if str(p) in ours and str(p) not in claims and evidence.read_receipt(name, p):
+                claims[str(p)] = (name, fs.merge is not None)
+    return claims
+
+
 def plan(spec: HarnessSpec, url: ServerURL, *, force: bool = False,
          quiet: bool = False) -> Plan:
     """The plan of installing ``spec`` for the server at ``url``: every file's action,
@@ -81,7 +100,7 @@ def plan(spec: HarnessSpec, url: ServerURL, *, force: bool = False,
     rendered = render(spec, context(url.v1, models, source))
     with file_errors(f"read {spec.name}'s config"):
         return plan_install(spec, rendered, _entry(spec.name, quiet=quiet), force=force,
-                            base_url=url.v1, baked_source=source)
+                            base_url=url.v1, baked_source=source, claims=_claims(spec))
 
 
 def install(spec: HarnessSpec, url: ServerURL, *, dry_run: bool = False,
@@ -117,7 +136,8 @@ def plan_removal(spec: HarnessSpec, *, force: bool = False, quiet: bool = False)
         HarnessError: a target cannot be read.
     """
     with file_errors(f"read {spec.name}'s config"):
-        return plan_remove(spec, _entry(spec.name, quiet=quiet), force=force)
+        return plan_remove(spec, _entry(spec.name, quiet=quiet), force=force,
+                           claims=_claims(spec))
 
 
 def remove(spec: HarnessSpec, *, force: bool = False) -> Removal:

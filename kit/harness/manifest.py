@@ -24,12 +24,14 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from kit.errors import HarnessError
 from kit.harness.files import atomic_write
+from kit.harness.spec_errors import dotted
 from kit.paths import data_dir
 
 #: Warnings already printed by this process (each once).
@@ -60,6 +62,42 @@ def _empty() -> dict[str, Any]:
     return {"version": 1, "agents": {}}
 
 
+# The manifest's shape, checked on every read: the harness code indexes into these records
+# (owned["entries"].items(), Path(backup), ...), so a record of the wrong type must make
+# the manifest unreadable (removal then works from the markers and backups), never a
+# crash of every harness command. Unknown keys are allowed: a newer mlx-kit may add some.
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Owned(_Record):
+    entries: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    created: list[StrictStr] = Field(default_factory=list)
+    previous: dict[StrictStr, Any] = Field(default_factory=dict)
+
+
+class _File(_Record):
+    path: StrictStr
+    sha256: Optional[StrictStr] = None
+    created_dirs: list[StrictStr] = Field(default_factory=list)
+    backup: Optional[StrictStr] = None
+    install_id: Optional[StrictStr] = None
+    mode: Optional[StrictStr] = None
+    owned: Optional[_Owned] = None
+    created_file: Optional[StrictBool] = None
+    original_fp: Optional[StrictStr] = None
+
+
+class _Agent(_Record):
+    base_url: Optional[StrictStr] = None
+    installed_at: Optional[float] = None
+    files: list[_File] = Field(default_factory=list)
+
+
+class _Manifest(_Record):
+    agents: dict[StrictStr, _Agent] = Field(default_factory=dict)
+
+
 def _parse(path: Path) -> dict[str, Any]:
     """The manifest at ``path``.
 
@@ -68,14 +106,17 @@ def _parse(path: Path) -> dict[str, Any]:
     """
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise HarnessError(f"the manifest {path} is corrupt: {str(e)[:120]}") from None
-    if not isinstance(data, dict) or not isinstance(data.setdefault("agents", {}), dict) or any(
-            not isinstance(a, dict) or not isinstance(a.get("files", []), list)
-            or not all(isinstance(f, dict) and isinstance(f.get("path"), str)
-                       for f in a.get("files", []))
-            for a in data["agents"].values()):
-        raise HarnessError(f"the manifest {path} is corrupt: unexpected structure")
+    try:
+        _Manifest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = dotted(tuple(first["loc"])) or "the top level"
+        problem = first["msg"].split(" or instance of ")[0].lower()
+        raise HarnessError(f"the manifest {path} is corrupt: unexpected structure at "
+                           f"{where}: {problem}") from None
+    data.setdefault("agents", {})
     return data
 
 

@@ -156,16 +156,19 @@ def _refuse(path: Path, old: str | None, e: HarnessError, merged: bool = False,
 
 def plan_install(spec: HarnessSpec, rendered: dict[str, str], entry: dict | None, *,
                  force: bool = False, base_url: str | None = None,
-                 baked_source: str | None = None) -> Plan:
+                 baked_source: str | None = None,
+                 claims: dict[str, tuple[str, bool]] | None = None) -> Plan:
     """What installing ``rendered`` (template path -> text) for ``spec`` would change,
-    given the manifest's record of the agent (``entry``; None: none).
+    given the manifest's record of the agent (``entry``; None: none) and ``claims``, the
+    paths of its files that other agents' installs wrote (path -> (agent, merges?)): a
+    file of another agent's is refused, ``--force`` or not (:func:`proof.shared_with`).
 
     Raises:
         OSError: a target cannot be read (the caller names the agent).
     """
     recovery = None
     if proof.lost_install(spec, entry):
-        recovery = plan_remove(spec, entry)
+        recovery = plan_remove(spec, entry, claims=claims)
         entry = None  # the removal drops the agent's record
     after = {str(s.path): s.new for s in (recovery.steps if recovery else [])}
     recorded = {f["path"]: f for f in (entry or {}).get("files", [])}
@@ -176,9 +179,15 @@ def plan_install(spec: HarnessSpec, rendered: dict[str, str], entry: dict | None
         steps.append(_install_step(spec, fspec, path, old, rendered[fspec.path],
                                    recorded.get(str(path), {}), force))
     for step in steps:  # the folder and permissions of every file we would write
-        if step.action != "refuse" and step.changed:
+        other = proof.shared_with(spec.name, step.merged, (claims or {}).get(str(step.path)))
+        if other is not None:
+            steps[steps.index(step)] = _refuse(step.path, step.old, HarnessError(
+                f"{step.path} is {other}'s: `mlx-kit harness install {other}` wrote it",
+                hint=f"two agents cannot share a file: give {spec.name}'s file another path, "
+                f"or run `mlx-kit harness remove {other}` first"), step.merged, step.new)
+        elif step.action != "refuse" and step.changed:
             try:
-                check_writable(step.path)
+                check_writable(step.path, through_link=step.merged)
             except HarnessError as e:
                 steps[steps.index(step)] = _refuse(step.path, step.old, e, step.merged,
                                                    step.new)
@@ -249,10 +258,12 @@ def _install_step(spec: HarnessSpec, fspec: FileSpec, path: Path, old: str | Non
 
 # --- remove --------------------------------------------------------------------------------
 
-def plan_remove(spec: HarnessSpec, entry: dict | None, *, force: bool = False) -> Plan:
+def plan_remove(spec: HarnessSpec, entry: dict | None, *, force: bool = False,
+                claims: dict[str, tuple[str, bool]] | None = None) -> Plan:
     """What removing ``spec``'s files would change, given the manifest's record of the
     agent (``entry``). A file whose record is trusted (:func:`proof.trusted`) goes by it;
-    any other by the markers and the evidence beside the backups (:func:`_recover_step`).
+    any other by the markers and the evidence beside the backups (:func:`_recover_step`),
+    except one of another agent's (``claims``, as for :func:`plan_install`): left alone.
 
     Raises:
         OSError: a target cannot be read.
@@ -264,6 +275,10 @@ def plan_remove(spec: HarnessSpec, entry: dict | None, *, force: bool = False) -
         f = recorded.get(p)
         if f is not None and proof.trusted(spec.name, f):
             step = _recorded_step(f, fspecs.get(p), force)
+        elif (other := proof.shared_with(spec.name, False, (claims or {}).get(p))):
+            text = read_text(Path(p), errors="replace") if Path(p).is_file() else None
+            step = Step(Path(p), "leave-alone", f"{other}'s file", text, text, notes=[
+                f"left {p}: `mlx-kit harness install {other}` wrote it"])
         else:
             step = _recover_step(spec, fspecs.get(p), Path(p), force)
             if f is not None:
@@ -310,7 +325,7 @@ def _recorded_step(f: dict, fspec: FileSpec | None, force: bool) -> Step:
         m = fspec.merge
         try:
             text, is_empty = unmerge(m, old, f["owned"], str(path), force=force)
-            check_writable(path, "remove mlx-kit's entries from")
+            check_writable(path, "remove mlx-kit's entries from", through_link=True)
         except HarnessError as e:
             return _refuse(path, old, e, merged=True)
         why = "our entries by the fingerprints recorded at install (manifest record trusted)"
@@ -403,7 +418,7 @@ def _recover_step(spec: HarnessSpec, fspec: FileSpec | None, path: Path,
                             f"left mlx-kit's marked entries in {path} "
                             f"({', '.join(sorted(record['entries']))}): mlx-kit has no "
                             "record of installing them; pass --force to remove them"], **base)
-        check_writable(path, "remove mlx-kit's entries from")
+        check_writable(path, "remove mlx-kit's entries from", through_link=True)
         text, is_empty = unmerge(m, old, record, str(path), force=True)
     except HarnessError as e:
         return _refuse(path, old, e, merged=True)

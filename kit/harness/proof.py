@@ -71,6 +71,21 @@ def lost_install(spec: HarnessSpec, entry: dict | None) -> bool:
     return any(evidence.read_receipt(spec.name, Path(p)) for p in paths)
 
 
+def shared_with(agent: str, merged: bool, claim: tuple[str, bool] | None) -> str | None:
+    """The other agent whose install wrote this path too, when that forbids ``agent``'s
+    change: the marker says "mlx-kit's", not whose, so a copy of pi's spec under another
+    name (what docs/agents/adding-an-agent.md suggests) would overwrite pi's drop-in and
+    its removal delete it. Two agents may share a file only when both merge their own
+    entries into it.
+
+    Args:
+        claim: (the other agent, whether it merges into the file), or None.
+    """
+    if claim is None or claim[0] == agent or (merged and claim[1]):
+        return None
+    return claim[0]
+
+
 def edited_since_written(text: str, recorded_sha: str | None) -> bool:
     """Whether a file we wrote (hash ``recorded_sha``; None: not recorded) was edited."""
     return bool(recorded_sha) and sha256_text(text) != recorded_sha

@@ -20,6 +20,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
@@ -85,8 +87,38 @@ def shell_literal(value: Any) -> str:
     return re.sub(r"([\\$`])", r"\\\1", str(_defined(value)))
 
 
+#: The most text one template may render, and the largest value ``*`` or ``**`` may make
+#: inside one: a config file is a few KiB, and a user's template must not be able to fill
+#: memory or the disk (``{{ "x" * 10**12 }}``).
+MAX_RENDERED_CHARS = 1024 * 1024
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with ``*`` and ``**`` bounded (the sandbox bounds only
+    ``range``)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) \
+                and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > 64 * 1024:
+            raise jinja2.sandbox.SecurityError(f"{left} ** {right} is too large")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
+                        and len(seq) * n > MAX_RENDERED_CHARS:
+                    raise jinja2.sandbox.SecurityError(
+                        f"a {type(seq).__name__} of {len(seq)} times {n} is too large")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment(spec: HarnessSpec) -> jinja2.Environment:
-    env = jinja2.Environment(
+    # Sandboxed: a template is data, and the user's own may come from anywhere (a spec +
+    # template copied from the web). A plain Environment lets `{{ cycler.__init__.__globals__
+    # .os.popen(...) }}` run commands, even under `harness show` or `install --dry-run`;
+    # Jinja's sandbox refuses underscore attributes and mutating methods, which no
+    # template needs.
+    env = _Sandbox(
         loader=jinja2.FileSystemLoader(str(spec.templates)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -130,15 +162,22 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
         ``{spec file path: text}``, in the spec's order.
 
     Raises:
-        HarnessError: a template does not parse or names an undefined value (a user's
-            template can; the message names the template, and the line where known).
+        HarnessError: a template does not parse, names an undefined value, does what the
+            sandbox refuses (an underscore attribute, a mutating method, a huge value),
+            fails (a division by zero) or renders more than :data:`MAX_RENDERED_CHARS` (a
+            user's template can; the message names the template, and the line where known).
     """
     env = _environment(spec)
     values = {**ctx, "vars": SimpleNamespace(**spec.vars)}
     out = {}
     for f in spec.files:
+        where = spec.templates / f.template
         try:
-            out[f.path] = env.get_template(f.template).render(**values)
+            out[f.path] = text = env.get_template(f.template).render(**values)
+        except jinja2.TemplateNotFound as e:  # an include/import (the loader refuses "..")
+            raise HarnessError(f"{where}: includes {e.name!r}, not a template in "
+                               f"{spec.templates}", hint="a template may include only "
+                               "templates of its own templates folder") from None
         except jinja2.TemplateSyntaxError as e:
             raise HarnessError(f"{spec.templates / f.template}:{e.lineno}: {e.message}",
                                hint=f"the template of {spec.name}'s {f.path}") from None
@@ -147,8 +186,15 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
             raise HarnessError(f"{spec.templates / f.template}: {text}",
                                hint=f"{spec.name}'s [vars]: "
                                + (", ".join(spec.vars) or "none")) from None
-        except jinja2.TemplateError as e:
-            raise HarnessError(f"{spec.templates / f.template}: {e}",
+        except jinja2.TemplateError as e:  # the sandbox's SecurityError included
+            raise HarnessError(f"{where}: {e}",
                                hint=f"the template of {spec.name}'s {f.path}; the values "
                                "it may use: docs/agents/adding-an-agent.md") from None
+        except (ArithmeticError, ValueError, TypeError, LookupError, RecursionError) as e:
+            # a user's template can divide by zero, index past a list's end, ...
+            raise HarnessError(f"{where}: {type(e).__name__}: {e}",
+                               hint=f"the template of {spec.name}'s {f.path}") from None
+        if len(text) > MAX_RENDERED_CHARS:
+            raise HarnessError(f"{where}: renders {len(text)} characters, more than "
+                               f"{MAX_RENDERED_CHARS}", hint="a config file is a few KiB")
     return out

@@ -339,6 +339,9 @@ def _read(path: Path, where: str, root: SpecRoot) -> HarnessSpec:
         raise HarnessError(f"{where}: cannot read it: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise HarnessError(f"{where}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise HarnessError(f"{where}: nested too deeply to be an agent spec",
+                           hint="a spec's values are at most a few tables deep") from None
     return parse_spec(data, where, root.templates, source=path, builtin=root.builtin)
 
 

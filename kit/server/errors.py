@@ -203,7 +203,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     first = errors[0] if errors else {}
     from kit.server.content import field_path  # the path without pydantic's union tags
 
-    param = field_path(first.get("loc", ()), exc.body)
+    param = field_path(first.get("loc", ()), exc.body, missing=first.get("type") == "missing")
     if first.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
     msg = first.get("msg", "invalid request")

@@ -30,7 +30,11 @@ from kit.server.openai_common import (
     usage,
 )
 
-router = protocol_router(OPENAI_FIELDS)
+#: Completions' names for the engine's neutral field names: the input is ``prompt`` here
+#: (there is no ``messages`` field to name).
+COMPLETIONS_FIELDS = {**OPENAI_FIELDS, "messages": "prompt"}
+
+router = protocol_router(COMPLETIONS_FIELDS)
 
 
 TokenId = Annotated[StrictInt, Field(ge=0)]  # checked against the vocabulary by the engine
@@ -156,4 +160,5 @@ async def completions(body: CompletionRequest, request: Request):
     renderer = CompletionRenderer(_base(req, started), logprobs=body.logprobs is not None,
                                   include_usage=bool(body.stream_options
                                                      and body.stream_options.include_usage))
-    return await respond(request, events, renderer, stream=body.stream, fields=OPENAI_FIELDS)
+    return await respond(request, events, renderer, stream=body.stream,
+                         fields=COMPLETIONS_FIELDS)

@@ -369,3 +369,132 @@ def test_remove_deletes_the_folder_install_made_for_several_files(home, dead_url
     removed = hi.remove(codex).removed
     assert home / ".codex" in removed
     assert not (home / ".codex").exists()
+
+
+@pytest.mark.parametrize("edit_after_install", [False, True], ids=["restored", "unmerged"])
+def test_a_settings_file_that_links_into_dotfiles_stays_a_link(home, dead_url, monkeypatch,
+                                                               edit_after_install):
+    """os.replace put a regular file where the user's symbolic link was: install and
+    removal left ~/.config/io.datasette.llm/extra-openai-models.yaml a copy, and the
+    dotfiles file it linked to was never updated again."""
+    monkeypatch.setattr(hi, "baked_models", lambda url: (
+        [{"id": "local", "name": "local", "model": "m", "context_window": 4096,
+          "max_tokens": 512, "capabilities": {"tools": True, "vision": False}}], "test"))
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    spec = load_spec("llm")
+    [(_, path)] = spec.file_paths()
+    dotfiles = home / "dotfiles" / "llm-models.yaml"
+    dotfiles.parent.mkdir()
+    mine = "# mine\n- model_id: gpt-mine\n  model_name: gpt-4o-mini\n"
+    dotfiles.write_text(mine)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(dotfiles)
+
+    hi.install(spec, parse_url(dead_url))
+    assert path.is_symlink() and path.resolve() == dotfiles
+    assert "model_id: \"local\"" in dotfiles.read_text() and mine in dotfiles.read_text()
+    if edit_after_install:
+        mine_too = "- model_id: gpt-also-mine\n  model_name: gpt-4o\n"
+        dotfiles.write_text(dotfiles.read_text() + mine_too)
+    hi.remove(spec)
+
+    assert path.is_symlink() and path.resolve() == dotfiles
+    assert dotfiles.read_text() == mine + (mine_too if edit_after_install else "")
+
+
+@pytest.mark.parametrize("corrupt, where", [
+    (lambda f: f.update(owned="x"), "agents.llm.files[0].owned: input should be a valid "
+                                    "dictionary"),
+    (lambda f: f["owned"].update(entries=[1]), "agents.llm.files[0].owned.entries"),
+    (lambda f: f["owned"].update(previous=7), "agents.llm.files[0].owned.previous"),
+    (lambda f: f.update(backup=3), "agents.llm.files[0].backup: input should be a valid string"),
+    (lambda f: f.update(created_dirs="abc"), "agents.llm.files[0].created_dirs"),
+], ids=["owned", "entries", "previous", "backup", "created_dirs"])
+def test_a_manifest_record_of_the_wrong_type_is_corrupt_and_remove_still_restores(
+        home, dead_url, monkeypatch, capsys, corrupt, where):
+    """The manifest's shape was checked only down to each file's path: an `owned` or
+    `backup` of the wrong type crashed `harness list/status/install/remove` with an
+    AttributeError/TypeError, and nothing could be removed."""
+    import json
+
+    monkeypatch.setattr(hi, "baked_models", lambda url: (
+        [{"id": "local", "name": "local", "model": "m", "context_window": 4096,
+          "max_tokens": 512, "capabilities": {"tools": True, "vision": False}}], "test"))
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    spec = load_spec("llm")
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    mine = "# mine\n- model_id: gpt-mine\n  model_name: gpt-4o-mini\n"
+    path.write_text(mine)
+    hi.install(spec, parse_url(dead_url))
+    data = json.loads(manifest.manifest_path().read_text())
+    corrupt(data["agents"]["llm"]["files"][0])
+    manifest.manifest_path().write_text(json.dumps(data))
+    manifest.previous_path().unlink(missing_ok=True)
+
+    assert hi.status(spec).installed
+    hi.remove(spec)
+    assert path.read_text() == mine
+    assert f"is corrupt: unexpected structure at {where}" in capsys.readouterr().err
+
+
+def test_a_copy_of_pis_spec_under_another_name_neither_overwrites_nor_removes_pis_file(
+        home, dead_url, monkeypatch):
+    """adding-an-agent.md says: to change a built-in, copy its spec under a new name. The
+    copy has pi's path, and the marker says "mlx-kit's", not whose: installing the copy
+    overwrote pi's extension (even without --force) and removing it deleted pi's file,
+    with or without a manifest."""
+    from kit.paths import harnesses_dir, templates_dir
+
+    monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
+    root = home / ".config" / "mlx-kit"
+    (root / "harnesses").mkdir(parents=True)
+    (root / "harnesses" / "mypi.toml").write_text(
+        (harnesses_dir() / "pi.toml").read_text().replace('name = "pi"', 'name = "mypi"'))
+    (root / "templates" / "pi").mkdir(parents=True)
+    for t in (templates_dir() / "pi").iterdir():
+        (root / "templates" / "pi" / t.name).write_text(t.read_text() + "// mine\n")
+    pi, mypi = load_spec("pi"), load_spec("mypi")
+    hi.install(pi, parse_url(dead_url))
+    [(_, path)] = pi.file_paths()
+    pis = path.read_bytes()
+
+    for force in (False, True):
+        with pytest.raises(HarnessError) as exc:
+            hi.install(mypi, parse_url(dead_url), force=force)
+        assert exc.value.message == f"{path} is pi's: `mlx-kit harness install pi` wrote it"
+    assert path.read_bytes() == pis
+    for manifest_lost in (False, True):
+        if manifest_lost:
+            manifest.manifest_path().unlink()
+            manifest.previous_path().unlink(missing_ok=True)
+        result = hi.remove(mypi)
+        assert result.removed == [] and path.read_bytes() == pis
+        assert result.notes == [f"left {path}: `mlx-kit harness install pi` wrote it"]
+    assert hi.remove(pi).removed[0] == path and not path.exists()
+
+
+@pytest.mark.parametrize("agent, force", [("llm", False), ("pi", True)],
+                         ids=["merged-file", "forced-drop-in"])
+def test_a_target_that_is_not_utf8_is_a_clean_refusal_and_stays_as_it_was(
+        agent, force, home, tmp_path, dead_url, monkeypatch):
+    """A user's settings file with one non-UTF-8 byte crashed install and remove with a
+    UnicodeDecodeError (the plan reads them strictly, so a backup keeps every byte)."""
+    monkeypatch.delenv("LLM_USER_PATH", raising=False)
+    monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
+    spec = load_spec(agent)
+    [(_, path)] = spec.file_paths()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"# caf\xe9 in latin-1\n")
+    before = snapshot(home)
+    runs = [lambda: hi.install(spec, parse_url(dead_url), force=force)]
+    if not force:  # a merged file is parsed on removal too; an unmarked drop-in is left
+        runs.append(lambda: hi.remove(spec))
+    for run in runs:
+        with pytest.raises(HarnessError) as exc:
+            run()
+        assert exc.value.message == (f"{path} is not UTF-8 text (byte 0xe9 at offset 5); "
+                                     "mlx-kit changes nothing in it")
+    assert snapshot(home) == before
+    r = run_kit(clean_env(home), "harness", "install", agent, "--url", dead_url, cwd=tmp_path)
+    assert r.returncode == 1 and "is not UTF-8 text" in r.stderr and "Traceback" not in r.stderr

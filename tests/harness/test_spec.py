@@ -263,3 +263,54 @@ def test_a_misspelt_key_is_named_before_the_missing_one_it_leaves():
     with pytest.raises(HarnessError) as exc:
         parse_spec(data, "pi.toml")
     assert exc.value.message == "pi.toml: files[0].templte: unknown key (+1 more)"
+
+
+@pytest.mark.parametrize("nested", ["[" * 5000 + "]" * 5000, "{a=" * 3000 + "1" + "}" * 3000],
+                         ids=["arrays", "inline-tables"])
+def test_a_deeply_nested_user_spec_is_a_problem_not_a_crash(home, nested):
+    """tomllib recurses per nesting level: a small file nested thousands deep raised a
+    RecursionError that crashed `harness list` for every agent."""
+    folder = home / ".config" / "mlx-kit" / "harnesses"
+    folder.mkdir(parents=True)
+    (folder / "deep.toml").write_text(f"x = {nested}\n")
+    agents = load_all()
+    assert [p.message for p in agents.problems.values()] == [
+        f"{folder / 'deep.toml'}: nested too deeply to be an agent spec"]
+    assert "pi" in agents.specs
+
+
+# --- a user's template is data: sandboxed and bounded ---------------------------------------
+
+@pytest.mark.parametrize("body, message", [
+    ("{{ cycler.__init__.__globals__.os.popen('touch pwned').read() }}",
+     "access to attribute '__init__' of 'type' object is unsafe."),
+    ("{{ ''.__class__.__mro__ }}", "access to attribute '__class__' of 'str' object is unsafe."),
+    ("{{ models.append(1) }}", "access to attribute 'append' of 'list' object is unsafe."),
+    ("{{ 'x' * 10**12 }}", "a str of 1 times 1000000000000 is too large"),
+    ("{{ 10 ** (10 ** 10) }}", "10 ** 10000000000 is too large"),
+    ("{% for i in range(99999) %}{{ 'x' * 99 }}{% endfor %}",
+     "renders 9899934 characters, more than 1048576"),
+    ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+     "RecursionError: maximum recursion depth exceeded"),
+    ("{% include '../../../secret.txt' %}", "includes '../../../secret.txt', not a template in"),
+], ids=["run-a-command", "mro", "mutate", "huge-string", "huge-power", "huge-output",
+        "divide-by-zero", "endless-recursion", "include-outside"])
+def test_a_user_template_cannot_run_code_or_exhaust_memory(home, body, message, monkeypatch):
+    """The Environment was not sandboxed: `harness show` / `install --dry-run` of a spec
+    copied from anywhere ran the command in its template."""
+    monkeypatch.chdir(home)
+    (home / "secret.txt").write_text("secret")
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }}\n" + body + "\n"})
+    with pytest.raises(HarnessError) as exc:
+        render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t"))
+    where = home / ".config/mlx-kit/templates/toy/toy.json.j2"
+    assert exc.value.message.startswith(f"{where}: {message}")
+    assert not (home / "pwned").exists()
+
+
+def test_the_sandbox_still_renders_what_templates_do(home):
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }} {{ 'ab' * 2 }} {{ 2 ** 10 }} "
+                            "{{ models | map(attribute='id') | join(',') }}"})
+    [text] = render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t")).values()
+    assert text == "mlx-kit:generated (do not edit) abab 1024 local,mlx-kit/SmolLM2-135M-Instruct"

@@ -57,3 +57,14 @@ def test_engine_errors_cross_the_process_pipe_with_their_fields():
     assert (type(e), e.message, e.code, e.field) == (InvalidRequest, "m", "c", "top_k")
     fit = pickle.loads(pickle.dumps(ModelDoesNotFitError("m", "h", needed=3, budget=2)))
     assert (fit.hint, fit.needed, fit.budget) == ("h", 3, 2)
+
+
+def test_a_completions_prompt_too_long_names_prompt_not_messages():
+    """/v1/completions has no `messages`: its context-length error named param
+    "messages" (the engine's neutral word), a field the client never sent."""
+    from kit.server.openai_completions import COMPLETIONS_FIELDS
+
+    e = InvalidRequest("too long", code="context_length_exceeded")  # field: messages
+    assert api_error(e, COMPLETIONS_FIELDS).param == "prompt"
+    assert api_error(InvalidRequest("bad", field="schema"), COMPLETIONS_FIELDS).param == \
+        "response_format"

@@ -341,6 +341,12 @@ def test_legacy_completion(client):
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
 
 
+def test_a_legacy_prompt_beyond_the_window_names_prompt(client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model="local", prompt="hello " * 9000, max_tokens=4)
+    assert exc.value.code == "context_length_exceeded" and exc.value.param == "prompt"
+
+
 def test_legacy_completion_default_max_tokens_is_16(client):
     r = client.completions.create(model="local", prompt="Once upon a time", temperature=0)
     assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"

@@ -174,6 +174,43 @@ def test_messages_validation_error_path_has_no_union_branch_names():
     assert field_path(e.value.errors()[0]["loc"], body) == "messages.0.content"
 
 
+OBJ = {"a": 1}
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("model, body, param", [
+    (openai_chat.ChatCompletionRequest,
+     {"model": "m", "messages": [{"role": "user", "content": OBJ}]}, "messages.0.content"),
+    (openai_chat.ChatCompletionRequest, {"model": "m", "messages": USER, "stop": OBJ}, "stop"),
+    (openai_chat.ChatCompletionRequest, {"model": "m", "messages": USER, "tool_choice": {}},
+     "tool_choice.function"),  # a field really missing is still named
+    ("completions", {"model": "m", "prompt": OBJ}, "prompt"),
+    (openai_responses.ResponsesRequest, {"model": "m", "input": OBJ}, "input"),
+    (openai_responses.ResponsesRequest,
+     {"model": "m", "input": [{"role": "user", "content": OBJ}]}, "input.0.content"),
+    (anthropic.MessagesRequest, {"model": "m", "max_tokens": 1, "system": OBJ,
+                                 "messages": USER}, "system"),
+    (anthropic.MessagesRequest, {"model": "m", "max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
+                                      "content": OBJ}]}]}, "messages.0.content.0.content"),
+], ids=["chat-content", "chat-stop", "chat-tool_choice-missing", "completions-prompt",
+        "responses-input", "responses-content", "messages-system", "messages-tool_result"])
+def test_an_object_where_text_or_a_list_goes_is_named_without_a_union_tag(model, body, param):
+    """An object where a string or a list goes was reported at "messages.0.content.other",
+    "stop.other", "prompt.texts": pydantic's union tag read as a missing field."""
+    from fastapi.exceptions import RequestValidationError
+
+    from kit.server.errors import _validation_error
+    from kit.server.openai_completions import CompletionRequest
+
+    model = CompletionRequest if model == "completions" else model
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(body)
+    errors = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors()]
+    api = _validation_error(RequestValidationError(errors, body=body))
+    assert api.param == param and api.message.startswith(f"{param}: ")
+
+
 # --- OpenAI Responses ------------------------------------------------------------------------
 
 def responses(**body):

@@ -218,10 +218,12 @@ _MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
           "input_file": "file"}
 
 
-def field_path(loc: tuple | list, body: Any) -> str | None:
+def field_path(loc: tuple | list, body: Any, missing: bool = True) -> str | None:
     """The dotted path into ``body`` that a pydantic error ``loc`` names, without the
     union tags pydantic adds (``str``, ``other``, model names): a segment counts only where
-    it indexes the input, or names the missing field at the end.
+    it indexes the input, or names the missing field at the end (``missing``: the error
+    is pydantic's ``missing``; otherwise a last segment absent from an object is a union
+    tag too: ``{"content": {"a": 1}}`` is ``content``, not ``content.other``).
 
     E.g. ``("body", "messages", 0, "content", "other", 0, "TextBlock", "text")`` ->
     ``"messages.0.content.0.text"``.
@@ -238,6 +240,6 @@ def field_path(loc: tuple | list, body: Any) -> str | None:
         elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
             parts.append(str(seg))
             cur = cur[seg]
-        elif i == len(segments) - 1 and isinstance(cur, dict):
+        elif i == len(segments) - 1 and isinstance(cur, dict) and missing:
             parts.append(str(seg))  # a missing field
     return ".".join(parts)[:200] or None
