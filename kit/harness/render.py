@@ -12,6 +12,8 @@ table only; each spec renders from its own templates folder (bundled or the user
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import os
@@ -113,13 +115,20 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 
 def _environment(spec: HarnessSpec) -> jinja2.Environment:
+    return _environment_for(str(spec.templates))
+
+
+# One environment per template folder: Jinja then compiles each template once (it still
+# reloads a template whose file changed, auto_reload).
+@functools.lru_cache(maxsize=32)
+def _environment_for(templates: str) -> jinja2.Environment:
     # Sandboxed: a template is data, and the user's own may come from anywhere (a spec +
     # template copied from the web). A plain Environment lets `{{ cycler.__init__.__globals__
     # .os.popen(...) }}` run commands, even under `harness show` or `install --dry-run`;
     # Jinja's sandbox refuses underscore attributes and mutating methods, which no
     # template needs.
     env = _Sandbox(
-        loader=jinja2.FileSystemLoader(str(spec.templates)),
+        loader=jinja2.FileSystemLoader(templates),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # not HTML: each value is escaped by its target-language filter
