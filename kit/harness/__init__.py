@@ -9,6 +9,7 @@ Agents are data: ``harnesses/<agent>.toml`` + ``templates/<agent>/*.j2``. Adding
 adds those two files and touches no code here.
 """
 
-from kit.harness.spec import HarnessSpec, all_specs, load_spec
+from kit.harness.spec import HarnessSpec
+from kit.harness.spec_loader import all_specs, load_spec
 
 __all__ = ["HarnessSpec", "all_specs", "load_spec"]

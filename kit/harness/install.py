@@ -73,7 +73,7 @@ def _claims(spec: HarnessSpec) -> dict[str, tuple[str, bool]]:
     """The paths of ``spec``'s files that another agent's install wrote: path -> (that
     agent, whether it merges into the file). From the manifest, and from the receipts of
     the other known agents (a lost manifest must not make their files anyone's)."""
-    from kit.harness.spec import all_specs
+    from kit.harness.spec_loader import all_specs
 
     ours = {str(p) for _, p in spec.file_paths()}
     claims: dict[str, tuple[str, bool]] = {}

@@ -15,7 +15,7 @@ import pytest
 
 from kit.errors import HarnessError
 from kit.harness import apply, install as hi
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 from tests.reliability.test_harness_manifest import (  # noqa: F401 - dead_url: a fixture
     USER_FILES, data_dir, dead_url, kit, manifest, user_file)
