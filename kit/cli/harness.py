@@ -42,9 +42,9 @@ def install(
 
 
 def print_plan(plan, prefix: str = "") -> None:
-    """Print a plan (``kit.harness.plan.Plan``) as ``--dry-run`` shows it: the unified diff
-    of every file it changes on stdout (usable as a patch), one line per file on stderr
-    (``<action> <path>: <why>``) and what it leaves, and why.
+    """Print a plan (``kit.harness.plan_types.Plan``) as ``--dry-run`` shows it: the
+    unified diff of every file it changes on stdout (usable as a patch), one line per file
+    on stderr (``<action> <path>: <why>``) and what it leaves, and why.
 
     Raises:
         HarnessError: the plan refuses a step (the real run would refuse it too).

@@ -241,7 +241,7 @@ def test_a_plan_is_not_applied_to_a_file_that_changed_since(home, dead_url):
 
 
 def test_the_diff_of_a_file_without_a_last_newline_is_a_patch():
-    from kit.harness.plan import Step
+    from kit.harness.plan_types import Step
 
     step = Step(Path("/x/settings.json"), "merge", "test", '{\n  "a": 1\n}',
                 '{\n  "a": 1,\n  "b": "\u2028"\n}')
