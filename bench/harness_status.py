@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kit.harness.spec import all_specs
+from kit.harness.spec_loader import all_specs
 from kit.harness.versions import _run, probe_env, probe_versions
 
 

@@ -101,7 +101,7 @@ class SpecRoot:
 def spec_roots() -> tuple[SpecRoot, ...]:
     """Where agents come from, in order: the bundled ones, then the user's own in
     ``<config dir>/harnesses`` with templates in ``<config dir>/templates``. Built-ins come
-    first because a user spec may not reuse a built-in's name (kit.harness.spec)."""
+    first because a user spec may not reuse a built-in's name (kit.harness.spec_loader)."""
     user = config_dir()
     return (SpecRoot(harnesses_dir(), templates_dir(), True),
             SpecRoot(user / "harnesses", user / "templates", False))

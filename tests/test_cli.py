@@ -147,7 +147,7 @@ def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
 
 
 def test_install_of_an_unknown_agent_is_a_clean_error(home, monkeypatch):
-    from kit.harness.spec import all_specs
+    from kit.harness.spec_loader import all_specs
 
     r = run_kit(home, "harness", "install", "nosuchagent")
     assert r.returncode == 1

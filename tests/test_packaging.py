@@ -34,7 +34,7 @@ def test_wheel_ships_templates_and_specs_and_finds_them(tmp_path):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
-    code = ("import kit, kit.paths as p; from kit.harness.spec import load_spec; "
+    code = ("import kit, kit.paths as p; from kit.harness.spec_loader import load_spec; "
             "print(kit.__file__); print(p.templates_dir()); print(p.harnesses_dir()); "
             "print(load_spec('pi').files[0].template)")
     env = clean_env(tmp_path, PYTHONPATH=str(site))

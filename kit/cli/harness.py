@@ -24,7 +24,7 @@ def install(
 ) -> None:
     """Write the agent's provider config for the server (model id 'local')."""
     from kit.harness import install as hi
-    from kit.harness.spec import load_spec
+    from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
 
     spec = load_spec(agent)
@@ -42,9 +42,9 @@ def install(
 
 
 def print_plan(plan, prefix: str = "") -> None:
-    """Print a plan (``kit.harness.plan.Plan``) as ``--dry-run`` shows it: the unified diff
-    of every file it changes on stdout (usable as a patch), one line per file on stderr
-    (``<action> <path>: <why>``) and what it leaves, and why.
+    """Print a plan (``kit.harness.plan_types.Plan``) as ``--dry-run`` shows it: the
+    unified diff of every file it changes on stdout (usable as a patch), one line per file
+    on stderr (``<action> <path>: <why>``) and what it leaves, and why.
 
     Raises:
         HarnessError: the plan refuses a step (the real run would refuse it too).
@@ -75,11 +75,11 @@ def remove(
     from kit.cli.console import err_console
     from kit.errors import ConfigError, KitError
     from kit.harness import install as hi
-    from kit.harness.spec import load_spec
+    from kit.harness.spec_loader import load_spec
 
     if bool(agent) == all_:
         raise ConfigError("name one agent, or pass --all")
-    from kit.harness.spec import all_specs
+    from kit.harness.spec_loader import all_specs
 
     # --all checks every known agent, not only those the manifest lists: a deleted, stale
     # or moved-aside manifest must not hide an install that markers and receipts prove.
@@ -133,7 +133,7 @@ def show(
 ) -> None:
     """Print what `harness install` would write for the agent (each file's full text)."""
     from kit.harness import install as hi
-    from kit.harness.spec import load_spec
+    from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
 
     for step in hi.plan(load_spec(agent), parse_url(url)).steps:
@@ -158,7 +158,7 @@ def status_(
     from rich.table import Table
 
     from kit.harness import install as hi
-    from kit.harness.spec import all_specs
+    from kit.harness.spec_loader import all_specs
     from kit.harness.versions import probe_versions
     from kit.probe import probe
     from kit.urls import parse_url
@@ -208,7 +208,8 @@ def list_() -> None:
 
     from kit.cli.console import err_console
     from kit.harness import install as hi
-    from kit.harness.spec import APIS, load_all
+    from kit.harness.spec import APIS
+    from kit.harness.spec_loader import load_all
 
     agents = load_all()
     table = Table()

@@ -26,7 +26,7 @@ def launch(
     """Run AGENT against the local server; arguments after `--` go to the agent."""
     from kit.daemon import ensure_server
     from kit.harness import install as hi
-    from kit.harness.spec import load_spec
+    from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
 
     spec = load_spec(agent)

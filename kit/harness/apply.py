@@ -23,7 +23,7 @@ from pathlib import Path
 from kit.errors import HarnessError
 from kit.harness import evidence, manifest
 from kit.harness.files import atomic_write, file_errors, make_parents, sha256_text
-from kit.harness.plan import Plan, Step
+from kit.harness.plan_types import Plan, Step
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """Install, remove and report agent configurations (the harness lifecycle).
 
 Both go plan -> apply: the inputs are gathered here (the spec, the models to bake in, the
-rendered templates, the manifest's record of the agent), :mod:`kit.harness.plan` decides
-every file's change with the proof that allows it (:mod:`kit.harness.proof`), and
-:mod:`kit.harness.apply` writes it. ``--dry-run`` prints the plan and stops there.
+rendered templates, the manifest's record of the agent), :mod:`kit.harness.plan` (install)
+and :mod:`kit.harness.plan_remove` (removal) decide every file's change with the proof
+that allows it (:mod:`kit.harness.proof`), and :mod:`kit.harness.apply` writes it.
+``--dry-run`` prints the plan and stops there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from kit.harness.apply import Removal
 from kit.harness.files import file_errors, read_text, sha256_text
 from kit.harness.formats import loads
 from kit.harness.merge import owned_fingerprints
-from kit.harness.plan import EditedFileError, Plan, Step, plan_install, plan_remove
+from kit.harness.plan import EditedFileError, plan_install
+from kit.harness.plan_remove import plan_remove
+from kit.harness.plan_types import Plan, Step
 from kit.harness.proof import is_ours
 from kit.harness.render import context, render
 from kit.harness.spec import FileSpec, HarnessSpec
@@ -73,7 +76,7 @@ def _claims(spec: HarnessSpec) -> dict[str, tuple[str, bool]]:
     """The paths of ``spec``'s files that another agent's install wrote: path -> (that
     agent, whether it merges into the file). From the manifest, and from the receipts of
     the other known agents (a lost manifest must not make their files anyone's)."""
-    from kit.harness.spec import all_specs
+    from kit.harness.spec_loader import all_specs
 
     ours = {str(p) for _, p in spec.file_paths()}
     claims: dict[str, tuple[str, bool]] = {}

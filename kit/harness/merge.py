@@ -21,7 +21,8 @@ parsers, :mod:`kit.harness.formats`). The manifest records a hash of each value 
 so removal can tell when the user edited one of our entries.
 
 Pure document transforms, text in and text out: nothing here reads or writes a file or
-decides what is ours to change (:mod:`kit.harness.plan` and :mod:`kit.harness.proof` do).
+decides what is ours to change (:mod:`kit.harness.plan` and :mod:`kit.harness.proof` do);
+the comments ruamel.yaml would drop are kept by :mod:`kit.harness.keep_comments`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.errors import HarnessError
-from kit.harness import comments
 from kit.harness.formats import dumps, empty, loads
+from kit.harness.keep_comments import NOTHING, delete_keeping_comments, dumps_keeping_end
 
 
 @dataclass(frozen=True)
@@ -79,72 +80,6 @@ def content_fingerprint(spec: MergeSpec, text: str, where: str) -> str:
     """
     doc = loads(spec.format, text, where)
     return fingerprint(empty(spec.format, _kind(spec)) if doc is None else doc)
-
-
-_NOTHING = object()
-
-
-def _dumps_keeping_end(fmt: str, source: str, doc: Any) -> str:
-    """``dumps(fmt, doc)``, with the comment lines at the end of ``source`` (the text
-    ``doc`` was loaded from) put back at the end when the parser dropped them all.
-
-    ruamel.yaml (0.19) attaches no comment that follows an empty item of a nested list at
-    the end of the document (``- - `` then ``# note``), so the load loses it; no option
-    keeps it. At the end of the file is where it was, so appending it there, as it was,
-    gives the user's bytes back (a comment changes no content). A comment lost elsewhere
-    is :func:`kit.harness.proof.dropped_comments`' to find."""
-    out = dumps(fmt, doc)
-    if fmt not in ("yaml", "toml"):  # JSONC is edited in place, json has no comments
-        return out
-    block = comments.trailing_block(source)
-    lost = comments.comments(fmt, source) - comments.comments(fmt, out)
-    if not block or comments.comments(fmt, block) - lost:
-        return out  # nothing at the end, or the parser kept (some of) it
-    return out + ("" if not out or out.endswith(("\n", "\r")) else "\n") + block
-
-
-def _delete_keeping_comments(seq: Any, i: int, replacement: Any = _NOTHING) -> None:
-    """``del seq[i]`` (or ``seq[i] = replacement``), but the own-line comments ruamel.yaml
-    attached to the end of that entry (a comment the user wrote on the lines after it: yaml
-    has no other owner for it) move to the entry before it (or above the list), so they
-    stay the user's bytes. Plain lists (JSON): a plain delete or assignment."""
-    item = seq[i]
-    moved = None
-    ca = getattr(item, "ca", None)
-    if ca is not None and isinstance(item, dict) and item:
-        last = list(item)[-1]
-        tokens = ca.items.get(last)
-        tok = tokens[2] if tokens and len(tokens) > 2 else None
-        if tok is not None and "\n" in tok.value:
-            own_lines = tok.value[tok.value.index("\n") + 1:]  # not our line's own comment
-            moved = own_lines if own_lines.strip() else None
-    if replacement is _NOTHING:
-        del seq[i]
-    else:
-        seq[i] = replacement
-    if not moved:
-        return
-    from ruamel.yaml.error import CommentMark
-    from ruamel.yaml.tokens import CommentToken
-
-    prev = seq[i - 1] if i > 0 else None
-    if not isinstance(prev, dict) or not prev or getattr(prev, "ca", None) is None:
-        # first (or only) entry: the comment goes above the list (a comment on the line
-        # after an empty list is lost by ruamel when it dumps "[]")
-        if getattr(seq, "ca", None) is None:
-            return
-        if seq.ca.comment is None:
-            seq.ca.comment = [None, []]
-        if seq.ca.comment[1] is None:
-            seq.ca.comment[1] = []
-        seq.ca.comment[1].append(CommentToken(moved.lstrip("\n"), CommentMark(0), None))
-        return
-    last = list(prev)[-1]
-    tokens = prev.ca.items.setdefault(last, [None, None, None, None])
-    if tokens[2] is None:
-        tokens[2] = CommentToken("\n" + moved, CommentMark(0), None)
-    else:
-        tokens[2].value = tokens[2].value.rstrip("\n") + "\n" + moved
 
 
 def path_of(dotted: str) -> list[str]:
@@ -317,7 +252,7 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
             owned[dotted] = fingerprint(value)
     # (a file of comments only is kept whole above)
     text = kept + dumps(spec.format, doc) if kept else \
-        _dumps_keeping_end(spec.format, current or "", doc)
+        dumps_keeping_end(spec.format, current or "", doc)
     return text, {"entries": owned, "created": created, "previous": previous}
 
 
@@ -376,7 +311,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
                 raise HarnessError(f"the entry {spec.key}={ident} in {where} was edited "
                                    "since mlx-kit wrote it", hint="pass --force to remove it")
             # the user's own entry by that key, as it was; or none
-            _delete_keeping_comments(doc, i, previous.get(ident, _NOTHING))
+            delete_keeping_comments(doc, i, previous.get(ident, NOTHING))
         is_empty = len(doc) == 0
     else:
         for dotted, fp in owned.items():
@@ -407,7 +342,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
             del parent[name]
             _prune(doc, container, created)  # the parents we created, once empty
         is_empty = len(doc) == 0
-    return _dumps_keeping_end(spec.format, current, doc), is_empty
+    return dumps_keeping_end(spec.format, current, doc), is_empty
 
 
 def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The ownership rules: what proves that a file, or an entry in a user's file, is mlx-kit's
-to change. Every decision of :mod:`kit.harness.plan` that touches a user's bytes asks here,
-and nothing else decides it.
+to change. Every decision of the planning (:mod:`kit.harness.plan`, install, and
+:mod:`kit.harness.plan_remove`, removal) that touches a user's bytes asks here, and nothing
+else decides it.
 
 The proofs, strongest first:
 

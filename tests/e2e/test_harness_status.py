@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.harness.spec import all_specs
+from kit.harness.spec_loader import all_specs
 from tests.helpers import clean_env, run_kit
 
 

@@ -20,7 +20,7 @@ import json5
 import pytest
 
 from kit.harness.render import context, render
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from tests.helpers import clean_env, free_port, require_binary, run_kit
 
 

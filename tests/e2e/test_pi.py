@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from tests.helpers import (assert_served, clean_env, free_port, generated_texts,
                            require_binary, run_kit, start_server, stop)
 from tests.e2e.warnings import assert_no_config_warnings

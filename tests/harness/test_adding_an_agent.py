@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from kit.harness.spec import load_all, load_spec
+from kit.harness.spec_loader import load_all, load_spec
 from tests.conftest import REPO, clean_env
 
 DOC = REPO / "docs" / "agents" / "adding-an-agent.md"

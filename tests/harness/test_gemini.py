@@ -14,7 +14,7 @@ import pytest
 from kit.harness import install as hi
 from kit.harness import manifest
 from kit.harness.render import context, render
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 
 MODELS = [{"id": "local", "name": "local", "model": "org/My-Model-4bit", "context_window": 32768,

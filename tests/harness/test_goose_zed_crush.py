@@ -17,7 +17,8 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.formats import loads
 from kit.harness.render import MARKER, context, render, shell_literal
-from kit.harness.spec import load_spec, parse_spec
+from kit.harness.spec import parse_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 from tests.harness.test_render import EVERYTHING
 from tests.helpers import edited_spec, snapshot

@@ -11,7 +11,7 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness import manifest
 from kit.harness.render import MARKER
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 from tests.helpers import clean_env, run_kit, snapshot
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kit.harness.spec import all_specs
+from kit.harness.spec_loader import all_specs
 from tests.helpers import clean_env, run_kit, start_server, starter_with_template, stop
 
 DATA = Path(__file__).parent.parent / "data"

@@ -15,7 +15,7 @@ import pytest
 
 from kit.errors import HarnessError
 from kit.harness import apply, install as hi
-from kit.harness.spec import load_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 from tests.reliability.test_harness_manifest import (  # noqa: F401 - dead_url: a fixture
     USER_FILES, data_dir, dead_url, kit, manifest, user_file)
@@ -241,7 +241,7 @@ def test_a_plan_is_not_applied_to_a_file_that_changed_since(home, dead_url):
 
 
 def test_the_diff_of_a_file_without_a_last_newline_is_a_patch():
-    from kit.harness.plan import Step
+    from kit.harness.plan_types import Step
 
     step = Step(Path("/x/settings.json"), "merge", "test", '{\n  "a": 1\n}',
                 '{\n  "a": 1,\n  "b": "\u2028"\n}')

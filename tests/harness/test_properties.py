@@ -51,7 +51,8 @@ from kit.harness import manifest
 from kit.harness.formats import dumps, loads
 from kit.harness.merge import list_selector
 from kit.harness.render import context, render
-from kit.harness.spec import FileSpec, HarnessSpec, all_specs
+from kit.harness.spec import FileSpec, HarnessSpec
+from kit.harness.spec_loader import all_specs
 from kit.urls import parse_url
 from tests.harness.test_render import HOSTILE
 

@@ -16,7 +16,8 @@ from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness import manifest
 from kit.harness.render import API_KEY_ENV, context, render
-from kit.harness.spec import load_spec, parse_spec
+from kit.harness.spec import parse_spec
+from kit.harness.spec_loader import load_spec
 from kit.paths import harnesses_dir
 from kit.urls import parse_url
 

@@ -14,7 +14,8 @@ import pytest
 from kit.errors import HarnessError
 from kit.harness import install as hi
 from kit.harness.render import MARKER, context, js_literal, render
-from kit.harness.spec import load_spec, parse_spec
+from kit.harness.spec import parse_spec
+from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
 from tests.helpers import clean_env, edited_spec, require_binary
 

@@ -18,8 +18,8 @@ from kit.errors import HarnessError
 from kit.harness import formats
 from kit.harness.render import context, render
 from kit.harness.schema import REGENERATE, SCHEMA_FILE, schema_text
-from kit.harness.spec import (APIS, FileSpec, HarnessSpec, all_specs, load_all, load_spec,
-                              parse_spec)
+from kit.harness.spec import APIS, FileSpec, HarnessSpec, parse_spec
+from kit.harness.spec_loader import all_specs, load_all, load_spec
 from kit.paths import harnesses_dir
 from tests.conftest import REPO
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kit.harness.render import context, render
-from kit.harness.spec import all_specs
+from kit.harness.spec_loader import all_specs
 
 KEY = "sekret-key-0123"
 CAPS = {"tools": True, "reasoning": False, "vision": False}
