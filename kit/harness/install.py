@@ -172,19 +172,6 @@ class AgentStatus:
     base_url: str | None = None
 
 
-def binary_version(binary: str, timeout: float = 15) -> str | None:
-    """The first line ``<binary> --version`` prints, or None."""
-    import subprocess
-
-    try:
-        r = subprocess.run([binary, "--version"], capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = (r.stdout or r.stderr).strip().splitlines()
-    return lines[0][:80] if lines else None
-
-
 def _drifted(fspec: FileSpec, path: Path, recorded: dict) -> bool:
     if not path.is_file():
         return True

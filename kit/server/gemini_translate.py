@@ -49,12 +49,15 @@ def bad_field(message: str, param: str, code: str = "invalid_value") -> APIError
     return APIError(400, f"{param}: {message}", param=param, code=code)
 
 
+# The part fields a text-only model cannot take, and their names on the wire.
+_MEDIA_FIELDS = {"inline_data": "inlineData", "file_data": "fileData",
+                 "executable_code": "executableCode",
+                 "code_execution_result": "codeExecutionResult"}
+
+
 def _refuse_media(part: Any, where: str) -> None:
-    for field in ("inline_data", "file_data", "executable_code", "code_execution_result"):
+    for field, name in _MEDIA_FIELDS.items():
         if getattr(part, field) is not None:
-            name = {"inline_data": "inlineData", "file_data": "fileData",
-                    "executable_code": "executableCode",
-                    "code_execution_result": "codeExecutionResult"}[field]
             raise bad_field(f"{name} parts are not supported by this local text-only model",
                             f"{where}.{name}", code="unsupported_content")
 
