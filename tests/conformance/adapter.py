@@ -7,9 +7,9 @@ downloaded here, and canitoolcall ships no chat templates. So :class:`FamilyToke
 stands in for mlx-lm's ``TokenizerWrapper`` (a stand-in for what cannot exist here): it
 exposes exactly the attributes ``for_model`` reads, filled with what
 ``mlx_lm.tokenizer_utils.load`` infers for that family's real checkpoint:
-``_infer_tool_parser`` (the chat template's markup, then the vocab) and ``_infer_thinking``
-(``<think>``/``</think>`` in the vocab, Gemma 4's ``<|channel>``, the XTML vocab of Kimi K3).
-``FAMILY_CHOICE`` records those choices per family and variant, with the reason.
+mlx-lm's own ``_infer_tool_parser`` (the chat template's markup, then the vocab) and
+``_infer_thinking`` (think markers in the vocab), run on ``FAMILY_FILES``: per family and
+variant, an excerpt of the published template's tool-call markup and the vocab's special tokens.
 
 Verdicts come from canitoolcall's own checks (``run_checks`` / ``case_status``), over the
 non-streamed parse and text-level stream splits (``canitoolcall.chunking`` strategies applied
@@ -30,32 +30,52 @@ from canitoolcall.fixtures import Family, Fixture, load_fixtures
 from canitoolcall.pytest_plugin import family_for
 from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Status
 
-#: family slug -> {variant or "*": (mlx-lm tool parser module or None, thinking markers or None)}.
-#: Why each: the family's published chat template / vocab run through mlx-lm's
-#: ``_infer_tool_parser`` / ``_infer_thinking`` (mlx_lm/tokenizer_utils.py).
-FAMILY_CHOICE: dict[str, dict[str, tuple[str | None, tuple[str, str] | None]]] = {
-    # template has "<tool_call>" and "tool_call.name"; vocab has <think></think>
-    "qwen3-hermes": {"*": ("json_tools", ("<think>", "</think>"))},
-    # template has "<tool_call>\n<function="
-    "qwen3-xml": {"*": ("qwen3_coder", ("<think>", "</think>"))},
-    # template has "<arg_key>"
-    "glm": {"*": ("glm47", ("<think>", "</think>"))},
-    # template has "[TOOL_CALLS]"; [THINK] is not one of mlx-lm's think markers
-    "mistral": {"*": ("mistral", None)},
-    # template has "<|tool_call>" and "<tool_call|>"; vocab has <|channel> / <channel|>
-    "gemma4": {"*": ("gemma4", ("<|channel>thought", "<channel|>"))},
-    # K2: template has "<|tool_calls_section_begin|>"; K3: the XTML vocab
-    "kimi": {"kimi-k2-thinking": ("kimi_k2", ("<think>", "</think>")),
-             "kimi-k2-instruct": ("kimi_k2", None),
-             "kimi-k3-xtml": ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>"))},
+#: family slug -> {variant or "*": (an excerpt of the tool-call markup in the family's
+#: published chat template, the special tokens of its vocab that mlx-lm looks for)}.
+#: mlx-lm's own ``_infer_tool_parser`` / ``_infer_thinking`` (what ``mlx_lm.tokenizer_utils.load``
+#: runs for every checkpoint mlx-kit loads; mlx-kit overrides neither) pick from these, so
+#: their precedence rules decide, as they would for the real checkpoint.
+XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
+FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    "qwen3-hermes": {"*": ('<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": ',
+                           ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    "qwen3-xml": {"*": ("<tool_call>\n<function={{ tool_call.name }}>\n<parameter=",
+                        ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    "glm": {"*": ("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>",
+                  ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    # [THINK]/[/THINK] are not among the think markers mlx-lm knows
+    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))},
+    "gemma4": {"*": ("<|tool_call>call:{{ name }}{...}<tool_call|>",
+                     ("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"))},
+    "kimi": {"kimi-k2-thinking": ("<|tool_calls_section_begin|><|tool_call_begin|>",
+                                  ("<|tool_calls_section_begin|>", "<think>", "</think>")),
+             "kimi-k2-instruct": ("<|tool_calls_section_begin|><|tool_call_begin|>",
+                                  ("<|tool_calls_section_begin|>",)),
+             # K3's template names no markup mlx-lm matches; its XTML vocab picks kimi_k3
+             "kimi-k3-xtml": ("<|open|>tool_call<|sep|>", XTML)},
     # no mlx-lm tool parser matches these templates: calls would come back as text
-    "deepseek": {"*": (None, ("<think>", "</think>"))},
-    "gpt-oss": {"*": (None, None)},
-    "llama": {"*": (None, None)},
+    "deepseek": {"*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
+                       ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
+    "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
+                      ("<|channel|>", "<|message|>", "<|call|>"))},
+    "llama": {"*": ('<|python_tag|>{"name": "{{ name }}", "parameters": ', ("<|python_tag|>",))},
 }
 
-#: Kimi K3's XTML structural markers (``_infer_structural_markers``).
-XTML_MARKERS = ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>")
+
+class _CheckpointFiles:
+    """What ``_infer_tool_parser`` / ``_infer_thinking`` read of an HF tokenizer: the chat
+    template, the vocab, and ``encode`` (only for the token ids of multi-token think
+    markers, which the text-level replay does not use)."""
+
+    def __init__(self, template: str, vocab: tuple[str, ...]) -> None:
+        self.chat_template = template
+        self._vocab = {t: i for i, t in enumerate(vocab)}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0]
 
 
 class FamilyTokenizer:
@@ -104,10 +124,25 @@ def generation_prompt(fixture: Fixture, family: Family | None) -> str:
     return (ref.default_generation_prompt if ref is not None else None) or ""
 
 
-def choice_for(fixture: Fixture, family: Family | None) -> tuple[str | None, tuple | None]:
-    """(mlx-lm tool parser module or None, think markers or None) for ``fixture``."""
-    table = FAMILY_CHOICE[fixture.family]
-    return table.get(_variant(fixture, family)) or table.get("*") or next(iter(table.values()))
+@cache
+def _infer(slug: str, variant: str) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
+    from mlx_lm.tokenizer_utils import (_infer_structural_markers, _infer_thinking,
+                                        _infer_tool_parser)
+
+    table = FAMILY_FILES[slug]
+    files = _CheckpointFiles(*(table.get(variant) or table["*"]))
+    start, end, _, _ = _infer_thinking(files)
+    return (_infer_tool_parser(files), (start, end) if start else None,
+            tuple(_infer_structural_markers(files)))
+
+
+def choice_for(fixture: Fixture, family: Family | None
+               ) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
+    """(mlx-lm tool parser module or None, think markers or None, structural markers) that
+    mlx-lm's selection picks for ``fixture``'s model."""
+    table = FAMILY_FILES[fixture.family]
+    variant = _variant(fixture, family)
+    return _infer(fixture.family, variant if variant in table else "*")
 
 
 def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseResult:
@@ -116,9 +151,7 @@ def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseRe
     from kit.engine.output import OutputParser
     from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 
-    parser_name, think = choice_for(fixture, family)
-    structural = XTML_MARKERS if parser_name == "kimi_k3" else ()
-    tok = FamilyTokenizer(parser_name, think, structural)
+    tok = FamilyTokenizer(*choice_for(fixture, family))
     parser = OutputParser.for_model(tok, generation_prompt(fixture, family), tools=list(fixture.tools))
     # the engine finishes with "length" when max_tokens cut the output, else EOS ("stop")
     reason = "length" if "truncated" in fixture.tags else "stop"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from canitoolcall.pytest_plugin import assert_conforms, assert_equivalent
 
-from tests.conformance.adapter import all_fixtures, rank, verdict
+from tests.conformance.adapter import _infer, all_fixtures, rank, verdict
 
 BASELINE_FILE = Path(__file__).with_name("baseline.json")
 BASELINE: dict[str, str] = json.loads(BASELINE_FILE.read_text(encoding="utf-8"))["verdicts"]
@@ -28,6 +28,23 @@ def test_the_baseline_records_every_fixture_of_the_suite():
     assert len(FIXTURES) == 469
     assert set(BASELINE) == {f.id for f in FIXTURES}
     assert set(BASELINE.values()) <= {"pass", "soft", "fail", "unsupported"}
+
+
+def test_each_family_gets_the_parser_mlx_lms_selection_picks():
+    """What the replay runs: mlx-lm's inference on each family's template and vocab. A change
+    here (an mlx-lm upgrade, a parser of our own) should come with a new baseline."""
+    picks = {(slug, variant): _infer(slug, variant)[:2] for slug, variant in [
+        ("qwen3-hermes", "*"), ("qwen3-xml", "*"), ("glm", "*"), ("mistral", "*"), ("gemma4", "*"),
+        ("kimi", "kimi-k2-thinking"), ("kimi", "kimi-k2-instruct"), ("kimi", "kimi-k3-xtml"),
+        ("deepseek", "*"), ("gpt-oss", "*"), ("llama", "*")]}
+    think = ("<think>", "</think>")
+    assert picks == {
+        ("qwen3-hermes", "*"): ("json_tools", think), ("qwen3-xml", "*"): ("qwen3_coder", think),
+        ("glm", "*"): ("glm47", think), ("mistral", "*"): ("mistral", None),
+        ("gemma4", "*"): ("gemma4", ("<|channel>thought", "<channel|>")),
+        ("kimi", "kimi-k2-thinking"): ("kimi_k2", think), ("kimi", "kimi-k2-instruct"): ("kimi_k2", None),
+        ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
+        ("deepseek", "*"): (None, think), ("gpt-oss", "*"): (None, None), ("llama", "*"): (None, None)}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.id for f in FIXTURES])
