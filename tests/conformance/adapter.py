@@ -19,7 +19,6 @@ to characters, labelled ``text:<strategy>`` so they count toward the status).
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
