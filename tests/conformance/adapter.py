@@ -1,0 +1,214 @@
+"""Replays a canitoolcall fixture through mlx-kit's parser entry point
+(:meth:`kit.engine.output.OutputParser.for_model`), with the parser mlx-kit's own
+selection would pick for the fixture's model.
+
+The fixtures pin real Hugging Face tokenizers (Qwen3, GLM, Kimi, ...), which cannot be
+downloaded here, and canitoolcall ships no chat templates. So :class:`FamilyTokenizer`
+stands in for mlx-lm's ``TokenizerWrapper`` (a stand-in for what cannot exist here): it
+exposes exactly the attributes ``for_model`` reads, filled with what
+``mlx_lm.tokenizer_utils.load`` infers for that family's real checkpoint:
+mlx-lm's own ``_infer_tool_parser`` (the chat template's markup, then the vocab) and
+``_infer_thinking`` (think markers in the vocab), run on ``FAMILY_FILES``: per family and
+variant, an excerpt of the published template's tool-call markup and the vocab's special tokens.
+
+Verdicts come from canitoolcall's own checks (``run_checks`` / ``case_status``), over the
+non-streamed parse and text-level stream splits (``canitoolcall.chunking`` strategies applied
+to characters, labelled ``text:<strategy>`` so they count toward the status).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from canitoolcall.checks import case_status, run_checks
+from canitoolcall.chunking import DEFAULT_STRATEGIES, split
+from canitoolcall.fixtures import Family, Fixture, load_fixtures
+from canitoolcall.pytest_plugin import family_for
+from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Status
+
+#: family slug -> {variant or "*": (an excerpt of the tool-call markup in the family's
+#: published chat template, the special tokens of its vocab that mlx-lm looks for)}.
+#: mlx-lm's own ``_infer_tool_parser`` / ``_infer_thinking`` (what ``mlx_lm.tokenizer_utils.load``
+#: runs for every checkpoint mlx-kit loads; mlx-kit overrides neither) pick from these, so
+#: their precedence rules decide, as they would for the real checkpoint.
+XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
+FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    "qwen3-hermes": {"*": ('<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": ',
+                           ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    "qwen3-xml": {"*": ("<tool_call>\n<function={{ tool_call.name }}>\n<parameter=",
+                        ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    "glm": {"*": ("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>",
+                  ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
+    # [THINK]/[/THINK] are not among the think markers mlx-lm knows
+    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))},
+    "gemma4": {"*": ("<|tool_call>call:{{ name }}{...}<tool_call|>",
+                     ("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"))},
+    "kimi": {"kimi-k2-thinking": ("<|tool_calls_section_begin|><|tool_call_begin|>",
+                                  ("<|tool_calls_section_begin|>", "<think>", "</think>")),
+             "kimi-k2-instruct": ("<|tool_calls_section_begin|><|tool_call_begin|>",
+                                  ("<|tool_calls_section_begin|>",)),
+             # K3's template names no markup mlx-lm matches; its XTML vocab picks kimi_k3
+             "kimi-k3-xtml": ("<|open|>tool_call<|sep|>", XTML)},
+    # no mlx-lm tool parser matches these templates: calls would come back as text
+    "deepseek": {"*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
+                       ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
+    "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
+                      ("<|channel|>", "<|message|>", "<|call|>"))},
+    "llama": {"*": ('<|python_tag|>{"name": "{{ name }}", "parameters": ', ("<|python_tag|>",))},
+}
+
+
+class _CheckpointFiles:
+    """What ``_infer_tool_parser`` / ``_infer_thinking`` read of an HF tokenizer: the chat
+    template, the vocab, and ``encode`` (only for the token ids of multi-token think
+    markers, which the text-level replay does not use)."""
+
+    def __init__(self, template: str, vocab: tuple[str, ...]) -> None:
+        self.chat_template = template
+        self._vocab = {t: i for i, t in enumerate(vocab)}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._vocab
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0]
+
+
+class FamilyTokenizer:
+    """The attributes of mlx-lm's ``TokenizerWrapper`` that ``OutputParser.for_model``
+    reads, for one family's checkpoint. ``rfind_think_*`` work on the prompt *text*
+    (the fixture's ``generation_prompt``), where the real wrapper scans token ids."""
+
+    def __init__(self, parser: str | None, think: tuple[str, str] | None,
+                 structural: tuple[str, ...] = ()) -> None:
+        self.has_tool_calling = parser is not None
+        self.tool_parser = self.tool_call_start = self.tool_call_end = None
+        if parser:
+            module = importlib.import_module(f"mlx_lm.tool_parsers.{parser}")
+            self.tool_parser = module.parse_tool_call
+            self.tool_call_start, self.tool_call_end = module.tool_call_start, module.tool_call_end
+        self.has_thinking = think is not None
+        self.think_start, self.think_end = think or (None, None)
+        self.structural_markers = structural
+        self.response_transitions: dict = {}
+        self.response_initial_state = None
+
+    def rfind_think_start(self, prompt: str) -> int:
+        return prompt.rfind(self.think_start)
+
+    def rfind_think_end(self, prompt: str) -> int:
+        return prompt.rfind(self.think_end)
+
+
+def _reference(fixture: Fixture, family: Family | None) -> Any:
+    """The family.json reference model of ``fixture`` (its first listed model), or None."""
+    by_repo = {m.repo: m for m in (family.reference_models if family else ())}
+    return next((by_repo[m] for m in fixture.models if m in by_repo), None)
+
+
+def _variant(fixture: Fixture, family: Family | None) -> str:
+    ref = _reference(fixture, family)
+    return ref.variant if ref is not None and ref.variant else "*"
+
+
+def generation_prompt(fixture: Fixture, family: Family | None) -> str:
+    """The prompt's tail the output follows: the fixture's own, else its reference model's
+    default (family.json), which is what decides whether output starts inside reasoning."""
+    if fixture.generation_prompt is not None:
+        return fixture.generation_prompt
+    ref = _reference(fixture, family)
+    return (ref.default_generation_prompt if ref is not None else None) or ""
+
+
+@cache
+def _infer(slug: str, variant: str) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
+    from mlx_lm.tokenizer_utils import (_infer_structural_markers, _infer_thinking,
+                                        _infer_tool_parser)
+
+    table = FAMILY_FILES[slug]
+    files = _CheckpointFiles(*(table.get(variant) or table["*"]))
+    start, end, _, _ = _infer_thinking(files)
+    return (_infer_tool_parser(files), (start, end) if start else None,
+            tuple(_infer_structural_markers(files)))
+
+
+def choice_for(fixture: Fixture, family: Family | None
+               ) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
+    """(mlx-lm tool parser module or None, think markers or None, structural markers) that
+    mlx-lm's selection picks for ``fixture``'s model."""
+    table = FAMILY_FILES[fixture.family]
+    variant = _variant(fixture, family)
+    return _infer(fixture.family, variant if variant in table else "*")
+
+
+def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseResult:
+    """Feed ``chunks`` (the raw output, split) through mlx-kit's parser for ``fixture``;
+    the accumulated result as an OpenAI client would see it."""
+    from kit.engine.output import OutputParser
+    from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
+
+    tok = FamilyTokenizer(*choice_for(fixture, family))
+    parser = OutputParser.for_model(tok, generation_prompt(fixture, family), tools=list(fixture.tools))
+    # the engine finishes with "length" when max_tokens cut the output, else EOS ("stop")
+    reason = "length" if "truncated" in fixture.tags else "stop"
+    events: list[Any] = []
+    try:
+        for chunk in chunks:
+            events += parser.feed(chunk)
+            if parser.stopped:
+                break
+        events += parser.finish(reason)
+    except Exception as e:  # a parser crash is a parse outcome (canitoolcall's contract)
+        return ParseResult(exception=f"{type(e).__name__}: {e}")
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    calls = tuple(ParsedToolCall(e.name, e.arguments) for e in events if isinstance(e, ToolCall))
+    return ParseResult(content=text or None, reasoning_content=reasoning or None, tool_calls=calls)
+
+
+def streams(fixture: Fixture, family: Family | None) -> dict[str, ParseResult]:
+    """The raw output split at text level by each canitoolcall default strategy."""
+    chars = list(fixture.raw_output)
+    return {f"text:{s.id}": parse(fixture, family, ["".join(g) for g in split(chars, s)])
+            for s in DEFAULT_STRATEGIES if s.kind != "special"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # pass | soft | fail | unsupported (canitoolcall's error counts as fail)
+    nonstream: ParseResult | None
+    streams: dict[str, ParseResult]
+    detail: str = ""
+
+
+_RANK = {"pass": 0, "soft": 1, "fail": 2, "unsupported": 3}
+
+
+def rank(status: str) -> int:
+    """Lower is better: pass < soft < fail < unsupported."""
+    return _RANK[status]
+
+
+def verdict(fixture: Fixture) -> Verdict:
+    """canitoolcall's verdict for mlx-kit on ``fixture``."""
+    family = family_for(fixture)
+    if choice_for(fixture, family)[0] is None:
+        return Verdict("unsupported", None, {}, "mlx-lm picks no tool parser for this family")
+    whole = parse(fixture, family, [fixture.raw_output])
+    split_parses = streams(fixture, family)
+    obs = Observation(nonstream=whole, streams=split_parses)
+    rows = run_checks(fixture, family, obs)
+    status = case_status(rows)
+    bad = [f"{r.check}[{r.strategy}]: {r.status.value}" + (f" ({r.detail})" if r.detail else "")
+           for r in rows if r.status not in (Status.PASS,)]
+    name = {Status.PASS: "pass", Status.SOFT_PASS: "soft"}.get(status, "fail")
+    return Verdict(name, whole, split_parses, "; ".join(bad[:6]))
+
+
+@cache
+def all_fixtures() -> tuple[Fixture, ...]:
+    """The 469 fixtures bundled in canitoolcall's wheel."""
+    return tuple(load_fixtures())
