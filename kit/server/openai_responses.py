@@ -269,7 +269,7 @@ class ResponsesRenderer(Renderer):
                     "input_tokens": u.prompt_tokens if u else 0,
                     "input_tokens_details": {"cached_tokens": u.cached_tokens if u else 0},
                     "output_tokens": u.completion_tokens if u else 0,
-                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens if u else 0},
                     "total_tokens": u.total_tokens if u else 0}}
 
 
