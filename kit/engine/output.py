@@ -63,6 +63,8 @@ class OutputParser:
         self._stops = tuple(s for s in stops if s)
         self._raw = ""  # the last generated text, to tell which stop string matched
         self.tool_calls = 0
+        self.reasoning_tokens = 0  # generated tokens inside a think block (see feed)
+        self._held = 0  # tokens fed as "" since the last text: counted with the next text
         self.stopped = False  # a stop string matched
         self.stop_string: str | None = None
 
@@ -129,11 +131,23 @@ class OutputParser:
         return calls or [TextDelta(text)]
 
     def feed(self, text: str) -> list[Any]:
-        """Consume the next generated text; returns the events it completes. After a stop
-        string, ``stopped`` is True and no more text should be fed."""
+        """Consume the next generated text (one call per generated token: the decode loops
+        feed each token's text, "" for a token the detokenizer holds back); returns the
+        events it completes. After a stop string, ``stopped`` is True and no more text
+        should be fed. A token is counted in ``reasoning_tokens`` when its text is in the
+        think block or is one of the markers that open and close it (they are not part of
+        the answer either); a token whose text the detokenizer held back counts with the
+        text that follows, and one that never shows any (the EOS token) counts nowhere."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, segments = TextStateMachine.split(self._state, text)
+        if not text:
+            self._held += 1
+        else:
+            # segments name every state the text passed, the one before it first
+            if any(state == "reasoning" for state, _ in segments):
+                self.reasoning_tokens += 1 + self._held
+            self._held = 0
         if self._stops:
             self._raw = (self._raw + text)[-4096:]
         if self._state[0] is None:

@@ -180,7 +180,8 @@ class Pipeline:
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
             finish_reason = "tool_calls"
-        usage = Usage(len(run.prompt), run.n, run.cached)
+        usage = Usage(len(run.prompt), run.n, run.cached,
+                      min(run.parser.reasoning_tokens, run.n))
         tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
         log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,

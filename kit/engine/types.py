@@ -98,11 +98,13 @@ class ChatRequest:
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one request: prompt tokens (of which ``cached_tokens`` came from the
-    prompt cache) and generated tokens."""
+    prompt cache) and generated tokens (of which ``reasoning_tokens`` were generated
+    inside the model's think block, its markers included)."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -179,12 +179,13 @@ class ResponsesRenderer(Renderer):
         last = self.output[-1] if self.output else None
         return last if last and last["type"] == kind and last["status"] == "in_progress" else None
 
-    def close(self) -> list[dict]:
-        """Finish the open item; returns its done events."""
+    def close(self, status: str = "completed") -> list[dict]:
+        """Finish the open item with ``status`` (``"incomplete"``: max_output_tokens cut
+        it, as OpenAI marks such an item); returns its done events."""
         last = self.output[-1] if self.output else None
         if not last or last["status"] != "in_progress":
             return []
-        last["status"] = "completed"
+        last["status"] = status
         i = len(self.output) - 1
         if last["type"] == "message":
             part = last["content"][0]
@@ -252,7 +253,13 @@ class ResponsesRenderer(Renderer):
                 self.event("response.in_progress", response=pending)]
 
     def finish(self, fin: Finished) -> list:
-        return [*self.close(), self.event("response.completed", response=self.final(fin))]
+        # OpenAI ends a stream cut by max_output_tokens with response.incomplete, not
+        # response.completed; the response object is the same one the body would be.
+        events = self.close(_status(fin))  # before final(), which would close it silently
+        response = self.final(fin)
+        kind = "response.incomplete" if response["status"] == "incomplete" \
+            else "response.completed"
+        return [*events, self.event(kind, response=response)]
 
     def error(self, e: APIError) -> list:
         return [self.event("response.failed", response={
@@ -260,17 +267,22 @@ class ResponsesRenderer(Renderer):
             "error": {"code": e.code or "server_error", "message": e.message}})]
 
     def final(self, fin: Finished | None) -> dict:
-        self.close()
+        self.close(_status(fin))
         u = fin.usage if fin else None
-        incomplete = fin is not None and fin.finish_reason == "length"
-        return {**self.base, "status": "incomplete" if incomplete else "completed",
+        incomplete = _status(fin) == "incomplete"
+        return {**self.base, "status": _status(fin),
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "output": self.output, "usage": {
                     "input_tokens": u.prompt_tokens if u else 0,
                     "input_tokens_details": {"cached_tokens": u.cached_tokens if u else 0},
                     "output_tokens": u.completion_tokens if u else 0,
-                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens if u else 0},
                     "total_tokens": u.total_tokens if u else 0}}
+
+
+def _status(fin: Finished | None) -> str:
+    """The response's status: ``"incomplete"`` when max_output_tokens ended it."""
+    return "incomplete" if fin is not None and fin.finish_reason == "length" else "completed"
 
 
 def _base(body: ResponsesRequest, req: ChatRequest, started: Started) -> dict[str, Any]:

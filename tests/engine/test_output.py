@@ -122,3 +122,21 @@ def test_stop_strings_do_not_apply_inside_reasoning():
     events = run(p, "<think>x marks it</think>ok x then more")
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "x marks it"
     assert text_of(events) == "ok " and p.stopped
+
+
+def test_reasoning_tokens_count_the_think_block_and_its_markers_not_the_answer():
+    # one feed per generated token, as the decode loops do; "" is a token the
+    # detokenizer held back (the first half of "é"), the last "" the EOS token
+    p = OutputParser(think=("<think>", "</think>"))
+    tokens = ["<think>", "Let", " me", "", "é", "</think>", "Hi", " there", ""]
+    for t in tokens:
+        p.feed(t)
+    p.finish("stop")
+    assert p.reasoning_tokens == 6  # <think>, Let, me, the held token, é, </think>
+
+
+def test_no_reasoning_tokens_without_a_think_block():
+    p = OutputParser(think=("<think>", "</think>"))
+    for t in ["Hi", " there", ""]:
+        p.feed(t)
+    assert p.reasoning_tokens == 0

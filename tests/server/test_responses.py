@@ -52,6 +52,27 @@ def test_max_output_tokens_is_incomplete(client):
     assert r.usage.output_tokens == 3
 
 
+def test_streamed_response_cut_by_max_output_tokens_ends_with_response_incomplete(client):
+    # Regression: the stream ended with response.completed (status "incomplete"); OpenAI
+    # sends response.incomplete. Through the SDK's streaming helper, whose final-response
+    # accessor (like OpenAI's own streams) only knows response.completed.
+    full = client.responses.create(model="local", input="Tell me a story.", max_output_tokens=3)
+    with client.responses.stream(model="local", input="Tell me a story.",
+                                 max_output_tokens=3) as stream:
+        events = list(stream)
+    last = events[-1]
+    assert isinstance(last, openai.types.responses.ResponseIncompleteEvent)
+    assert "response.completed" not in [e.type for e in events]
+    assert last.response.status == "incomplete" == full.status
+    assert last.response.incomplete_details.reason == "max_output_tokens"
+    assert last.response.output_text == full.output_text
+    # the message the cut ended is incomplete too, in the body and in its done event
+    assert full.output[-1].status == last.response.output[-1].status == "incomplete"
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert done[-1].item.status == "incomplete"
+    assert last.response.usage.output_tokens == full.usage.output_tokens == 3
+
+
 def test_codex_shaped_request_streams_a_complete_sequence(server):
     """Regression guard for Codex: store false, include, reasoning, prompt_cache_key,
     parallel_tool_calls, instructions, developer + user items with parts, history with a

@@ -68,3 +68,56 @@ def test_a_json_answer_from_a_thinking_template_is_content_not_reasoning(think_s
     message = r.choices[0].message
     assert isinstance(json.loads(message.content), dict)
     assert not (message.model_extra or {}).get("reasoning_content")
+
+
+def _think_end_id(think_server) -> int:
+    tokenizer = Tokenizer.from_file(str(think_server.model / "tokenizer.json"))
+    return tokenizer.token_to_id("</think>")
+
+
+def test_responses_report_the_reasoning_tokens_the_model_generated(think_server):
+    # Regression: output_tokens_details.reasoning_tokens was a constant 0. The template
+    # opens <think> and the model never closes it here: every output token is reasoning.
+    client = openai.OpenAI(base_url=think_server.v1, api_key="unused", max_retries=0,
+                           timeout=120)
+    r = client.responses.create(model="local", input="Tell me a story.", max_output_tokens=12)
+    assert [i.type for i in r.output] == ["reasoning"] and r.status == "incomplete"
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens == 12
+    with client.responses.stream(model="local", input="Tell me a story.",
+                                 max_output_tokens=12) as stream:
+        last = list(stream)[-1]
+    assert last.response.usage.output_tokens_details.reasoning_tokens == 12
+
+
+def test_reasoning_tokens_count_only_the_think_block_not_the_answer(think_server):
+    # A bias on </think> makes the model close its think block and answer (at
+    # temperature 0: 22 tokens of reasoning, </think>, a one-token answer): the count
+    # covers the think block (its closing marker included), not the answer after it.
+    client = openai.OpenAI(base_url=think_server.v1, api_key="unused", max_retries=0,
+                           timeout=120)
+    r = client.chat.completions.create(
+        model="local", max_tokens=24, logit_bias={"2": -100, str(_think_end_id(think_server)): 8},
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    message = r.choices[0].message
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    assert reasoning and message.content  # it reasoned, then answered
+    n = r.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < n < r.usage.completion_tokens == 24
+    tokenizer = Tokenizer.from_file(str(think_server.model / "tokenizer.json"))
+    answer = len(tokenizer.encode(message.content, add_special_tokens=False).ids)
+    assert abs((r.usage.completion_tokens - n) - answer) <= 1  # the answer's tokens
+
+
+def test_an_answer_without_reasoning_reports_zero_reasoning_tokens(think_server):
+    # A constrained JSON answer closes the think block in the prompt: nothing generated
+    # is reasoning.
+    client = openai.OpenAI(base_url=think_server.v1, api_key="unused", max_retries=0,
+                           timeout=120)
+    r = client.responses.create(model="local", input="Give me a JSON object for a dog.",
+                                max_output_tokens=40, text={"format": {"type": "json_object"}})
+    assert r.usage.output_tokens > 0
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    c = client.chat.completions.create(
+        model="local", max_tokens=40, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Give me a JSON object for a dog."}])
+    assert c.usage.completion_tokens_details.reasoning_tokens == 0

@@ -286,14 +286,15 @@ EVENTS = [ReasoningDelta("Think"), ReasoningDelta("ing."), TextDelta("Hel"), Tex
 FIN = Finished("tool_calls", Usage(20, 9, 5), stop_string=None)
 
 
-def run(make: type[Renderer] | object) -> tuple[list, object]:
+def run(make: type[Renderer] | object, events: list | None = None,
+        fin: Finished = FIN) -> tuple[list, object]:
     """(frames of a streamed run, body of a non-streamed run) for the same events."""
     streamed, whole = make(), make()
     frames = streamed.opening()
-    for ev in EVENTS:
+    for ev in EVENTS if events is None else events:
         frames += streamed.add(ev)
         whole.add(ev)
-    return frames + streamed.finish(FIN) + streamed.closing(), whole.final(FIN)
+    return frames + streamed.finish(fin) + streamed.closing(), whole.final(fin)
 
 
 def datas(frames: list) -> list:
@@ -354,6 +355,25 @@ def test_responses_stream_and_body_agree():
     assert {k: v for k, v in completed.items() if k != "output"} == \
         {k: v for k, v in body.items() if k != "output"}
     assert [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_responses_cut_by_max_output_tokens_end_incomplete_streamed_and_not():
+    # OpenAI's stream ends with response.incomplete (not response.completed) and marks
+    # the item the cut ended incomplete; the body says the same.
+    cut = Finished("length", Usage(9, 4, 0, 3), "real/model")
+    frames, body = run(lambda: openai_responses.ResponsesRenderer({"id": "resp_1"}),
+                       [ReasoningDelta("Hm"), TextDelta("Hel")], cut)
+    events = datas(frames)
+    assert [e["type"] for e in events][-1] == "response.incomplete"
+    assert "response.completed" not in [e["type"] for e in events]
+    last = events[-1]["response"]
+    for r in (last, body):
+        assert r["status"] == "incomplete"
+        assert r["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert [i["status"] for i in r["output"]] == ["completed", "incomplete"]
+        assert r["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
+    done = [e["item"]["status"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == ["completed", "incomplete"]
 
 
 def test_gemini_stream_and_body_agree():
