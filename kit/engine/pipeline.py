@@ -59,11 +59,9 @@ class PromptCachePolicy:
               new_cache: Callable[[], Any]) -> tuple[Any, list[int]]:
         """The KV cache to generate ``prompt`` with (a copy; ``new_cache()`` when nothing
         under ``key`` shares a prefix) and the tokens still to prefill (never empty)."""
-        from mlx_lm.models.cache import LRUPromptCache, trim_prompt_cache
+        from mlx_lm.models.cache import trim_prompt_cache
 
-        if self._lru is None:
-            self._lru = LRUPromptCache(max_size=self.size)
-        cache, rest = self._lru.fetch_nearest_cache(key, prompt)
+        cache, rest = self._store().fetch_nearest_cache(key, prompt)
         if cache is None:
             return new_cache(), prompt
         if not rest:  # exact hit: re-feed the last prompt token to get fresh logits
@@ -73,11 +71,15 @@ class PromptCachePolicy:
 
     def insert(self, key: str, tokens: list[int], cache: Any) -> None:
         """Keep ``cache``, which holds ``tokens``, for later prompts under ``key``."""
-        from mlx_lm.models.cache import LRUPromptCache
+        self._store().insert_cache(key, tokens, cache)
 
+    def _store(self) -> Any:
+        """mlx-lm's ``LRUPromptCache``, made on first use."""
         if self._lru is None:
+            from mlx_lm.models.cache import LRUPromptCache
+
             self._lru = LRUPromptCache(max_size=self.size)
-        self._lru.insert_cache(key, tokens, cache)
+        return self._lru
 
     def next_turn(self, tokens: list[int], resend: list[int], n_prompt: int, cache: Any,
                   prefill: Callable[[Any, list[int]], None]) -> list[int]:
@@ -186,22 +188,23 @@ class Pipeline:
         log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
                  run.cached, run.n, run.ttft, tps, finish_reason)
-        log.debug("%s: text %r", run.job.request.request_id, "".join(run.texts))
+        text = "".join(run.texts)
+        log.debug("%s: text %r", run.job.request.request_id, text)
         self._served()  # before the client can see the end (and ask /health)
         run.job.post(Finished(finish_reason, usage, run.key, run.ttft, tps,
                               run.parser.stop_string))
         if cache is None:
             return
         if finish_reason != "cancelled" and not run.job.request.raw:
-            tokens = self._next_turn(run, tokens, cache)
+            tokens = self._next_turn(run, tokens, cache, text)
         self.cache.insert(run.key, tokens, cache)
 
-    def _next_turn(self, run: Run, tokens: list[int], cache: Any) -> list[int]:
-        """The next turn's rendering of this conversation, then
+    def _next_turn(self, run: Run, tokens: list[int], cache: Any, text: str) -> list[int]:
+        """The next turn's rendering of this conversation (``text``: the answer), then
         :meth:`PromptCachePolicy.next_turn` (any template failure: ``tokens`` as is)."""
         req = run.job.request
         message: dict[str, Any] = {"role": "assistant",
-                                   "content": "".join(run.texts) or (None if run.calls else "")}
+                                   "content": text or (None if run.calls else "")}
         if run.calls:
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.name, "arguments": c.arguments}} for c in run.calls]
