@@ -141,7 +141,7 @@ class Engine:
         """:meth:`memory`, awaitable (the engine process answers through its pipe)."""
         return self.memory()
 
-    def capabilities(self) -> dict[str, bool]:
+    def capabilities(self) -> dict[str, Any]:
         """See :meth:`kit.engine.slot.ModelSlot.capabilities`."""
         return self.slot.capabilities()
 

@@ -136,6 +136,6 @@ class EngineLike(Protocol):
         """:meth:`memory` as of now (asks the engine; falls back to :meth:`memory`
         quickly, so ``/health`` always answers)."""
 
-    def capabilities(self) -> dict[str, bool]:
+    def capabilities(self) -> dict[str, Any]:
         """What the loaded model's chat template supports: ``tools``, ``reasoning``
         (both False while unknown)."""

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
+from kit.formats.base import CallEnd, OutputFormat, ToolParser, marker_end
 
 log = logging.getLogger("mlx_kit.engine")
-
-ToolParser = Callable[[str, Any], Any]
 
 
 class OutputParser:
@@ -41,7 +40,9 @@ class OutputParser:
     def __init__(self, *, stops: Sequence[str] = (), think: tuple[str, str] | None = None,
                  tool: tuple[str, str] | None = None, tool_parser: ToolParser | None = None,
                  tools: list[dict] | None = None, initial: str = "normal",
-                 extra: dict[str, list[tuple[str, str]]] | None = None) -> None:
+                 extra: dict[str, list[tuple[str, str]]] | None = None,
+                 call_end: CallEnd | None = None,
+                 parse_partial: ToolParser | None = None) -> None:
         from mlx_lm.generate import TextStateMachine
 
         transitions: dict[str, list[tuple[str, Any]]] = {"normal": []}
@@ -52,13 +53,18 @@ class OutputParser:
             transitions["normal"].append((tool[0], "tool"))
             if think:
                 transitions["reasoning"].append((tool[0], "tool"))
-            transitions["tool"] = [(tool[1], "normal")] if tool[1] else []
+            # the call's end is found by call_end over the call's text (see _events), not
+            # by the state machine, which would end it at a marker inside an argument string
+            transitions["tool"] = []
         for state, edges in (extra or {}).items():
             transitions.setdefault(state, []).extend(edges)
         transitions["normal"].extend((s, None) for s in stops if s)
         self._sm = TextStateMachine(transitions)
         self._state = self._sm.make_state(initial if initial in transitions else "normal")
         self._tool_parser, self._tools = tool_parser, tools
+        self._call_end = call_end if call_end is not None else \
+            marker_end(tool[1] if tool else "")
+        self._parse_partial = parse_partial
         self._tool_text = ""
         self._stops = tuple(s for s in stops if s)
         self._raw = ""  # the last generated text, to tell which stop string matched
@@ -69,39 +75,55 @@ class OutputParser:
         self.stop_string: str | None = None
 
     @classmethod
-    def for_model(cls, tokenizer: Any, prompt: list[int], *, stops: Sequence[str] = (),
-                  tools: list[dict] | None = None, in_tool_call: bool = False) -> OutputParser:
-        """The parser for an mlx-lm ``TokenizerWrapper``'s chat template, starting in
-        reasoning when the prompt ends inside an open think block, or inside a tool call
-        when ``in_tool_call`` (the prompt ends with a forced call's start marker)."""
-        think = None
-        initial = "normal"
-        if getattr(tokenizer, "has_thinking", False):
-            think = (tokenizer.think_start, tokenizer.think_end)
-            if tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt):
-                initial = "reasoning"
+    def for_format(cls, fmt: OutputFormat, prompt_tail: str, *, stops: Sequence[str] = (),
+                   tools: list[dict] | None = None, in_tool_call: bool = False,
+                   tokenizer: Any = None) -> OutputParser:
+        """The parser for a model's :class:`~kit.formats.OutputFormat`, starting in
+        reasoning when ``prompt_tail`` (the prompt's last text, special tokens included)
+        opened a think block it did not close, or inside a tool call when
+        ``in_tool_call`` (the prompt ends with a forced call's start marker). Tool calls
+        are parsed only when the request sent ``tools``. ``tokenizer``: mlx-lm's
+        ``TokenizerWrapper``, for the response transitions a checkpoint's config may add."""
+        think = fmt.think
+        initial = fmt.initial or "normal"
+        if think and prompt_tail.rfind(think[0]) > prompt_tail.rfind(think[1]):
+            initial = "reasoning"
         initial = getattr(tokenizer, "response_initial_state", None) or initial
-        tool = None
-        if tools and getattr(tokenizer, "has_tool_calling", False):
-            tool = (tokenizer.tool_call_start, tokenizer.tool_call_end or "")
-            if in_tool_call:
-                initial = "tool"
+        tool = fmt.tool if tools and fmt.tools else None
+        if tool and in_tool_call:
+            initial = "tool"
         extra: dict[str, list[tuple[str, str]]] = {}
-        for marker in getattr(tokenizer, "structural_markers", None) or ():
+        for marker in fmt.structural:
             extra.setdefault("normal", []).append((marker, "normal"))
+        for state, edges in fmt.transitions.items():
+            extra.setdefault(state, []).extend(edges)
         for state, edges in (getattr(tokenizer, "response_transitions", None) or {}).items():
             extra.setdefault(state, []).extend(edges)
-        return cls(stops=stops, think=think, tool=tool,
-                   tool_parser=getattr(tokenizer, "tool_parser", None) if tool else None,
-                   tools=tools, initial=initial, extra=extra)
+        kind = fmt.parser_class or cls
+        return kind(stops=stops, think=think, tool=tool,
+                    tool_parser=fmt.parse if tool else None, tools=tools, initial=initial,
+                    extra=extra, call_end=fmt.call_end if tool else None,
+                    parse_partial=fmt.parse_partial if tool else None)
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
+        from mlx_lm.generate import TextStateMachine
+
         events: list[Any] = []
         for state, text in segments:
             if state == "tool":
                 self._tool_text += text
+                end = self._call_end(self._tool_text) if self._call_end else None
+                if end is None:
+                    continue
+                # the call ended: parse it, then read what follows from the normal state
+                body, rest = self._tool_text[:end[0]], self._tool_text[end[1]:]
+                self._tool_text = ""
+                events += self._parse_tool(body)
+                self._state = self._sm.make_state("normal")
+                self._state, more = TextStateMachine.split(self._state, rest)
+                events += self._events(more)
                 continue
-            if self._tool_text and state != "tool":  # a call just closed
+            if self._tool_text and state != "tool":  # a call without an end marker
                 events += self._parse_tool(self._tool_text)
                 self._tool_text = ""
             if not text:
@@ -112,12 +134,7 @@ class OutputParser:
                 events.append(TextDelta(text))
         return events
 
-    def _parse_tool(self, text: str) -> list[Any]:
-        try:
-            parsed = self._tool_parser(text, self._tools) if self._tool_parser else None
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            log.warning("could not parse a tool call (%s); returning it as text", e)
-            return [TextDelta(text)]
+    def _calls(self, parsed: Any) -> list[ToolCall]:
         calls = []
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(call, dict) or "name" not in call:
@@ -128,7 +145,15 @@ class OutputParser:
                                   arguments=args if isinstance(args, str)
                                   else json.dumps(args, ensure_ascii=False)))
             self.tool_calls += 1
-        return calls or [TextDelta(text)]
+        return calls
+
+    def _parse_tool(self, text: str) -> list[Any]:
+        try:
+            parsed = self._tool_parser(text, self._tools) if self._tool_parser else None
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            log.warning("could not parse a tool call (%s); returning it as text", e)
+            return [TextDelta(text)]
+        return self._calls(parsed) or [TextDelta(text)]
 
     def feed(self, text: str) -> list[Any]:
         """Consume the next generated text (one call per generated token: the decode loops
@@ -157,15 +182,21 @@ class OutputParser:
         return self._events(segments)
 
     def finish(self, reason: str) -> list[Any]:
-        """End of generation. ``"length"``: held-back text is released, and a tool call cut
-        off mid-way is dropped (it cannot be valid); otherwise (EOS) an unterminated tool
-        call is parsed (formats without an end marker)."""
+        """End of generation. ``"length"``: held-back text is released, and of a tool call
+        cut off mid-way the format's ``parse_partial`` keeps the complete calls (without
+        one the cut call is dropped: it cannot be valid); otherwise (EOS) an unterminated
+        tool call is parsed (formats without an end marker)."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, tail, state = TextStateMachine.flush(self._state)
         events = self._events([(state, tail)]) if not self.stopped else []
         if self._tool_text:
+            text, self._tool_text = self._tool_text, ""
             if reason != "length":
-                events += self._parse_tool(self._tool_text)
-            self._tool_text = ""
+                events += self._parse_tool(text)
+            elif self._parse_partial is not None:
+                try:
+                    events += self._calls(self._parse_partial(text, self._tools))
+                except (ValueError, KeyError, TypeError, IndexError) as e:
+                    log.warning("could not parse a cut tool call (%s); dropped", e)
         return events

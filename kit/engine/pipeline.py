@@ -168,9 +168,10 @@ class Pipeline:
         cached = len(prompt) - len(rest)
         job.post(Started(key, len(prompt), cached))
         tok = self.slot.tokenizer
-        parser = OutputParser(stops=params.stop) if req.raw else \
-            OutputParser.for_model(tok, prompt, stops=params.stop, tools=req.tools,
-                                   in_tool_call=req.force_tool is not None and bool(forced))
+        parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(
+            self.slot.output_format, self.prompts.tail_text(prompt), stops=params.stop,
+            tools=req.tools, in_tool_call=req.force_tool is not None and bool(forced),
+            tokenizer=tok)
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
                    t0, logprob=self.sampling.logprob if params.logprobs else None)
 

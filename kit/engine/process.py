@@ -104,7 +104,8 @@ class EngineProcess:
         self._options = options
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
-        self._capabilities = {"tools": False, "reasoning": False}
+        self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
+                                              "tool_format": None, "reasoning_format": None}
         self._ids = itertools.count(1)
         self._ready = threading.Event()
         self._start_lock = threading.Lock()
@@ -187,7 +188,7 @@ class EngineProcess:
             pass
         return dict(self._memory)
 
-    def capabilities(self) -> dict[str, bool]:
+    def capabilities(self) -> dict[str, Any]:
         """See :meth:`Engine.capabilities`."""
         return dict(self._capabilities)
 

@@ -144,6 +144,20 @@ class Prompts:
         return self.encode_rendered(self.render_text(request, messages,
                                                      generation_prompt=generation_prompt))
 
+    def tail_text(self, prompt: list[int], n: int = 32) -> str:
+        """The text of the prompt's last ``n`` tokens, special tokens included: what the
+        output parser reads to tell whether the prompt opened a think block."""
+        return self.slot.tokenizer.decode(prompt[-n:])
+
+    def opens_reasoning(self, prompt: list[int]) -> bool:
+        """The prompt ends inside a think block it opened (a thinking template's
+        generation prompt)."""
+        think = self.slot.output_format.think
+        if not think:
+            return False
+        tail = self.tail_text(prompt)
+        return tail.rfind(think[0]) > tail.rfind(think[1])
+
     def constraint(self, request: ChatRequest,
                    prompt: list[int]) -> tuple[str | None, list[int], str]:
         """The grammar a request's output must follow (None: free), the tokens to append to
@@ -158,19 +172,17 @@ class Prompts:
         """
         from kit.engine.grammar import json_grammar, tool_call_grammar
 
-        tok = self.slot.tokenizer
+        tok, fmt = self.slot.tokenizer, self.slot.output_format
         close: list[int] = []
-        if getattr(tok, "has_thinking", False) and \
-                tok.rfind_think_start(prompt) > tok.rfind_think_end(prompt):
-            close = list(tok.encode(tok.think_end, add_special_tokens=False))
+        if fmt.think and self.opens_reasoning(prompt):
+            close = list(tok.encode(fmt.think[1], add_special_tokens=False))
         try:
-            if request.force_tool is not None and request.tools and tok.has_tool_calling:
+            if request.force_tool is not None and request.tools and fmt.tools:
                 tools = request.tools if not request.force_tool else [
                     t for t in request.tools
                     if (t.get("function") or {}).get("name") == request.force_tool]
-                family = tok._tokenizer.init_kwargs.get("tool_parser_type")
-                start = list(tok.tool_call_start_tokens or ())
-                return tool_call_grammar(family, tools), close + start, "tools"
+                start = list(tok.encode(fmt.tool[0], add_special_tokens=False))
+                return tool_call_grammar(fmt.grammar, tools), close + start, "tools"
             if request.response_schema is not None and not request.raw:
                 return json_grammar(request.response_schema), close, "schema"
         except ValueError as e:

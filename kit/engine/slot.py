@@ -55,6 +55,7 @@ class ModelSlot:
         self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
         self._trimmable: bool | None = None  # the loaded model's KV cache, lazily
         self._bound_for: tuple[Any, Any] | None = None  # (tokenizer, its TokenBound)
+        self._format_for: tuple[Any, Any] | None = None  # (tokenizer, its OutputFormat)
 
     @property
     def loaded(self) -> bool:
@@ -186,10 +187,28 @@ class ModelSlot:
         return {"active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
                 "weights_bytes": self.weights_bytes if self.model is not None else 0}
 
-    def capabilities(self) -> dict[str, bool]:
-        """What the chat template supports, as mlx-lm detected it: ``tools`` (it renders
-        tools and has a tool-call parser), ``reasoning`` (think markers). All False while
-        no tokenizer is loaded."""
+    @property
+    def output_format(self) -> Any:
+        """The tokenizer's :class:`kit.formats.OutputFormat` (reasoning and tool-call
+        markup and parser), built once per tokenizer; None while no tokenizer is loaded."""
         tok = self.tokenizer
-        return {"tools": bool(tok is not None and getattr(tok, "has_tool_calling", False)),
-                "reasoning": bool(tok is not None and getattr(tok, "has_thinking", False))}
+        if tok is None:
+            return None
+        if self._format_for is None or self._format_for[0] is not tok:
+            from kit.formats.select import for_tokenizer
+
+            self._format_for = (tok, for_tokenizer(tok, self.info.path))
+        return self._format_for[1]
+
+    def capabilities(self) -> dict[str, Any]:
+        """What the model's output format supports (:mod:`kit.formats`): ``tools`` (tool
+        calls are parsed), ``reasoning`` (reasoning markup), and their format names
+        ``tool_format`` / ``reasoning_format`` (None when unsupported). False/None while
+        no tokenizer is loaded."""
+        fmt = self.output_format
+        if fmt is None:
+            return {"tools": False, "reasoning": False, "tool_format": None,
+                    "reasoning_format": None}
+        return {"tools": fmt.tools, "reasoning": fmt.reasoning_format is not None,
+                "tool_format": fmt.tool_format if fmt.tools else None,
+                "reasoning_format": fmt.reasoning_format}

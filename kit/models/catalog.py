@@ -15,6 +15,7 @@ import concurrent.futures
 import importlib.util
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,10 +30,8 @@ from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
 
 log = logging.getLogger("mlx_kit.catalog")
 
-# Markers that show a chat template renders tool calls / reasoning.
-_TOOL_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|tool_call", "tool_calls", "<function=",
-                 "<|python_tag|>")
-_THINK_MARKERS = ("<think>", "enable_thinking", "reasoning_content", "<|channel|>")
+#: a special token's text in tokenizer.json's ``added_tokens``
+_ADDED_TOKEN = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _TOKENIZER_HEAD_CHARS = 2_000_000  # most of tokenizer.json ever read (special tokens lead)
 _CHUNK = 64 * 1024
 #: seconds a catalog snapshot is served before a read starts a rescan (in the background)
@@ -46,6 +45,8 @@ class Capabilities:
     tools: bool = False
     reasoning: bool = False
     vision: bool = False
+    tool_format: str | None = None
+    reasoning_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,25 @@ def _chat_template(folder: Path) -> str:
     return ""
 
 
+def _tokenizer_config(folder: Path) -> dict[str, Any]:
+    try:
+        value = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _special_tokens(path: Path) -> set[str]:
+    """The special tokens of ``tokenizer.json`` (from :func:`_special_tokens_head`)."""
+    found = set()
+    for raw in _ADDED_TOKEN.findall(_special_tokens_head(path)):
+        try:
+            found.add(json.loads(f'"{raw}"'))
+        except ValueError:
+            continue
+    return found
+
+
 def _special_tokens_head(path: Path, limit: int = _TOKENIZER_HEAD_CHARS) -> str:
     """The head of ``tokenizer.json`` that holds its special tokens: read in chunks until
     the end of ``added_tokens`` (the ``"normalizer"`` key that the tokenizers library
@@ -145,14 +165,20 @@ def _special_tokens_head(path: Path, limit: int = _TOKENIZER_HEAD_CHARS) -> str:
 
 def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     """Tool calls, reasoning, vision, judged from the chat template, the special tokens at
-    the head of tokenizer.json, and config."""
+    the head of tokenizer.json (:func:`kit.formats.detect`: the same rules the engine's
+    parser is built from) and config. ``tools`` means tool calls are *parsed*: a template
+    that renders tools in a format no parser reads says False."""
+    from kit.formats.select import detect
+
     template = _chat_template(folder)
     tokenizer = folder / "tokenizer.json"
-    special = _special_tokens_head(tokenizer) if tokenizer.is_file() else ""
+    special = _special_tokens(tokenizer) if tokenizer.is_file() else set()
+    configured = _tokenizer_config(folder).get("tool_parser_type")
+    found = detect(template, special, configured if isinstance(configured, str) else None)
     return Capabilities(
-        tools=any(m in template for m in _TOOL_MARKERS) or "tools" in template,
-        reasoning=any(m in template for m in _THINK_MARKERS) or '"<think>"' in special,
+        tools=found.tool_format is not None, reasoning=found.reasoning_format is not None,
         vision="vision_config" in config or (folder / "preprocessor_config.json").is_file(),
+        tool_format=found.tool_format, reasoning_format=found.reasoning_format,
     )
 
 
@@ -215,7 +241,8 @@ def api_entry(model_id: str, entry: CatalogEntry | None, *, real_id: str,
             "model": real_id, "context_window": window,
             "max_tokens": max(256, min(8192, window // 4)),
             "capabilities": {"tools": caps.tools, "reasoning": caps.reasoning,
-                             "vision": caps.vision},
+                             "vision": caps.vision, "tool_format": caps.tool_format,
+                             "reasoning_format": caps.reasoning_format},
             "quantization": entry.quantization if entry else None,
             "size_bytes": entry.size_bytes if entry else None, "loaded": loaded}
 

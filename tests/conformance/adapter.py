@@ -1,15 +1,14 @@
 """Replays a canitoolcall fixture through mlx-kit's parser entry point
-(:meth:`kit.engine.output.OutputParser.for_model`), with the parser mlx-kit's own
-selection would pick for the fixture's model.
+(:meth:`kit.engine.output.OutputParser.for_format`), with the format mlx-kit's own
+selection (:func:`kit.formats.select.for_tokenizer`, what the engine's model slot calls on the
+loaded tokenizer) picks for the fixture's model.
 
 The fixtures pin real Hugging Face tokenizers (Qwen3, GLM, Kimi, ...), which cannot be
-downloaded here, and canitoolcall ships no chat templates. So :class:`FamilyTokenizer`
-stands in for mlx-lm's ``TokenizerWrapper`` (a stand-in for what cannot exist here): it
-exposes exactly the attributes ``for_model`` reads, filled with what
-``mlx_lm.tokenizer_utils.load`` infers for that family's real checkpoint:
-mlx-lm's own ``_infer_tool_parser`` (the chat template's markup, then the vocab) and
-``_infer_thinking`` (think markers in the vocab), run on ``FAMILY_FILES``: per family and
-variant, an excerpt of the published template's tool-call markup and the vocab's special tokens.
+downloaded here, and canitoolcall ships no chat templates. So :class:`CheckpointFiles`
+stands in for the loaded tokenizer (a stand-in for what cannot exist here): it exposes
+exactly what ``for_tokenizer`` reads, the chat template and the vocab, filled per family and
+variant with an excerpt of the published template's tool-call markup and the vocab's
+special tokens (``FAMILY_FILES``).
 
 Verdicts come from canitoolcall's own checks (``run_checks`` / ``case_status``), over the
 non-streamed parse and text-level stream splits (``canitoolcall.chunking`` strategies applied
@@ -18,7 +17,6 @@ to characters, labelled ``text:<strategy>`` so they count toward the status).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,11 +27,13 @@ from canitoolcall.fixtures import Family, Fixture, load_fixtures
 from canitoolcall.pytest_plugin import family_for
 from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Status
 
+from kit.formats import OutputFormat
+from kit.formats.select import for_tokenizer
+
 #: family slug -> {variant or "*": (an excerpt of the tool-call markup in the family's
 #: published chat template, the special tokens of its vocab that mlx-lm looks for)}.
-#: mlx-lm's own ``_infer_tool_parser`` / ``_infer_thinking`` (what ``mlx_lm.tokenizer_utils.load``
-#: runs for every checkpoint mlx-kit loads; mlx-kit overrides neither) pick from these, so
-#: their precedence rules decide, as they would for the real checkpoint.
+#: mlx-kit's selection (:mod:`kit.formats.select`) picks from these, so its precedence
+#: rules decide, as they would for the real checkpoint.
 XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "qwen3-hermes": {"*": ('<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": ',
@@ -61,10 +61,9 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 }
 
 
-class _CheckpointFiles:
-    """What ``_infer_tool_parser`` / ``_infer_thinking`` read of an HF tokenizer: the chat
-    template, the vocab, and ``encode`` (only for the token ids of multi-token think
-    markers, which the text-level replay does not use)."""
+class CheckpointFiles:
+    """What :func:`~kit.formats.select.for_tokenizer` reads of a loaded tokenizer: the chat
+    template and the vocab."""
 
     def __init__(self, template: str, vocab: tuple[str, ...]) -> None:
         self.chat_template = template
@@ -72,35 +71,6 @@ class _CheckpointFiles:
 
     def get_vocab(self) -> dict[str, int]:
         return self._vocab
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [0]
-
-
-class FamilyTokenizer:
-    """The attributes of mlx-lm's ``TokenizerWrapper`` that ``OutputParser.for_model``
-    reads, for one family's checkpoint. ``rfind_think_*`` work on the prompt *text*
-    (the fixture's ``generation_prompt``), where the real wrapper scans token ids."""
-
-    def __init__(self, parser: str | None, think: tuple[str, str] | None,
-                 structural: tuple[str, ...] = ()) -> None:
-        self.has_tool_calling = parser is not None
-        self.tool_parser = self.tool_call_start = self.tool_call_end = None
-        if parser:
-            module = importlib.import_module(f"mlx_lm.tool_parsers.{parser}")
-            self.tool_parser = module.parse_tool_call
-            self.tool_call_start, self.tool_call_end = module.tool_call_start, module.tool_call_end
-        self.has_thinking = think is not None
-        self.think_start, self.think_end = think or (None, None)
-        self.structural_markers = structural
-        self.response_transitions: dict = {}
-        self.response_initial_state = None
-
-    def rfind_think_start(self, prompt: str) -> int:
-        return prompt.rfind(self.think_start)
-
-    def rfind_think_end(self, prompt: str) -> int:
-        return prompt.rfind(self.think_end)
 
 
 def _reference(fixture: Fixture, family: Family | None) -> Any:
@@ -124,24 +94,16 @@ def generation_prompt(fixture: Fixture, family: Family | None) -> str:
 
 
 @cache
-def _infer(slug: str, variant: str) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
-    from mlx_lm.tokenizer_utils import (_infer_structural_markers, _infer_thinking,
-                                        _infer_tool_parser)
-
+def _format(slug: str, variant: str) -> OutputFormat:
     table = FAMILY_FILES[slug]
-    files = _CheckpointFiles(*(table.get(variant) or table["*"]))
-    start, end, _, _ = _infer_thinking(files)
-    return (_infer_tool_parser(files), (start, end) if start else None,
-            tuple(_infer_structural_markers(files)))
+    return for_tokenizer(CheckpointFiles(*(table.get(variant) or table["*"])))
 
 
-def choice_for(fixture: Fixture, family: Family | None
-               ) -> tuple[str | None, tuple[str, str] | None, tuple[str, ...]]:
-    """(mlx-lm tool parser module or None, think markers or None, structural markers) that
-    mlx-lm's selection picks for ``fixture``'s model."""
+def format_for(fixture: Fixture, family: Family | None) -> OutputFormat:
+    """The output format mlx-kit's selection picks for ``fixture``'s model."""
     table = FAMILY_FILES[fixture.family]
     variant = _variant(fixture, family)
-    return _infer(fixture.family, variant if variant in table else "*")
+    return _format(fixture.family, variant if variant in table else "*")
 
 
 def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseResult:
@@ -150,8 +112,9 @@ def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseRe
     from kit.engine.output import OutputParser
     from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 
-    tok = FamilyTokenizer(*choice_for(fixture, family))
-    parser = OutputParser.for_model(tok, generation_prompt(fixture, family), tools=list(fixture.tools))
+    parser = OutputParser.for_format(format_for(fixture, family),
+                                     generation_prompt(fixture, family),
+                                     tools=list(fixture.tools))
     # the engine finishes with "length" when max_tokens cut the output, else EOS ("stop")
     reason = "length" if "truncated" in fixture.tags else "stop"
     events: list[Any] = []
@@ -195,8 +158,8 @@ def rank(status: str) -> int:
 def verdict(fixture: Fixture) -> Verdict:
     """canitoolcall's verdict for mlx-kit on ``fixture``."""
     family = family_for(fixture)
-    if choice_for(fixture, family)[0] is None:
-        return Verdict("unsupported", None, {}, "mlx-lm picks no tool parser for this family")
+    if not format_for(fixture, family).tools:
+        return Verdict("unsupported", None, {}, "no tool-call parser for this family")
     whole = parse(fixture, family, [fixture.raw_output])
     split_parses = streams(fixture, family)
     obs = Observation(nonstream=whole, streams=split_parses)

@@ -1,5 +1,5 @@
 """canitoolcall 0.1.1's 469 recorded model outputs replayed through mlx-kit's parser entry
-point (``OutputParser.for_model``, the parser built as the engine builds it: see
+point (``OutputParser.for_format``, the parser built as the engine builds it: see
 tests/conformance/adapter.py), whole and at text-level stream splits, judged by
 canitoolcall's own checks and ``assert_conforms``.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from canitoolcall.pytest_plugin import assert_conforms, assert_equivalent
 
-from tests.conformance.adapter import _infer, all_fixtures, rank, verdict
+from tests.conformance.adapter import _format, all_fixtures, rank, verdict
 
 BASELINE_FILE = Path(__file__).with_name("baseline.json")
 BASELINE: dict[str, str] = json.loads(BASELINE_FILE.read_text(encoding="utf-8"))["verdicts"]
@@ -30,17 +30,19 @@ def test_the_baseline_records_every_fixture_of_the_suite():
     assert set(BASELINE.values()) <= {"pass", "soft", "fail", "unsupported"}
 
 
-def test_each_family_gets_the_parser_mlx_lms_selection_picks():
-    """What the replay runs: mlx-lm's inference on each family's template and vocab. A change
-    here (an mlx-lm upgrade, a parser of our own) should come with a new baseline."""
-    picks = {(slug, variant): _infer(slug, variant)[:2] for slug, variant in [
+def test_each_family_gets_the_format_mlx_kits_selection_picks():
+    """What the replay runs: mlx-kit's selection on each family's template and vocab. A
+    change here (an mlx-lm upgrade, a parser of our own) should come with a new baseline."""
+    picks = {(slug, variant): (_format(slug, variant).tool_format if _format(slug, variant).tools
+                               else None, _format(slug, variant).think)
+             for slug, variant in [
         ("qwen3-hermes", "*"), ("qwen3-xml", "*"), ("glm", "*"), ("mistral", "*"), ("gemma4", "*"),
         ("kimi", "kimi-k2-thinking"), ("kimi", "kimi-k2-instruct"), ("kimi", "kimi-k3-xtml"),
         ("deepseek", "*"), ("gpt-oss", "*"), ("llama", "*")]}
     think = ("<think>", "</think>")
     assert picks == {
         ("qwen3-hermes", "*"): ("json_tools", think), ("qwen3-xml", "*"): ("qwen3_coder", think),
-        ("glm", "*"): ("glm47", think), ("mistral", "*"): ("mistral", None),
+        ("glm", "*"): ("glm47", think), ("mistral", "*"): ("mistral", ("[THINK]", "[/THINK]")),
         ("gemma4", "*"): ("gemma4", ("<|channel>thought", "<channel|>")),
         ("kimi", "kimi-k2-thinking"): ("kimi_k2", think), ("kimi", "kimi-k2-instruct"): ("kimi_k2", None),
         ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),

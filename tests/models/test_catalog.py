@@ -147,7 +147,7 @@ def test_reasoning_is_read_from_the_special_tokens_at_the_head_of_tokenizer_json
 
 def test_a_huge_tokenizer_json_is_never_read_whole(tmp_path):
     # Regression (review F10): the catalog read each model's whole tokenizer.json.
-    tokenizer_json(tmp_path / "huge", ["<think>"], size=8 << 30)  # 8 GiB, sparse
+    tokenizer_json(tmp_path / "huge", ["<think>", "</think>"], size=8 << 30)  # 8 GiB, sparse
     tokenizer_json(tmp_path / "huge-plain", ["<s>"], size=8 << 30)
     t0 = time.monotonic()
     assert capabilities(tmp_path / "huge", {}).reasoning is True
