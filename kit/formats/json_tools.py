@@ -1,0 +1,26 @@
+"""Hermes-style JSON tool calls (Qwen2.5/Qwen3, SmolLM3, ...):
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+
+mlx-lm's ``json_tools`` parser is right about the body (``json.loads`` of it), so it is
+reused. Corrected here:
+
+- the call ends at the first ``</tool_call>`` *outside a JSON string*; mlx-lm ends it at the
+  first ``</tool_call>`` anywhere, so an argument that quotes the marker (code or docs about
+  the format) cuts the call short and the rest leaks into the answer (upstream bug);
+- the whitespace the template writes around ``<think>``/``</think>`` and before
+  ``<tool_call>`` is not part of the reasoning or the answer
+  (:class:`~kit.engine.separators.SeparatorParser`; mlx-lm returns it).
+"""
+
+from __future__ import annotations
+
+from mlx_lm.tool_parsers.json_tools import parse_tool_call, tool_call_end, tool_call_start
+
+from kit.engine.separators import SeparatorParser
+from kit.formats.base import json_marker_end
+
+__all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
+
+call_end = json_marker_end(tool_call_end)
+
+OVERRIDES = {"parser_class": SeparatorParser}
