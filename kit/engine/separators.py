@@ -40,7 +40,15 @@ class _Edge:
 
 class SeparatorParser(OutputParser):
     """:class:`~kit.engine.output.OutputParser` plus the separator rules of this module
-    (same arguments, same events; only the whitespace around markup differs)."""
+    (same arguments, same events; only the whitespace around markup differs).
+
+    Attributes:
+        text_separators: the answer-text rules apply (False for a family whose template
+            writes no whitespace between its markup and the answer: there, all of the
+            answer's whitespace is the model's own).
+    """
+
+    text_separators = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -83,8 +91,10 @@ class SeparatorParser(OutputParser):
                     self._c_marked = True
             elif isinstance(ev, ReasoningDelta):
                 self._reasoning(ev.text, out)
-            elif isinstance(ev, TextDelta):
+            elif isinstance(ev, TextDelta) and self.text_separators:
                 self._text(ev.text, out)
+            elif isinstance(ev, TextDelta):
+                out.append(ev)
             else:  # a tool call is markup too
                 self._c_marked = True
                 out.append(ev)
@@ -113,3 +123,10 @@ class SeparatorParser(OutputParser):
         out.append(TextDelta(pending + stripped[len(lead):]))
         self._c_pending = text[len(stripped):]
         self._c_started, self._c_marked = True, False
+
+
+class ReasoningSeparatorParser(SeparatorParser):
+    """:class:`SeparatorParser` for the reasoning block only: the answer text is kept as
+    the model wrote it."""
+
+    text_separators = False
