@@ -30,6 +30,10 @@ the tool lookup; corrected here (upstream bugs):
 - the template's separator whitespace is dropped (:class:`~kit.engine.separators.
   SeparatorParser`).
 
+As text, a closing tag that more structure follows inside a value (``</function>\n</tool_call>``
+written into a file), or a value line that starts with ``<parameter=``, cannot be told from
+the real markup, and is read as markup (vLLM reads the unclosed-value case the same way).
+
 The structure scan is our own: no library parses this almost-XML (values are raw text, not
 escaped), and it must answer on every prefix while the call streams in.
 """
