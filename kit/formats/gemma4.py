@@ -85,8 +85,8 @@ class _Reader:
         while j < len(t) and t[j] not in ",}]" and not t.startswith(_Q, j):
             j += 1
         token = t[i:j].strip()
-        if not token:
-            raise ValueError(f"a value is missing at {i}")
+        if not token or any(c in token for c in "{[:"):
+            raise ValueError(f"a value expected at {i}")
         try:
             value = json.loads(token)
         except ValueError:

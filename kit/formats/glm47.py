@@ -109,14 +109,13 @@ class _Scan:
         t = self.text
         e = t.find(_END_KEY, i)
         if e < 0:
-            n = self._more()
-            return n, False
+            self._more()
+            raise _Broken(i)  # the output ended inside a key
         key = t[i:e].strip()
         j = self._gap(e + len(_END_KEY))
         if not t.startswith(_VALUE, j):
             if len(t) - j < len(_VALUE) and _VALUE.startswith(t[j:]):
-                n = self._more()
-                return n, False
+                self._more()
             raise _Broken(j)
         start = k = j + len(_VALUE)
         while True:
@@ -173,14 +172,14 @@ def parse_tool_call(text: str, tools: Any = None) -> dict:
     ``<arg_key>`` goes to mlx-lm's fallbacks (JSON, ``name a=1``).
 
     Raises:
-        ValueError: the markup breaks off before any argument.
+        ValueError: the markup is broken (an argument without its key's close or its
+            ``<arg_value>``, text between arguments).
     """
     scan = _Scan(text, final=True)
     try:
         scan.call()
-    except _Broken:
-        if not scan.args:
-            raise ValueError("malformed GLM tool call") from None
+    except _Broken as e:
+        raise ValueError(f"malformed GLM tool call at {e.pos}") from None
     if not scan.structured:
         return _mlx_parse(text, tools)
     strings = _string_keys(scan.name or "", tools)
