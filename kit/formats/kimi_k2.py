@@ -8,7 +8,7 @@ mlx-lm's ``kimi_k2`` parser is reused for one call's header and arguments
 ``<|tool_call_end|>`` *outside the JSON arguments' strings*, and the section's end likewise:
 mlx-lm split the calls at the first ``<|tool_call_end|>``, so an argument that quotes the
 marker (``"stop at <|tool_call_end|> please"``) was cut into invalid JSON, returned as a
-string. Also: ``parse_partial`` keeps the complete calls of a section cut by ``max_tokens``.
+string. The JSON-string-aware scan is json_tools' :class:`~kit.formats.json_tools.JsonMarkerEnd`. Also: ``parse_partial`` keeps the complete calls of a section cut by ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -19,17 +19,20 @@ from typing import Any
 from mlx_lm.tool_parsers.kimi_k2 import _parse_single_tool, tool_call_end, tool_call_start
 from mlx_lm.tool_parsers.kimi_k2 import parse_tool_call as _mlx_parse
 
-from kit.formats.base import json_marker_end
+from kit.engine.output import OutputParser
+from kit.formats.json_tools import JsonMarkerEnd
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
 log = logging.getLogger("mlx_kit.engine")
 
 _BEGIN, _END = "<|tool_call_begin|>", "<|tool_call_end|>"
-_call_body_end = json_marker_end(_END)
 
-#: the section ends at its end marker outside a JSON string
-call_end = json_marker_end(tool_call_end)
+
+def call_end(text: str) -> tuple[int, int] | None:
+    """The section ends at its end marker outside a JSON string (see
+    :data:`kit.formats.base.CallEnd`)."""
+    return JsonMarkerEnd(tool_call_end)(text)
 
 
 def _segments(text: str) -> list[tuple[str, bool]]:
@@ -38,7 +41,7 @@ def _segments(text: str) -> list[tuple[str, bool]]:
     out, pos = [], 0
     while (b := text.find(_BEGIN, pos)) >= 0:
         start = b + len(_BEGIN)
-        end = _call_body_end(text[start:])
+        end = JsonMarkerEnd(_END)(text[start:])
         if end is None:
             out.append((text[start:], False))
             break
@@ -70,3 +73,16 @@ def parse_partial(text: str, tools: Any = None) -> list[dict]:
             except ValueError as e:
                 log.warning("could not parse a call of a cut section (%s); dropped", e)
     return calls
+
+
+class KimiK2Parser(OutputParser):
+    """The engine's parser with one resuming :class:`~kit.formats.json_tools.JsonMarkerEnd`
+    for section ends (linear time over a long section)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._tool_parser is not None:
+            self._call_end = JsonMarkerEnd(tool_call_end)
+
+
+OVERRIDES = {"parser_class": KimiK2Parser}

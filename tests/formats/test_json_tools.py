@@ -5,8 +5,11 @@ point, for what canitoolcall's fixtures do not cover; every case is checked whol
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kit.formats import json_tools
+from kit.formats.base import json_marker_end
 from tests.formats.replay import assert_prefix_stable, family_format, parse
 
 FMT = family_format("qwen3-hermes")
@@ -19,7 +22,7 @@ def call(name: str, args: str) -> str:
 
 def test_the_engine_selects_our_module_for_qwen3():
     assert FMT.tool_format == "json_tools" and FMT.parse is json_tools.parse_tool_call
-    assert FMT.call_end is json_tools.call_end
+    assert FMT.call_end is json_tools.call_end and FMT.parser_class is json_tools.HermesParser
 
 
 def test_marker_text_inside_an_argument_string_stays_in_the_argument():
@@ -107,3 +110,22 @@ def test_an_unterminated_string_in_a_call_at_the_end_of_output_comes_back_as_tex
 def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
     body = text[len("<tool_call>"):] if text.startswith("<tool_call>") else text
     assert_prefix_stable(json_tools.call_end, body)
+
+
+PIECES = st.sampled_from(['"', "\\", "<", "</tool_call>", "</tool_", "a", " ", "{", "}", '\\"'])
+
+
+@given(st.lists(PIECES, max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_the_resuming_scan_answers_as_json_marker_end_on_every_prefix(pieces):
+    text, ref = "".join(pieces), json_marker_end("</tool_call>")
+    resuming = json_tools.JsonMarkerEnd("</tool_call>")
+    for i in range(len(text) + 1):  # the growing text of one call, as the engine feeds it
+        assert resuming(text[:i]) == ref(text[:i]) == json_tools.call_end(text[:i])
+
+
+def test_one_resuming_scan_serves_calls_in_turn():
+    scan, ref = json_tools.JsonMarkerEnd("</tool_call>"), json_marker_end("</tool_call>")
+    for text in ['{"a": "</tool_call>"}</tool_call>', '{"b": 1}</tool_call>', '{"a": "x"']:
+        for i in range(len(text) + 1):
+            assert scan(text[:i]) == ref(text[:i])

@@ -4,6 +4,8 @@ random stream splits (tests/formats/replay.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kit.formats import kimi_k2
@@ -65,3 +67,10 @@ def test_malformed_section_comes_back_as_text(body):
 ])
 def test_the_section_end_answers_the_same_on_every_longer_prefix(text):
     assert_prefix_stable(kimi_k2.call_end, text)
+
+
+def test_long_arguments_stream_through_the_resuming_section_scan():
+    body = 'line "quoted" <|tool_call_end|> \\\\ é\n' * 300
+    r = parse(FMT, BEGIN + one("write_file", 0, json.dumps({"path": "x", "content": body})) + END)
+    assert r.calls == [("write_file", {"path": "x", "content": body})]
+    assert FMT.parser_class is kimi_k2.KimiK2Parser
