@@ -1,0 +1,202 @@
+"""DeepSeek tool calls (V3, V3.1, V3.2/V4/V4.1 DSML) at the engine's parser entry point
+(``OutputParser.for_format`` with the format ``for_tokenizer`` picks), for the cases the
+canitoolcall fixtures miss: every stream split equal to the whole, cut calls, malformed
+markup, marker text in arguments, text around calls. Model-free: the tokenizer is a
+stand-in exposing the template and vocab ``for_tokenizer`` reads (no checkpoint here)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kit.engine.output import OutputParser
+from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
+from kit.formats import deepseek
+from kit.formats.select import detect, for_tokenizer
+from tests.conformance.adapter import CheckpointFiles
+
+B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CB, CE, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+D = "｜DSML｜"
+THINK = ("<think>", "</think>")
+V31_TEMPLATE = "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] }}"
+DSML_VOCAB = ("｜DSML｜", B, "<think>", "</think>")
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "count": {"type": "integer"},
+                                     "text": {"type": "string"}, "q": {"type": "object"}}}}}
+    for n in ("get_weather", "search", "echo")]
+
+
+def fmt(dsml: bool = True):
+    if dsml:  # V3.2/V4: no Jinja template, the vocab's DSML token
+        return for_tokenizer(CheckpointFiles("", DSML_VOCAB))
+    return for_tokenizer(CheckpointFiles(V31_TEMPLATE, (B, "<think>", "</think>")))
+
+
+def run(raw: str | list[str], *, dsml: bool = True, tail: str = "<｜Assistant｜></think>",
+        tools=TOOLS, reason: str = "stop"):
+    """Feed ``raw`` (a string, or its chunks) through the parser; (content, reasoning,
+    [(name, arguments dict)]) as a client accumulates them."""
+    parser = OutputParser.for_format(fmt(dsml), tail, tools=tools)
+    events = []
+    for chunk in [raw] if isinstance(raw, str) else raw:
+        events += parser.feed(chunk)
+    events += parser.finish(reason)
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    return content, reasoning, calls
+
+
+def dsml_block(invokes: str, name: str = "tool_calls", sp: str = "") -> str:
+    return f"\n\n<{D}{sp}{name}>\n{invokes}</{D}{sp}{name}>"
+
+
+def invoke(name: str, params: list[tuple[str, str, str]], sp: str = "") -> str:
+    body = "".join(f'<{D}{sp}parameter name="{k}" string="{s}">{v}</{D}{sp}parameter>\n'
+                   for k, s, v in params)
+    return f'<{D}{sp}invoke name="{name}">\n{body}</{D}{sp}invoke>\n'
+
+
+PARALLEL_V31 = (f'Checking.{B}{CB}get_weather{SEP}{{"city": "Zürich 🌸"}}{CE}'
+                f'{CB}search{SEP}{{"q": {{"tags": ["a", {{"b": [1, 2.5]}}]}}}}{CE}{E}')
+PARALLEL_V3 = (f'{B}{CB}function{SEP}get_weather\n```json\n{{"city": "東京"}}\n```{CE}\n'
+               f'{CB}function{SEP}search\n```json\n{{"q": {{"a": {{"b": null}}}}}}\n```{CE}{E}')
+PARALLEL_DSML = "Plan." + dsml_block(
+    invoke("get_weather", [("city", "true", "  杭州\n"), ("count", "false", "42")])
+    + invoke("search", [("q", "false", '{"tags": ["a", "b"], "max": 3}')]))
+SAMPLES = [  # (raw, dsml, prompt tail, expected (content, reasoning, calls))
+    (PARALLEL_V31, False, "", ("Checking.", "", [
+        ("get_weather", {"city": "Zürich 🌸"}), ("search", {"q": {"tags": ["a", {"b": [1, 2.5]}]}})])),
+    (PARALLEL_V3 + "Done.", False, "", ("Done.", "", [
+        ("get_weather", {"city": "東京"}), ("search", {"q": {"a": {"b": None}}})])),
+    (PARALLEL_DSML, True, "", ("Plan.", "", [
+        ("get_weather", {"city": "  杭州\n", "count": 42}),
+        ("search", {"q": {"tags": ["a", "b"], "max": 3}})])),
+    ("Two lookups.</think>Plan." + dsml_block(invoke("echo", [("text", "true", "x")], " "),
+                                               "calls", " "),
+     True, "<｜Assistant｜><think>", ("Plan.", "Two lookups.", [("echo", {"text": "x"})])),
+    (f'<{D}tool_calls>\n<{D}invoke name="echo"/>\n</{D}tool_calls>', True, "",
+     ("", "", [("echo", {})])),
+]
+
+
+@pytest.mark.parametrize("raw,dsml,tail,want", SAMPLES)
+def test_each_sub_format_parses_to_its_calls_content_and_reasoning(raw, dsml, tail, want):
+    assert run(raw, dsml=dsml, tail=tail) == want
+
+
+@pytest.mark.parametrize("raw,dsml,tail,want", SAMPLES)
+def test_streaming_one_character_at_a_time_equals_the_whole(raw, dsml, tail, want):
+    assert run(list(raw), dsml=dsml, tail=tail) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(SAMPLES), st.randoms(use_true_random=False))
+def test_streaming_at_random_splits_equals_the_whole(sample, rnd: random.Random):
+    raw, dsml, tail, want = sample
+    cuts = sorted(rnd.sample(range(1, len(raw)), k=min(len(raw) - 1, rnd.randint(1, 12))))
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    assert "".join(chunks) == raw
+    assert run(chunks, dsml=dsml, tail=tail) == want
+
+
+def test_marker_text_inside_argument_values_stays_in_the_argument():
+    v3 = f'{B}{CB}echo{SEP}{{"text": "ends with {E} and {CE}"}}{CE}{E}'
+    assert run(v3, dsml=False) == ("", "", [("echo", {"text": f"ends with {E} and {CE}"})])
+    quoted = f'<{D}tool_calls> and </{D}tool_calls> and </{D}invoke>'
+    dsml = dsml_block(invoke("echo", [("text", "true", quoted)]))
+    assert run(dsml) == ("", "", [("echo", {"text": quoted})])
+    assert run(list(dsml)) == ("", "", [("echo", {"text": quoted})])
+
+
+def test_a_call_cut_by_max_tokens_returns_its_complete_calls():
+    raw = dsml_block(invoke("get_weather", [("city", "true", "Paris")])
+                     + invoke("search", [("q", "false", '{"a": 1}')]))
+    cut = raw[:raw.index('{"a"') + 3]
+    assert run(cut, reason="length") == ("", "", [("get_weather", {"city": "Paris"})])
+    v31 = PARALLEL_V31[:PARALLEL_V31.index('{"q"') + 4]
+    assert run(v31, dsml=False, reason="length") == (
+        "Checking.", "", [("get_weather", {"city": "Zürich 🌸"})])
+
+
+@pytest.mark.parametrize("dsml,raw", [
+    (False, f'{B}{CB}get_weather{SEP}{{"city": "Pa'),
+    (True, "Let me look.\n\n" + f'<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}par'),
+])
+def test_a_call_cut_before_any_call_is_complete_comes_back_as_its_text(dsml, raw):
+    content, reasoning, calls = run(raw, dsml=dsml, reason="length")
+    assert (content, reasoning, calls) == (raw, "", [])
+
+
+@pytest.mark.parametrize("dsml,raw", [
+    (False, f'{B}{CB}function{SEP}get_weather\n```json\n{{"city": "Tokyo"\n```{CE}{E}'),
+    (False, f'{B}function{SEP}get_weather\n```json\n{{"city": "Tokyo"}}\n```{E}'),
+    (False, f'{B}{CB}get_weather{SEP}[1, 2]{CE}{E}'),  # arguments not an object
+    (False, f'{B}{CB}get_weather{SEP}{{"x": NaN}}{CE}{E}'),  # not JSON
+    (True, dsml_block(f'<{D}invoke>\n</{D}invoke>\n')),  # no name
+    (True, dsml_block(invoke("echo", [("text", "true", "a"), ("text", "true", "b")]))),
+    (True, dsml_block(invoke("search", [("q", "false", "{not json")]))),
+    (True, dsml_block("just words\n")),
+    (True, dsml_block("")),
+    (True, f'\n\n<{D}tool_calls>\n<{D}invoke name="echo">\n<{D}parameter name="text" '
+           f'string="true">never closed'),  # EOS inside a value
+])
+def test_malformed_markup_comes_back_as_the_text_the_model_wrote(dsml, raw):
+    assert run(raw, dsml=dsml) == (raw, "", [])
+    assert run(list(raw), dsml=dsml) == (raw, "", [])
+
+
+def test_without_tools_in_the_request_the_markup_is_plain_text():
+    assert run(PARALLEL_DSML, tools=None) == (PARALLEL_DSML, "", [])
+    assert run(PARALLEL_V31, dsml=False, tools=None) == (PARALLEL_V31, "", [])
+
+
+def test_dsml_values_follow_the_string_attribute_and_the_schema_only_where_it_is_missing():
+    raw = dsml_block(f'<{D}invoke name="get_weather">\n'
+                     f'<{D}parameter name="city" string="false">Paris</{D}parameter>\n'
+                     f'<{D}parameter name="count">7</{D}parameter>\n'
+                     f'<{D}parameter name="text">007</{D}parameter>\n'
+                     f'<{D}parameter name="other" string="true">true</{D}parameter>\n'
+                     f'</{D}invoke>\n')
+    # city: declared a string, so invalid JSON stays text; count: no attribute, the schema
+    # says integer; text: no attribute, declared a string; other: string="true" is raw text
+    assert run(raw)[2] == [("get_weather", {"city": "Paris", "count": 7, "text": "007",
+                                            "other": "true"})]
+
+
+def test_call_end_is_prefix_stable():
+    for raw, *_ in SAMPLES:
+        for opener in (B, *deepseek.DSML_STARTS):
+            if opener in raw:
+                body = raw[raw.index(opener) + len(opener):]
+                break
+        else:
+            continue
+        final = deepseek.call_end(body)
+        assert final is not None
+        for n in range(len(body) + 1):
+            got = deepseek.call_end(body[:n])
+            assert got is None or got == final, (raw, n)
+
+
+def test_selection_picks_deepseek_from_the_template_or_the_dsml_token():
+    assert detect(V31_TEMPLATE, {B, "<think>", "</think>"}).tool_format == "deepseek"
+    assert detect(None, set(DSML_VOCAB)) == detect("", set(DSML_VOCAB))
+    assert detect(None, set(DSML_VOCAB)).tool_format == "deepseek"
+    assert detect(None, set(DSML_VOCAB)).reasoning_format == "think"
+    f = fmt()
+    assert (f.tool_format, f.think, f.tools) == ("deepseek", THINK, True)
+    assert f.parser_class is deepseek.DeepSeekOutputParser
+
+
+def test_a_malformed_dsml_block_ends_at_its_closing_tag_and_what_follows_still_parses():
+    bad = dsml_block("just words\n")
+    good = dsml_block(invoke("echo", [("text", "true", "hi")]))
+    for chunks in (bad + " then" + good, list(bad + " then" + good)):
+        assert run(chunks) == (bad + " then", "", [("echo", {"text": "hi"})])
