@@ -318,6 +318,21 @@ def parse_partial(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
+# ---------------------------------------------------------------------------- forced calls
+
+def grammar_body(name: str, args: str) -> str:
+    """The Lark expression (llguidance dialect) of a forced call's body after
+    ``<｜tool▁calls▁begin｜>`` (which the prompt ends with): one call in the V3.1 form,
+    ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜><｜tool▁calls▁end｜>``, the
+    simplest of the sub-formats to constrain (the arguments are one JSON object) and one
+    :func:`parse_tool_call` reads whichever DeepSeek model wrote it. ``args``: the Lark
+    expression of the arguments object (e.g. a ``%json`` rule's name). The markers are
+    text literals: the grammar gets no vocab to name them as special tokens by, and the
+    parser reads text."""
+    head, tail = f"{CALL_BEGIN}{name}{SEP}", CALL_END + CALLS_END
+    return f"{json.dumps(head)} {args} {json.dumps(tail)}"
+
+
 # ---------------------------------------------------------------------------- engine parser
 
 class DeepSeekOutputParser(OutputParser):

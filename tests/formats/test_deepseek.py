@@ -200,3 +200,44 @@ def test_a_malformed_dsml_block_ends_at_its_closing_tag_and_what_follows_still_p
     good = dsml_block(invoke("echo", [("text", "true", "hi")]))
     for chunks in (bad + " then" + good, list(bad + " then" + good)):
         assert run(chunks) == (bad + " then", "", [("echo", {"text": "hi"})])
+
+
+def _bytes_tokenizer():
+    """A one-token-per-byte tokenizer (no merges), built in memory: llguidance then sees
+    exactly the text, no model needed."""
+    import llguidance.hf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return hf, llguidance.hf.from_tokenizer(hf, eos_token=hf.eos_token_id)
+
+
+def test_a_forced_call_grammar_allows_one_v31_call_of_an_offered_tool_which_parses_back():
+    from llguidance import LLMatcher
+
+    from kit.engine.grammar import tool_call_grammar
+
+    hf, ll = _bytes_tokenizer()
+    grammar = tool_call_grammar("deepseek", TOOLS[:2])
+
+    def accepts(text: str) -> bool:
+        m = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)
+        assert not m.is_error(), m.get_error()
+        return all(m.consume_token(t) for t in hf.encode(text, add_special_tokens=False)) \
+            and m.is_accepting()
+
+    good = f'{CB}get_weather{SEP}{{"city": "Zürich 東京", "count": 3}}{CE}{E}'
+    assert accepts(good)
+    assert not accepts(good.replace("get_weather", "echo"))  # not offered
+    assert not accepts(good.replace("3", '"3"'))  # count is an integer
+    parser = OutputParser.for_format(fmt(), "<｜Assistant｜></think>", tools=TOOLS,
+                                     in_tool_call=True)
+    events = [e for ch in good for e in parser.feed(ch)] + parser.finish("stop")
+    assert [(e.name, json.loads(e.arguments)) for e in events] == [
+        ("get_weather", {"city": "Zürich 東京", "count": 3})]
