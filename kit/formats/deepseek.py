@@ -38,7 +38,6 @@ from typing import Any
 
 from kit.engine.output import OutputParser
 from kit.engine.types import TextDelta, ToolCall
-from kit.formats.base import json_marker_end
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -76,7 +75,48 @@ _JSON = json.JSONDecoder(parse_constant=_reject_constant)
 
 # ---------------------------------------------------------------------------- call ends
 
-_v3_end = json_marker_end(CALLS_END)
+_OUTSIDE = re.compile('["<]')
+_INSIDE = re.compile(r'["\\]')
+
+
+class _V3Scan:
+    """Where a V3/V3.1 block's ``<｜tool▁calls▁end｜>`` ends, outside JSON strings (what
+    :func:`kit.formats.base.json_marker_end` finds, with regex jumps). Fed the growing text
+    of one block, as the engine does token by token, it resumes where it stopped, so a long
+    call costs linear, not quadratic, time; a text that does not extend the last starts
+    over."""
+
+    def __init__(self) -> None:
+        self._text, self._i, self._in_str = "", 0, False
+
+    def __call__(self, text: str) -> int | None:
+        if not text.startswith(self._text):
+            self._i, self._in_str = 0, False
+        self._text = text
+        i, in_str, n = self._i, self._in_str, len(text)
+        while True:
+            m = (_INSIDE if in_str else _OUTSIDE).search(text, i)
+            if m is None:
+                i = n
+                break
+            j = m.start()
+            if in_str and text[j] == "\\":
+                if j + 1 >= n:  # the escaped character has not arrived
+                    i = j
+                    break
+                i = j + 2
+            elif text[j] == '"':
+                i, in_str = j + 1, not in_str
+            elif text.startswith(CALLS_END, j):
+                self._i, self._in_str = j, False
+                return j + len(CALLS_END)
+            elif CALLS_END.startswith(text[j:]):  # maybe the marker, not all here yet
+                i = j
+                break
+            else:
+                i = j + 1
+        self._i, self._in_str = i, in_str
+        return None
 
 
 def _open_tag_end(text: str, i: int) -> int | None:
@@ -124,22 +164,38 @@ def dsml_call_end(text: str) -> tuple[int, int] | None:
     return None if end is None else (end, end)
 
 
-def call_end(text: str) -> tuple[int, int] | None:
-    """Where a call block that started with one of the format's start markers ends: the
-    text after the start marker in, ``(end, end)`` out, ``end`` just past the block's
-    closing marker, which stays in the call's text (so a block that does not parse is
-    returned exactly as written); None while the block is open. V3/V3.1 blocks end at
-    ``<｜tool▁calls▁end｜>`` outside JSON strings, DSML blocks at their closing tag outside
-    parameter values. Prefix-stable."""
+def _sub_format(text: str) -> str | None:
+    """``"dsml"`` or ``"v3"`` for a block's text after ``<｜tool▁calls▁begin｜>`` (None:
+    too little text to tell)."""
     head = text.lstrip(_WS)
     if not head or any(t.startswith(head) and t != head for t in (f"<{DSML}", f"</{DSML}")):
-        return None  # not yet known which sub-format this is
-    if head.startswith((f"<{DSML}", f"</{DSML}")):
-        end = _dsml_end(text)
-    else:
-        found = _v3_end(text)
-        end = found[1] if found else None
-    return None if end is None else (end, end)
+        return None
+    return "dsml" if head.startswith((f"<{DSML}", f"</{DSML}")) else "v3"
+
+
+class _BlockEnd:
+    """:func:`call_end` for the growing text of one block (see :class:`_V3Scan`)."""
+
+    def __init__(self) -> None:
+        self._kind: str | None = None
+        self._v3 = _V3Scan()
+
+    def __call__(self, text: str) -> tuple[int, int] | None:
+        self._kind = self._kind or _sub_format(text)
+        if self._kind is None:
+            return None
+        end = _dsml_end(text) if self._kind == "dsml" else self._v3(text)
+        return None if end is None else (end, end)
+
+
+def call_end(text: str) -> tuple[int, int] | None:
+    """Where a call block that started with ``<｜tool▁calls▁begin｜>`` ends: the text after
+    the start marker in, ``(end, end)`` out, ``end`` just past the block's closing marker,
+    which stays in the call's text (so a block that does not parse is returned exactly as
+    written); None while the block is open. V3/V3.1 blocks end at ``<｜tool▁calls▁end｜>``
+    outside JSON strings, DSML blocks at their closing tag outside parameter values.
+    Prefix-stable."""
+    return _BlockEnd()(text)
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -364,7 +420,7 @@ class DeepSeekOutputParser(OutputParser):
             if state in self._starts:
                 if not self._tool_text:  # a new block: remember how it started
                     self._start = self._starts[state]
-                    self._call_end = call_end if state == "tool" else dsml_call_end
+                    self._call_end = _BlockEnd() if state == "tool" else dsml_call_end
                 state = "tool"
             named.append((state, text))
         return super()._events(named)
