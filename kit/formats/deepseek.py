@@ -132,36 +132,62 @@ def _open_tag_end(text: str, i: int) -> int | None:
     return None
 
 
-def _dsml_end(text: str) -> int | None:
-    """End of a DSML block's closing tag, skipping parameter values (whose text may quote
-    any tag); None while the block is open."""
-    pos = 0
-    while True:
-        m = _TAG.search(text, pos)
-        if m is None or m.end() >= len(text):  # no tag yet, or its name may go on
-            return None
-        closing, name = m.group(1) == "/", m.group(2)
-        if closing and name in BLOCKS and text[m.end()] == ">":
-            return m.end() + 1
-        pos = m.end()
-        if not closing and name == "parameter":
-            gt = _open_tag_end(text, pos)
-            if gt is None:
-                return None
-            if text[gt - 2] != "/":  # a value follows; it ends at the first closing tag
-                close = _PARAM_CLOSE.search(text, gt)
+_LONGEST_PARAM_CLOSE = len(f"</{DSML} parameter>")
+
+
+class _DsmlScan:
+    """Where a DSML block's closing tag ends, skipping parameter values (whose text may
+    quote any tag); None while the block is open. Like :class:`_V3Scan`, it resumes on the
+    growing text of one block."""
+
+    def __init__(self) -> None:
+        self._text, self._pos = "", 0
+        self._value: int | None = None  # where the open parameter's value starts
+        self._seen = 0  # how far its closing tag has been looked for
+
+    def __call__(self, text: str) -> int | None:
+        if not text.startswith(self._text):
+            self._pos, self._value, self._seen = 0, None, 0
+        self._text, pos = text, self._pos
+        while True:
+            if self._value is not None:  # the value ends at the first closing tag
+                start = max(self._value, self._seen - _LONGEST_PARAM_CLOSE)
+                close = _PARAM_CLOSE.search(text, start)
                 if close is None:
+                    self._pos, self._seen = pos, len(text)
                     return None
-                pos = close.end()
-            else:
+                pos, self._value = close.end(), None
+                continue
+            m = _TAG.search(text, pos)
+            if m is None or m.end() >= len(text):  # no tag yet, or its name may go on
+                self._pos = pos
+                return None
+            closing, name = m.group(1) == "/", m.group(2)
+            if closing and name in BLOCKS and text[m.end()] == ">":
+                self._pos = pos
+                return m.end() + 1
+            if not closing and name == "parameter":
+                gt = _open_tag_end(text, m.end())
+                if gt is None:
+                    self._pos = pos
+                    return None
+                if text[gt - 2] != "/":
+                    self._value = self._seen = gt
                 pos = gt
+            else:
+                pos = m.end()
 
 
-def dsml_call_end(text: str) -> tuple[int, int] | None:
-    """:func:`call_end` of a block that started with a DSML block start: ``(end, end)``
-    past its closing tag outside parameter values, None while it is open."""
-    end = _dsml_end(text)
-    return None if end is None else (end, end)
+class _DsmlBlockEnd:
+    """:func:`call_end` for the growing text of a block that started with a DSML block
+    start: ``(end, end)`` past its closing tag outside parameter values."""
+
+    def __init__(self) -> None:
+        self._scan = _DsmlScan()
+
+    def __call__(self, text: str) -> tuple[int, int] | None:
+        end = self._scan(text)
+        return None if end is None else (end, end)
 
 
 def _sub_format(text: str) -> str | None:
@@ -178,13 +204,13 @@ class _BlockEnd:
 
     def __init__(self) -> None:
         self._kind: str | None = None
-        self._v3 = _V3Scan()
+        self._v3, self._dsml = _V3Scan(), _DsmlScan()
 
     def __call__(self, text: str) -> tuple[int, int] | None:
         self._kind = self._kind or _sub_format(text)
         if self._kind is None:
             return None
-        end = _dsml_end(text) if self._kind == "dsml" else self._v3(text)
+        end = (self._dsml if self._kind == "dsml" else self._v3)(text)
         return None if end is None else (end, end)
 
 
@@ -420,7 +446,7 @@ class DeepSeekOutputParser(OutputParser):
             if state in self._starts:
                 if not self._tool_text:  # a new block: remember how it started
                     self._start = self._starts[state]
-                    self._call_end = _BlockEnd() if state == "tool" else dsml_call_end
+                    self._call_end = _BlockEnd() if state == "tool" else _DsmlBlockEnd()
                 state = "tool"
             named.append((state, text))
         return super()._events(named)

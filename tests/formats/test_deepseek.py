@@ -170,19 +170,18 @@ def test_dsml_values_follow_the_string_attribute_and_the_schema_only_where_it_is
                                             "other": "true"})]
 
 
-def test_call_end_is_prefix_stable():
-    for raw, *_ in SAMPLES:
-        for opener in (B, *deepseek.DSML_STARTS):
-            if opener in raw:
-                body = raw[raw.index(opener) + len(opener):]
-                break
-        else:
-            continue
+def test_call_end_is_prefix_stable_and_its_resuming_scan_agrees_on_every_prefix():
+    quoted = dsml_block(invoke("echo", [("text", "true", f"</{D}tool_calls> <{D}parameter")]))
+    for raw in [s[0] for s in SAMPLES] + [quoted, PARALLEL_V31.replace("Zürich", 'a\\"b\\\\')]:
+        opener = next(o for o in (B, *deepseek.DSML_STARTS) if o in raw)
+        body = raw[raw.index(opener) + len(opener):]
         final = deepseek.call_end(body)
         assert final is not None
+        resuming = deepseek._BlockEnd()  # what the parser feeds token by token
         for n in range(len(body) + 1):
             got = deepseek.call_end(body[:n])
             assert got is None or got == final, (raw, n)
+            assert resuming(body[:n]) == got, (raw, n)
 
 
 def test_selection_picks_deepseek_from_the_template_or_the_dsml_token():
