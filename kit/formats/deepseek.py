@@ -178,18 +178,6 @@ class _DsmlScan:
                 pos = m.end()
 
 
-class _DsmlBlockEnd:
-    """:func:`call_end` for the growing text of a block that started with a DSML block
-    start: ``(end, end)`` past its closing tag outside parameter values."""
-
-    def __init__(self) -> None:
-        self._scan = _DsmlScan()
-
-    def __call__(self, text: str) -> tuple[int, int] | None:
-        end = self._scan(text)
-        return None if end is None else (end, end)
-
-
 def _sub_format(text: str) -> str | None:
     """``"dsml"`` or ``"v3"`` for a block's text after ``<｜tool▁calls▁begin｜>`` (None:
     too little text to tell)."""
@@ -200,10 +188,11 @@ def _sub_format(text: str) -> str | None:
 
 
 class _BlockEnd:
-    """:func:`call_end` for the growing text of one block (see :class:`_V3Scan`)."""
+    """:func:`call_end` for the growing text of one block (see :class:`_V3Scan`);
+    ``kind`` ``"dsml"`` for a block that started with a DSML block start."""
 
-    def __init__(self) -> None:
-        self._kind: str | None = None
+    def __init__(self, kind: str | None = None) -> None:
+        self._kind = kind
         self._v3, self._dsml = _V3Scan(), _DsmlScan()
 
     def __call__(self, text: str) -> tuple[int, int] | None:
@@ -235,10 +224,11 @@ def _skip_ws(text: str, i: int) -> int:
 def _schema_type(tools: Any, name: str, key: str) -> Any:
     """The JSON-schema ``type`` of argument ``key`` of tool ``name`` in the request's
     ``tools`` (OpenAI function schemas), or None when the schema does not say."""
-    for tool in tools or ():
+    for tool in tools if isinstance(tools, list) else ():
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         if isinstance(fn, dict) and fn.get("name") == name:
-            props = (fn.get("parameters") or {}).get("properties") or {}
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
             prop = props.get(key) if isinstance(props, dict) else None
             return prop.get("type") if isinstance(prop, dict) else None
     return None
@@ -420,9 +410,10 @@ def grammar_body(name: str, args: str) -> str:
 class DeepSeekOutputParser(OutputParser):
     """The engine's :class:`~kit.engine.output.OutputParser` with the DSML block starts
     (:data:`DSML_STARTS`) as call starts besides ``<｜tool▁calls▁begin｜>``. Each start gets
-    its own state, so a block that does not parse, or that ``max_tokens`` cut with no
-    complete call in it, comes back as text exactly as the model wrote it (start marker
-    included), never as an empty reply. Keyword arguments as for ``OutputParser``."""
+    its own state, so a block that does not parse comes back as text exactly as the model
+    wrote it (start marker included), and so does a block ``max_tokens`` cut with no
+    complete call in it when nothing else came back (see :meth:`finish`). Keyword
+    arguments as for ``OutputParser``."""
 
     def __init__(self, *, think: tuple[str, str] | None = None,
                  tool: tuple[str, str] | None = None, tool_parser: Any = None,
@@ -438,6 +429,7 @@ class DeepSeekOutputParser(OutputParser):
                 for src in ("normal", "reasoning") if think else ("normal",):
                     extra.setdefault(src, []).append((start, state))
         self._start = tool[0] if tool else ""
+        self._answered = False  # text, reasoning or a call came back (see finish)
         super().__init__(think=think, tool=tool, tool_parser=tool_parser, extra=extra, **kw)
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
@@ -445,8 +437,9 @@ class DeepSeekOutputParser(OutputParser):
         for state, text in segments:
             if state in self._starts:
                 if not self._tool_text:  # a new block: remember how it started
-                    self._start = self._starts[state]
-                    self._call_end = _BlockEnd() if state == "tool" else _DsmlBlockEnd()
+                    # _tool_start: the base class's name for it, where it has one
+                    self._start = self._tool_start = self._starts[state]
+                    self._call_end = _BlockEnd(None if state == "tool" else "dsml")
                 state = "tool"
             named.append((state, text))
         return super()._events(named)
@@ -457,23 +450,33 @@ class DeepSeekOutputParser(OutputParser):
             return events
         return [TextDelta(self._start + text)]
 
+    def feed(self, text: str) -> list[Any]:
+        events = super().feed(text)
+        self._answered = self._answered or _says(events)
+        return events
+
     def finish(self, reason: str) -> list[Any]:
-        if reason != "length" or self._parse_partial is None:
+        """As ``OutputParser.finish``; of a block cut by ``max_tokens`` the complete calls
+        come back, and when there are none and nothing else came back (no text, reasoning
+        or call) the block's text does, start marker included: never an empty reply."""
+        from mlx_lm.generate import TextStateMachine
+
+        if reason != "length":
             return super().finish(reason)
-        partial, cut = self._parse_partial, []
+        self._state, tail, state = TextStateMachine.flush(self._state)
+        events = self._events([(state, tail)]) if not self.stopped else []
+        text, self._tool_text = self._tool_text, ""
+        if text:
+            calls = self._calls(parse_partial(text, self._tools))
+            if not calls and not self._answered and not _says(events):
+                calls = [TextDelta(self._start + text)]
+            events += calls
+        return events
 
-        def complete_calls(text: str, tools: Any) -> list[dict[str, Any]]:
-            calls = partial(text, tools)
-            if not calls:
-                cut.append(self._start + text)
-            return calls
 
-        self._parse_partial = complete_calls
-        try:
-            events = super().finish(reason)
-        finally:
-            self._parse_partial = partial
-        return events + [TextDelta(t) for t in cut]
+def _says(events: list[Any]) -> bool:
+    """Whether ``events`` give the client anything: a call, reasoning, non-blank text."""
+    return any(not isinstance(e, TextDelta) or e.text.strip() for e in events)
 
 
 OVERRIDES = {"parser_class": DeepSeekOutputParser}

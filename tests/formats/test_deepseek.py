@@ -127,11 +127,19 @@ def test_a_call_cut_by_max_tokens_returns_its_complete_calls():
 
 @pytest.mark.parametrize("dsml,raw", [
     (False, f'{B}{CB}get_weather{SEP}{{"city": "Pa'),
-    (True, "Let me look.\n\n" + f'<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}par'),
+    (True, f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}par'),
 ])
 def test_a_call_cut_before_any_call_is_complete_comes_back_as_its_text(dsml, raw):
-    content, reasoning, calls = run(raw, dsml=dsml, reason="length")
-    assert (content, reasoning, calls) == (raw, "", [])
+    assert run(raw, dsml=dsml, reason="length") == (raw, "", [])
+    assert run(list(raw), dsml=dsml, reason="length") == (raw, "", [])
+
+
+def test_a_cut_call_after_an_answer_is_dropped_and_the_answer_stays():
+    raw = f'Let me look.\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n<{D}par'
+    assert run(raw, reason="length") == ("Let me look.", "", [])
+    thought = "Weather first.</think>" + raw[len("Let me look."):]
+    assert run(thought, tail="<｜Assistant｜><think>", reason="length") == (
+        "", "Weather first.", [])
 
 
 @pytest.mark.parametrize("dsml,raw", [
