@@ -248,3 +248,24 @@ def test_a_forced_call_grammar_allows_one_v31_call_of_an_offered_tool_which_pars
     events = [e for ch in good for e in parser.feed(ch)] + parser.finish("stop")
     assert [(e.name, json.loads(e.arguments)) for e in events] == [
         ("get_weather", {"city": "Zürich 東京", "count": 3})]
+
+
+def test_the_catalog_reports_deepseek_tool_calls_for_a_checkpoint_without_a_template(tmp_path):
+    """What /v1/models says of a V3.2/V4 checkpoint folder (no chat template; ｜DSML｜
+    among tokenizer.json's added tokens) and of a V3.1 one (its template)."""
+    from kit.models.catalog import capabilities
+
+    def tokenizer_json(*tokens: str) -> str:
+        added = [{"id": 128793 + i, "content": t, "special": True} for i, t in enumerate(tokens)]
+        return json.dumps({"version": "1.0", "added_tokens": added, "normalizer": None,
+                           "model": {"vocab": {}}}, ensure_ascii=False)
+
+    v32, v31 = tmp_path / "v32", tmp_path / "v31"
+    for folder in (v32, v31):
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(tokenizer_json(*DSML_VOCAB[1:]), "utf-8")
+    (v32 / "tokenizer.json").write_text(tokenizer_json(*DSML_VOCAB), "utf-8")
+    (v31 / "tokenizer_config.json").write_text(json.dumps({"chat_template": V31_TEMPLATE}))
+    for folder in (v32, v31):
+        caps = capabilities(folder, {})
+        assert (caps.tools, caps.tool_format, caps.reasoning_format) == (True, "deepseek", "think")
