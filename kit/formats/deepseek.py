@@ -26,8 +26,8 @@ encoders for V3.2 and V4, which ship no Jinja template):
 A call block's end is found structurally (:func:`call_end`): in V3/V3.1 the end marker
 outside JSON strings, in DSML the block's closing tag outside parameter values, so marker
 text quoted in an argument stays in the argument. :class:`DeepSeekOutputParser` adds the
-DSML block starts to the engine's parser and returns a block that does not parse, or a
-block cut by ``max_tokens`` with no complete call in it, as the text the model wrote.
+DSML block starts to the engine's parser and returns a block that does not parse as the
+text the model wrote; of a block cut by ``max_tokens`` it keeps the complete calls.
 """
 
 from __future__ import annotations
