@@ -456,22 +456,24 @@ class DeepSeekOutputParser(OutputParser):
         return events
 
     def finish(self, reason: str) -> list[Any]:
-        """As ``OutputParser.finish``; of a block cut by ``max_tokens`` the complete calls
-        come back, and when there are none and nothing else came back (no text, reasoning
-        or call) the block's text does, start marker included: never an empty reply."""
+        """As ``OutputParser.finish``, for generation that ends inside a block: at EOS a
+        block that does not parse (a lone start marker too) comes back as its text; of a
+        block cut by ``max_tokens`` the complete calls come back, and when there are none
+        and nothing else came back (no text, reasoning or call) the block's text does,
+        start marker included: never an empty reply."""
         from mlx_lm.generate import TextStateMachine
 
-        if reason != "length":
+        if self._state[0] not in self._starts:
             return super().finish(reason)
         self._state, tail, state = TextStateMachine.flush(self._state)
-        events = self._events([(state, tail)]) if not self.stopped else []
+        events = self._events([(state, tail)])
         text, self._tool_text = self._tool_text, ""
-        if text:
-            calls = self._calls(parse_partial(text, self._tools))
-            if not calls and not self._answered and not _says(events):
-                calls = [TextDelta(self._start + text)]
-            events += calls
-        return events
+        if reason != "length":
+            return events + self._parse_tool(text)
+        calls = self._calls(parse_partial(text, self._tools))
+        if not calls and not self._answered and not _says(events):
+            calls = [TextDelta(self._start + text)]
+        return events + calls
 
 
 def _says(events: list[Any]) -> bool:

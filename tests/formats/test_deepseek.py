@@ -154,6 +154,7 @@ def test_a_cut_call_after_an_answer_is_dropped_and_the_answer_stays():
     (True, dsml_block("")),
     (True, f'\n\n<{D}tool_calls>\n<{D}invoke name="echo">\n<{D}parameter name="text" '
            f'string="true">never closed'),  # EOS inside a value
+    (False, B), (True, f"\n\n<{D} calls>"),  # EOS right after a start marker
 ])
 def test_malformed_markup_comes_back_as_the_text_the_model_wrote(dsml, raw):
     assert run(raw, dsml=dsml) == (raw, "", [])
@@ -269,3 +270,28 @@ def test_the_catalog_reports_deepseek_tool_calls_for_a_checkpoint_without_a_temp
     for folder in (v32, v31):
         caps = capabilities(folder, {})
         assert (caps.tools, caps.tool_format, caps.reasoning_format) == (True, "deepseek", "think")
+
+
+FRAGMENTS = [B, E, CB, CE, SEP, "function", "get_weather", "\n", "\n\n", "```json", "```",
+             '{"city": "Paris"}', "{", "}", '"', "\\", "x", "é", "</think>", "<think>",
+             f"<{D}tool_calls>", f"</{D}tool_calls>", f"<{D} calls>", f"</{D} calls>",
+             f'<{D}invoke name="echo">', f"</{D}invoke>", f'<{D}invoke name="echo"/>',
+             f'<{D}parameter name="text" string="true">', f'<{D}parameter name="q" string="false">',
+             f"</{D}parameter>", f"<{D}", ">", "/>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=14), st.sampled_from(["stop", "length"]),
+       st.sampled_from(["<｜Assistant｜></think>", "<｜Assistant｜><think>"]),
+       st.randoms(use_true_random=False))
+def test_any_jumble_of_markup_parses_without_an_exception_and_streams_as_it_parses_whole(
+        parts, reason, tail, rnd: random.Random):
+    raw = "".join(parts)
+    whole = run(raw, tail=tail, reason=reason)
+    cuts = sorted(rnd.sample(range(1, len(raw)), k=min(len(raw) - 1, 5))) if len(raw) > 1 else []
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    assert run(chunks, tail=tail, reason=reason) == whole
+    assert run(list(raw), tail=tail, reason=reason) == whole
+    content, reasoning, calls = whole
+    # something always comes back (unless the model wrote nothing but a think marker)
+    assert content.strip() or reasoning or calls or not raw.replace("<think>", "").strip()
