@@ -72,7 +72,8 @@ PARALLEL_DSML = "Plan." + dsml_block(
     + invoke("search", [("q", "false", '{"tags": ["a", "b"], "max": 3}')]))
 SAMPLES = [  # (raw, dsml, prompt tail, expected (content, reasoning, calls))
     (PARALLEL_V31, False, "", ("Checking.", "", [
-        ("get_weather", {"city": "Zürich 🌸"}), ("search", {"q": {"tags": ["a", {"b": [1, 2.5]}]}})])),
+        ("get_weather", {"city": "Zürich 🌸"}),
+        ("search", {"q": {"tags": ["a", {"b": [1, 2.5]}]}})])),
     (PARALLEL_V3 + "Done.", False, "", ("Done.", "", [
         ("get_weather", {"city": "東京"}), ("search", {"q": {"a": {"b": None}}})])),
     (PARALLEL_DSML, True, "", ("Plan.", "", [
