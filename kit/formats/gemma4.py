@@ -30,30 +30,61 @@ from mlx_lm.tool_parsers.gemma4 import tool_call_end, tool_call_start
 
 from kit.engine.separators import ReasoningSeparatorParser
 
-__all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
+__all__ = ["Gemma4End", "call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
 _Q = '<|"|>'
 _CALL = re.compile(r"call:([^\s{}<>,]+)\s*\{")
 _MAX_DEPTH = 64  # nesting bound: deeper input is no call
 
 
+class Gemma4End:
+    """Where a call ends: the first ``<tool_call|>`` outside a ``<|"|>`` string. Fed the
+    growing text of a call, as the engine does token by token, it resumes where it stopped
+    (linear time over a long call, not quadratic); a text that does not extend the last
+    starts over, so one instance serves one parser's calls in turn."""
+
+    _HOLD = max(len(_Q), len(tool_call_end)) - 1  # a cut marker starts at most this far back
+
+    def __init__(self) -> None:
+        self._text, self._i, self._in_str = "", 0, False
+
+    def __call__(self, text: str) -> tuple[int, int] | None:
+        if not text.startswith(self._text):
+            self._i, self._in_str = 0, False
+        self._text = text
+        i, in_str = self._i, self._in_str
+        while True:
+            q = text.find(_Q, i)
+            if in_str:
+                if q < 0:
+                    break
+                in_str, i = False, q + len(_Q)
+                continue
+            e = text.find(tool_call_end, i)
+            if e >= 0 and (q < 0 or e < q):
+                self._i, self._in_str = i, False
+                return e, e + len(tool_call_end)
+            if q < 0:
+                break
+            in_str, i = True, q + len(_Q)
+        self._i, self._in_str = max(i, len(text) - self._HOLD), in_str
+        return None
+
+
 def call_end(text: str) -> tuple[int, int] | None:
     """The call ends at the first ``<tool_call|>`` outside a ``<|"|>`` string (see
     :data:`kit.formats.base.CallEnd`)."""
-    i, in_str = 0, False
-    while True:
-        q = text.find(_Q, i)
-        if in_str:
-            if q < 0:
-                return None
-            in_str, i = False, q + len(_Q)
-            continue
-        e = text.find(tool_call_end, i)
-        if e >= 0 and (q < 0 or e < q):
-            return e, e + len(tool_call_end)
-        if q < 0:
-            return None
-        in_str, i = True, q + len(_Q)
+    return Gemma4End()(text)
+
+
+class Gemma4Parser(ReasoningSeparatorParser):
+    """:class:`~kit.engine.separators.ReasoningSeparatorParser` with one resuming
+    :class:`Gemma4End` for call ends."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._tool_parser is not None:
+            self._call_end = Gemma4End()
 
 
 class _Reader:
@@ -153,4 +184,4 @@ def parse_tool_call(text: str, tools: Any = None) -> dict | list:
     return calls[0] if len(calls) == 1 else calls
 
 
-OVERRIDES = {"parser_class": ReasoningSeparatorParser}
+OVERRIDES = {"parser_class": Gemma4Parser}

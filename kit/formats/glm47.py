@@ -32,7 +32,7 @@ from mlx_lm.tool_parsers.glm47 import _deserialize, tool_call_end, tool_call_sta
 from mlx_lm.tool_parsers.glm47 import parse_tool_call as _mlx_parse
 
 from kit.engine.separators import SeparatorParser
-from kit.formats.qwen3_coder import _types
+from kit.formats.qwen3_coder import ScanMarks, _types
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -60,8 +60,9 @@ class _Scan:
     """One pass over a call's text (after ``<tool_call>``). ``final``: the text is
     complete, so its end closes what is open; else an open structure raises _More."""
 
-    def __init__(self, text: str, final: bool) -> None:
+    def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
+        self.marks = {} if marks is None else marks  # see qwen3_coder.ScanMarks
         self.name: str | None = None
         self.args: list[tuple[str, str]] = []
         self.structured = False  # the body has <arg_key> markup
@@ -117,10 +118,12 @@ class _Scan:
             if len(t) - j < len(_VALUE) and _VALUE.startswith(t[j:]):
                 self._more()
             raise _Broken(j)
-        start = k = j + len(_VALUE)
+        start = j + len(_VALUE)
+        k = max(start, self.marks.get(start, start))
         while True:
             m = _VALUE_END.search(t, k)
             if m is None:
+                self.marks[start] = max(k, len(t) - len(_END_VALUE) + 1)
                 self.args.append((key, t[start:self._more()]))
                 return len(t), False
             tag = m.group()
@@ -131,6 +134,7 @@ class _Scan:
                 j = _GAP.match(t, m.end()).end()
                 if j == len(t) or (len(t) - j < len(tool_call_start)
                                    and tool_call_start.startswith(t[j:])):
+                    self.marks[start] = m.start()
                     self._more()  # undecided until more text (final: the end decides)
                 elif not t.startswith(tool_call_start, j):
                     k = m.start() + 1  # the marker's text inside the value
@@ -138,6 +142,7 @@ class _Scan:
             else:  # <arg_key>: a next argument, if a whole one follows
                 after = _NEXT_ARG.match(t, m.start(), partial=True)
                 if after is not None and after.partial:
+                    self.marks[start] = m.start()
                     self._more()
                 if after is None or after.partial:
                     k = m.start() + 1
@@ -146,10 +151,11 @@ class _Scan:
             return m.start(), tag == tool_call_end
 
 
-def call_end(text: str) -> tuple[int, int] | None:
-    """Where a ``<tool_call>``'s body ends (see :data:`kit.formats.base.CallEnd`)."""
+def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
+    """Where a ``<tool_call>``'s body ends (see :data:`kit.formats.base.CallEnd`);
+    ``marks``: see :class:`~kit.formats.qwen3_coder.ScanMarks`."""
     try:
-        return _Scan(text, final=False).call()
+        return _Scan(text, final=False, marks=marks).call()
     except _More:
         return None
     except _Broken as e:
@@ -193,4 +199,16 @@ def parse_tool_call(text: str, tools: Any = None) -> dict:
     return dict(name=scan.name, arguments=args)
 
 
-OVERRIDES = {"parser_class": SeparatorParser}
+class GlmParser(SeparatorParser):
+    """:class:`~kit.engine.separators.SeparatorParser` whose call-end scans resume inside
+    an open value (:class:`~kit.formats.qwen3_coder.ScanMarks`: linear time over a long
+    value)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._tool_parser is not None:
+            marks = ScanMarks()
+            self._call_end = lambda text: call_end(text, marks(text))
+
+
+OVERRIDES = {"parser_class": GlmParser}

@@ -99,13 +99,35 @@ def _cut(text: str, i: int, tokens: tuple[str, ...]) -> bool:
     return not rest or any(len(rest) < len(t) and t.startswith(rest) for t in tokens)
 
 
+class ScanMarks:
+    """Where a scan of a call's growing text may resume inside each open value: value start
+    -> how far its end has been looked for. Valid while each text extends the last (the
+    structure before a value is then the same); a text that does not starts over. One per
+    parser, so a long value costs linear time, not quadratic (bench/toolcall_scan.py)."""
+
+    def __init__(self) -> None:
+        self._text, self._marks = "", {}
+
+    def __call__(self, text: str) -> dict[int, int]:
+        """The marks valid for ``text``."""
+        if not text.startswith(self._text):
+            self._marks = {}
+        self._text = text
+        return self._marks
+
+
+#: a cut value-end candidate starts at most this far before the end of the text
+_LONGEST_END = max(len("\n" + _PARAM), len(_END_PARAM), len(_END_FUNC), len(tool_call_end))
+
+
 class _Scan:
     """One pass over a call's text (after ``<tool_call>``, or from ``<function=`` for a
     bare block). ``final``: the text is complete (EOS), so its end ends whatever is open;
-    else an open structure raises :class:`_More`."""
+    else an open structure raises :class:`_More`. ``marks``: see :class:`ScanMarks`."""
 
-    def __init__(self, text: str, final: bool) -> None:
+    def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
+        self.marks = {} if marks is None else marks
         self.functions: list[_Function] = []
 
     def _end_of_text(self) -> int:
@@ -171,10 +193,11 @@ class _Scan:
     def _parameter(self, i: int, fn: _Function) -> int:
         t = self.text
         key, start = self._name(i)
-        k = start
+        k = max(start, self.marks.get(start, start))
         while True:
             m = _VALUE_END.search(t, k)
             if m is None:
+                self.marks[start] = max(k, len(t) - _LONGEST_END + 1)
                 fn.params.append((key, t[start:self._end_of_text()]))
                 return len(t)
             if m.group() == "\n" + _PARAM:
@@ -182,6 +205,7 @@ class _Scan:
                 return m.start()
             j = _ws(t, m.end())
             if _cut(t, j, _STRUCT):
+                self.marks[start] = m.start()
                 self._end_of_text()
             elif not any(t.startswith(s, j) for s in _STRUCT):
                 k = m.start() + 1  # the tag's text inside the value
@@ -190,9 +214,9 @@ class _Scan:
             return m.end() if m.group() == _END_PARAM else m.start()
 
 
-def _end(text: str, bare: bool) -> tuple[int, int] | None:
+def _end(text: str, bare: bool, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     try:
-        return _Scan(text, final=False).call()
+        return _Scan(text, final=False, marks=marks).call()
     except _More:
         return None
     except _Broken as e:
@@ -316,7 +340,8 @@ class QwenCoderParser(SeparatorParser):
         super().__init__(**kwargs)
         self._raw_prev = self._state[0]
         if self._tool_parser is not None:
-            self._call_end = lambda text: _end(text, bare=self._bare)
+            marks = ScanMarks()
+            self._call_end = lambda text: _end(text, self._bare, marks(text))
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
         mapped = []

@@ -95,3 +95,24 @@ def assert_prefix_stable(call_end, text: str) -> None:
             assert got == first, (text[:i], got, first)
         elif got is not None:
             first = got
+
+
+def call_texts(slug: str, start: str) -> list[str]:
+    """The text after each ``start`` marker in the raw outputs of canitoolcall family
+    ``slug`` (a corpus of real call markup, malformed and cut ones included)."""
+    from tests.conformance.adapter import all_fixtures
+
+    out = []
+    for f in all_fixtures():
+        if f.family == slug:
+            parts = f.raw_output.split(start)
+            out += [start.join(parts[i:]) for i in range(1, len(parts))]
+    return out
+
+
+def assert_resumes_as_pure(resuming, pure, texts: list[str]) -> None:
+    """A resuming call-end scan (one object fed each text's growing prefixes in turn, as
+    one parser is) answers as the pure ``call_end`` on every prefix of every text."""
+    for text in texts:
+        for i in range(len(text) + 1):
+            assert resuming(text[:i]) == pure(text[:i]), (text[:i],)

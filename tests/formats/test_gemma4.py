@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import gemma4
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
+                                 family_format, parse)
 
 FMT = family_format("gemma4")
 Q = '<|"|>'
@@ -76,3 +77,9 @@ def test_malformed_call_markup_comes_back_as_text(body):
 ])
 def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
     assert_prefix_stable(gemma4.call_end, text)
+
+
+def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
+    texts = call_texts("gemma4", "<|tool_call>") + [
+        f"call:f{{s:{Q}" + "a <tool_call|> <|\" b " * 30 + f"{Q}}}<tool_call|>"]
+    assert_resumes_as_pure(gemma4.Gemma4End(), gemma4.call_end, texts)

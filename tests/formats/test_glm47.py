@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import glm47
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
+                                 family_format, parse)
 
 FMT = family_format("glm")
 
@@ -93,3 +94,10 @@ def test_malformed_call_markup_is_text_or_no_call_never_an_error(body):
 ])
 def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
     assert_prefix_stable(glm47.call_end, text)
+
+
+def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
+    marks = glm47.ScanMarks()
+    texts = call_texts("glm", "<tool_call>") + [
+        call("write_file", content="a </tool_call> b <arg_key>x</arg_key> c " * 20)[11:]]
+    assert_resumes_as_pure(lambda t: glm47.call_end(t, marks(t)), glm47.call_end, texts)

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from kit.formats import kimi_k2
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
+                                 family_format, parse)
 
 FMT = family_format("kimi", "kimi-k2-thinking")
 BEGIN, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -74,3 +75,9 @@ def test_long_arguments_stream_through_the_resuming_section_scan():
     r = parse(FMT, BEGIN + one("write_file", 0, json.dumps({"path": "x", "content": body})) + END)
     assert r.calls == [("write_file", {"path": "x", "content": body})]
     assert FMT.parser_class is kimi_k2.KimiK2Parser
+
+
+def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
+    from kit.formats.json_tools import JsonMarkerEnd
+
+    assert_resumes_as_pure(JsonMarkerEnd(END), kimi_k2.call_end, call_texts("kimi", BEGIN))

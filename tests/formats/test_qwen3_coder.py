@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import qwen3_coder
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
+                                 family_format, parse)
 
 FMT = family_format("qwen3-xml")
 
@@ -137,3 +138,12 @@ def test_malformed_call_markup_comes_back_as_text(body):
 ])
 def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
     assert_prefix_stable(qwen3_coder.call_end, text)
+
+
+def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
+    marks = qwen3_coder.ScanMarks()
+    texts = call_texts("qwen3-xml", "<tool_call>") + [
+        "\n" + fn("write_file", content="x </parameter> y\n" * 30) + "\n</tool_call>",
+        "\n<function=f>\n<parameter=a>\nv\n</parameter> \n</tool_call>"]
+    assert_resumes_as_pure(lambda t: qwen3_coder._end(t, False, marks(t)), qwen3_coder.call_end,
+                           texts)
