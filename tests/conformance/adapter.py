@@ -43,7 +43,12 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "glm": {"*": ("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>",
                   ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
     # [THINK]/[/THINK] are not among the think markers mlx-lm knows
-    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))},
+    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]")),
+                # Magistral Small 2506: v11 vocab (no [THINK]); the template's default system
+                # prompt asks for plain-text <think>...</think>
+                "v11-think-text": ("Your thinking process must follow the template below:\n<think>\n"
+                                   "Your thoughts...\n</think>\n[TOOL_CALLS]{{ tool.name }}[ARGS]",
+                                   ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))},
     "gemma4": {"*": ("<|tool_call>call:{{ name }}{...}<tool_call|>",
                      ("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"))},
     "kimi": {"kimi-k2-thinking": ("<|tool_calls_section_begin|><|tool_call_begin|>",
