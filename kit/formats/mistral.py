@@ -21,7 +21,11 @@ machine mlx-lm builds around a parser):
    the draft is returned as a real call. Mistral's reasoning is closed by ``[/THINK]``
    before any call (mistral-common's grammar), so inside ``[THINK]`` everything is
    reasoning (:class:`MistralOutputParser`).
-3. A call cut by ``max_tokens``: mlx-lm drops it. Here the complete calls before the cut
+3. Arguments that are no JSON object: mlx-lm takes any JSON value after ``[ARGS]``
+   (``name[ARGS]"x"`` or ``[ARGS]1``) as the arguments, which then reach the client as
+   arguments that are not a JSON object (or not JSON at all). Here they must be an object
+   (or a JSON string holding one), else the text is no call.
+4. A call cut by ``max_tokens``: mlx-lm drops it. Here the complete calls before the cut
    are kept (:func:`parse_partial`), and with none the cut text comes back as answer text.
 """
 
@@ -50,7 +54,11 @@ def _header_calls(text: str, *, partial: bool) -> list[dict[str, Any]]:
     while (match := _HEADER.search(text, pos)) is not None:
         try:
             arguments, pos = decoder.raw_decode(text, match.end())
-        except json.JSONDecodeError as e:
+            if isinstance(arguments, str):  # arguments rendered as a JSON string
+                arguments = json.loads(arguments)
+            if not isinstance(arguments, dict):
+                raise ValueError("the arguments are not a JSON object")
+        except ValueError as e:
             if partial:
                 break
             raise ValueError(f"Could not parse tool call from: {text}") from e

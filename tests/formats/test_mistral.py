@@ -131,3 +131,14 @@ def test_reasoning_is_parsed_without_tools_in_the_request():
 def test_mistral_templates_select_mistral_and_their_reasoning(template, vocab, reasoning):
     got = detect(template, set(vocab))
     assert (got.tool_format, got.reasoning_format) == ("mistral", reasoning)
+
+
+@pytest.mark.parametrize("raw", ['[TOOL_CALLS]get_time[ARGS]"parameters"', "[TOOL_CALLS]f[ARGS]1"])
+def test_arguments_that_are_no_json_object_are_no_call(raw):
+    # mlx-lm took any JSON value as the arguments, and the client got non-object arguments
+    assert_every_split(raw, (raw[len("[TOOL_CALLS]"):], None, []))
+
+
+def test_arguments_rendered_as_a_json_string_are_read():
+    assert_every_split('[TOOL_CALLS]get_time[ARGS]"{\\"tz\\": \\"UTC\\"}"',
+                       (None, None, [("get_time", {"tz": "UTC"})]))
