@@ -392,5 +392,7 @@ class LlamaOutputParser(OutputParser):
         return events
 
 
-#: start inside a would-be call: the answer's first characters decide (see call_end)
-OVERRIDES = {"parser_class": LlamaOutputParser, "initial": "tool"}
+#: start inside a would-be call: the answer's first characters decide (see call_end). A
+#: forced call's body is constrained by the json_tools grammar, ``{"name": ..., "arguments":
+#: {...}}`` (whitespace around it): one of the two keys Llama models write, both parsed here.
+OVERRIDES = {"parser_class": LlamaOutputParser, "initial": "tool", "grammar": "json_tools"}
