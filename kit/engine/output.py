@@ -175,11 +175,13 @@ class OutputParser:
             self._held = 0
         if self._stops:
             self._raw = (self._raw + text)[-4096:]
+        events = self._events(segments)
+        # after _events: the text after a call's end is read there, and may hold the stop
         if self._state[0] is None:
             self.stopped = True
             ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
             self.stop_string = max(ends)[1] if ends else None
-        return self._events(segments)
+        return events
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation. ``"length"``: held-back text is released, and of a tool call
