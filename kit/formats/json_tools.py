@@ -6,7 +6,8 @@ reused. Corrected here:
 
 - the call ends at the first ``</tool_call>`` *outside a JSON string* (what
   :func:`kit.formats.base.json_marker_end` finds; :class:`JsonMarkerEnd` finds it in linear
-  time on a streamed call); mlx-lm ends it at the first ``</tool_call>`` anywhere, so an argument that quotes the marker (code or docs about
+  time on a streamed call); mlx-lm ends it at the first ``</tool_call>`` anywhere,
+  so an argument that quotes the marker (code or docs about
   the format) cuts the call short and the rest leaks into the answer (upstream bug);
 - the whitespace the template writes around ``<think>``/``</think>`` and before
   ``<tool_call>`` is not part of the reasoning or the answer

@@ -1,6 +1,11 @@
 """Kimi K2 / K2.5 / K2.6 tool calls::
 
-    <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{JSON}<|tool_call_end|>...<|tool_calls_section_end|>
+    <|tool_calls_section_begin|>
+    <|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{JSON}<|tool_call_end|>
+    ...
+    <|tool_calls_section_end|>
+
+(without the newlines)
 
 The call id is ``functions.NAME:IDX`` (Kimi's templates require it back in the next turn).
 mlx-lm's ``kimi_k2`` parser is reused for one call's header and arguments
@@ -8,7 +13,9 @@ mlx-lm's ``kimi_k2`` parser is reused for one call's header and arguments
 ``<|tool_call_end|>`` *outside the JSON arguments' strings*, and the section's end likewise:
 mlx-lm split the calls at the first ``<|tool_call_end|>``, so an argument that quotes the
 marker (``"stop at <|tool_call_end|> please"``) was cut into invalid JSON, returned as a
-string. The JSON-string-aware scan is json_tools' :class:`~kit.formats.json_tools.JsonMarkerEnd`. Also: ``parse_partial`` keeps the complete calls of a section cut by ``max_tokens``.
+string. The JSON-string-aware scan is json_tools'
+:class:`~kit.formats.json_tools.JsonMarkerEnd`. Also: ``parse_partial`` keeps the complete
+calls of a section cut by ``max_tokens``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from tests.conformance.adapter import FAMILY_FILES, CheckpointFiles
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
     {"type": "function", "function": {"name": "write_file", "parameters": {
         "type": "object", "properties": {"path": {"type": "string"},
                                          "content": {"type": "string"}}}}},

@@ -57,8 +57,8 @@ def test_a_call_cut_by_max_tokens_returns_the_text_before_it():
 
 
 def test_a_cut_second_call_keeps_the_first():
-    r = parse(FMT, f"<|tool_call>call:get_weather{{city:{Q}Rome{Q}}}<tool_call|><|tool_call>call:get",
-              reason="length")
+    r = parse(FMT, f"<|tool_call>call:get_weather{{city:{Q}Rome{Q}}}<tool_call|>"
+                   "<|tool_call>call:get", reason="length")
     assert r.calls == [("get_weather", {"city": "Rome"})]
 
 

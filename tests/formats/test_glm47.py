@@ -58,12 +58,14 @@ def test_glm45_newline_layout_with_reasoning_and_text():
 
 def test_nested_json_and_unicode_values():
     r = parse(FMT, call("search", query="Zürich ☕ 東京", filters='{"tags": ["a", {"b": null}]}'))
-    assert r.calls == [("search", {"query": "Zürich ☕ 東京", "filters": {"tags": ["a", {"b": None}]}})]
+    assert r.calls == [("search", {"query": "Zürich ☕ 東京",
+                                   "filters": {"tags": ["a", {"b": None}]}})]
 
 
 def test_a_string_type_reached_through_anyof_keeps_the_text():
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "label": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "n": {"type": ["integer", "null"]}}}}}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"label": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                                         "n": {"type": ["integer", "null"]}}}}}]
     r = parse(FMT, call("f", label="3", n="3"), tools=tools)
     assert r.calls == [("f", {"label": "3", "n": 3})]
 
@@ -88,7 +90,8 @@ def test_malformed_call_markup_is_text_or_no_call_never_an_error(body):
 @pytest.mark.parametrize("text", [
     "get_weather<arg_key>city</arg_key><arg_value>a </tool_call> b</arg_value></tool_call>x",
     "get_weather<arg_key>city</arg_key><arg_value>Berlin</tool_call>",
-    "get_weather<arg_key>city</arg_key><arg_value>Berlin<arg_key>d</arg_key><arg_value>2</arg_value></tool_call>",
+    "get_weather<arg_key>city</arg_key><arg_value>Berlin<arg_key>d</arg_key><arg_value>2"
+    "</arg_value></tool_call>",
     "get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n",
     "broken <arg_key></tool_call>",
 ])

@@ -35,8 +35,8 @@ def test_marker_text_inside_an_argument_string_stays_in_the_argument():
 
 
 def test_reasoning_and_the_answer_come_back_without_the_templates_separators():
-    r = parse(FMT, "<think>\nCheck the weather.\n</think>\n\n" + call("get_weather", '{"city": "Paris"}'),
-              prompt=THINK_PROMPT)
+    r = parse(FMT, "<think>\nCheck the weather.\n</think>\n\n"
+              + call("get_weather", '{"city": "Paris"}'), prompt=THINK_PROMPT)
     assert (r.content, r.reasoning) == (None, "Check the weather.")
     assert r.calls == [("get_weather", {"city": "Paris"})]
 
@@ -70,10 +70,12 @@ def test_whitespace_inside_reasoning_is_kept():
 
 def test_parallel_calls_come_back_in_order_with_nested_json_and_unicode():
     text = (call("get_weather", '{"city": "Zürich 🌧️", "days": 2}') + "\n"
-            + call("search", '{"query": "café \\"best\\"", "filters": {"tags": ["a", {"b": [1, null]}]}}'))
+            + call("search", '{"query": "café \\"best\\"", '
+                   '"filters": {"tags": ["a", {"b": [1, null]}]}}'))
     r = parse(FMT, text)
     assert r.calls == [("get_weather", {"city": "Zürich 🌧️", "days": 2}),
-                       ("search", {"query": 'café "best"', "filters": {"tags": ["a", {"b": [1, None]}]}})]
+                       ("search", {"query": 'café "best"',
+                                   "filters": {"tags": ["a", {"b": [1, None]}]}})]
     assert r.content is None and len(set(r.ids)) == 2
 
 

@@ -43,9 +43,11 @@ def test_marker_text_inside_a_value_stays_in_the_value():
 
 
 def test_parallel_calls_with_typed_values_and_a_json_block():
-    r = parse(FMT, TOOLS_OPEN + call("get_weather", 1, arg("city", "Zürich 🌧️"), arg("days", "2", "number"))
+    r = parse(FMT, TOOLS_OPEN
+              + call("get_weather", 1, arg("city", "Zürich 🌧️"), arg("days", "2", "number"))
               + '<|open|>call tool="search" index="2"<|sep|><|open|>json type="object"<|sep|>'
-              '{"query": "café", "filters": {"a": [1, null]}}<|close|>json<|sep|><|close|>call<|sep|>'
+              '{"query": "café", "filters": {"a": [1, null]}}<|close|>json<|sep|>'
+              "<|close|>call<|sep|>"
               + TOOLS_CLOSE)
     assert r.calls == [("get_weather", {"city": "Zürich 🌧️", "days": 2}),
                        ("search", {"query": "café", "filters": {"a": [1, None]}})]

@@ -77,7 +77,8 @@ def test_compact_markup_without_newlines_parses():
     assert (r.content, r.calls) == ("xy", [("get_weather", {"city": "Nice"})])
 
 
-SCHEMA_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+SCHEMA_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {
     "opt_int": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
     "num_or_bool": {"type": ["number", "boolean"]},
     "str_or_int": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
@@ -99,7 +100,8 @@ def test_a_value_that_is_not_its_schema_type_keeps_the_call():
 
 
 def test_nested_json_and_unicode_values():
-    r = parse(FMT, call("search", query="東京 ☀️ «café»", filters='{"tags": ["a", {"b": null}], "n": 1.5}'))
+    r = parse(FMT, call("search", query="東京 ☀️ «café»",
+                        filters='{"tags": ["a", {"b": null}], "n": 1.5}'))
     assert r.calls == [("search", {"query": "東京 ☀️ «café»",
                                    "filters": {"tags": ["a", {"b": None}], "n": 1.5}})]
 
@@ -124,7 +126,8 @@ def test_a_cut_call_keeps_its_complete_function_blocks():
     assert r.calls == [("get_weather", {"city": "Paris"})]
 
 
-@pytest.mark.parametrize("body", ["not xml", "<function=>\n</function>", "<parameter=x>\n1\n</parameter>"])
+@pytest.mark.parametrize("body", ["not xml", "<function=>\n</function>",
+                                  "<parameter=x>\n1\n</parameter>"])
 def test_malformed_call_markup_comes_back_as_text(body):
     r = parse(FMT, f"<tool_call>\n{body}\n</tool_call>")
     assert r.calls == [] and body.strip("<>") in (r.content or "")
@@ -132,7 +135,8 @@ def test_malformed_call_markup_comes_back_as_text(body):
 
 @pytest.mark.parametrize("text", [
     "\n" + fn("write_file", content="a </parameter> b </tool_call> c") + "\n</tool_call> tail",
-    "\n<function=get_weather>\n<parameter=city>\nLyon\n<parameter=days>\n3\n</function>\n</tool_call>",
+    "\n<function=get_weather>\n<parameter=city>\nLyon\n<parameter=days>\n3\n</function>\n"
+    "</tool_call>",
     "<function=a><parameter=x>1</parameter></function>text after",
     "\nnot xml </tool_call> more",
 ])
