@@ -17,25 +17,19 @@ says. The rules (what canitoolcall's fixtures expect, and what the templates ren
   (``"before <call> after"``) is kept verbatim, and so is whitespace of a plain answer that
   no markup touches (an answer's own leading indentation or trailing newline).
 
-Streaming: whitespace is held back until the next visible character or markup decides it,
-so every split of the output gives the same result as the whole.
+Markup is known from the parser's events: reasoning stands for its think block, a call (or
+the end of generation inside one) for the call's markup; an empty ``<think></think>`` gives
+no event, and the whitespace around it stays. Streaming: whitespace is held back until the
+next visible character or markup decides it, so every split of the output gives the same
+result as the whole.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kit.engine.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta
-
-
-@dataclass(frozen=True)
-class _Edge:
-    """The parser's state changed (internal: between ``_events`` and ``_shape``)."""
-
-    src: str | None
-    dst: str | None
 
 
 class SeparatorParser(OutputParser):
@@ -52,28 +46,18 @@ class SeparatorParser(OutputParser):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._prev: str | None = self._state[0]
         self._c_pending = ""      # trailing whitespace of the answer text, not yet sent
         self._c_started = False   # a visible answer character was sent
         self._c_marked = False    # markup since the last visible answer character
         self._r_pending = ""      # trailing whitespace of the reasoning block, not yet sent
         self._r_started = False   # the current reasoning block has a visible character
 
-    def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
-        # one segment at a time, so that every state change is seen in order (a call's
-        # end re-enters _events for the text after it)
-        events: list[Any] = []
-        for state, text in segments:
-            if state != self._prev:
-                events.append(_Edge(self._prev, state))
-                self._prev = state
-            events += super()._events([(state, text)])
-        return events
-
     def feed(self, text: str) -> list[Any]:
         return self._shape(super().feed(text))
 
     def finish(self, reason: str) -> list[Any]:
+        if self._state[0] not in ("normal", "reasoning", None):
+            self._c_marked = True  # generation ended inside a call: its markup was there
         events = self._shape(super().finish(reason))
         self._r_pending = ""  # a reasoning block's last whitespace says nothing
         if self._c_pending and not self._c_marked:
@@ -82,19 +66,22 @@ class SeparatorParser(OutputParser):
         return events
 
     def _shape(self, events: list[Any]) -> list[Any]:
+        # the events alone tell where markup was: reasoning deltas stand for a think block
+        # (its markers), a call for the call's markup; the sequence of event kinds is the
+        # same at every split of the output, so the result is too
         out: list[Any] = []
         for ev in events:
-            if isinstance(ev, _Edge):
-                if ev.src == "reasoning":  # the block ended: its last whitespace goes
-                    self._r_pending, self._r_started = "", False
-                if ev.dst is not None:  # a stop string (None) is no markup
-                    self._c_marked = True
-            elif isinstance(ev, ReasoningDelta):
+            if isinstance(ev, ReasoningDelta):
+                self._c_marked = True
                 self._reasoning(ev.text, out)
-            elif isinstance(ev, TextDelta) and self.text_separators:
-                self._text(ev.text, out)
-            elif isinstance(ev, TextDelta):
-                out.append(ev)
+                continue
+            # anything else ends a reasoning block: its last whitespace goes
+            self._r_pending, self._r_started = "", False
+            if isinstance(ev, TextDelta):
+                if self.text_separators:
+                    self._text(ev.text, out)
+                else:
+                    out.append(ev)
             else:  # a tool call is markup too
                 self._c_marked = True
                 out.append(ev)

@@ -131,3 +131,27 @@ def test_one_resuming_scan_serves_calls_in_turn():
     for text in ['{"a": "</tool_call>"}</tool_call>', '{"b": 1}</tool_call>', '{"a": "x"']:
         for i in range(len(text) + 1):
             assert scan(text[:i]) == ref(text[:i])
+
+
+def test_a_stop_string_ends_the_answer_and_keeps_the_whitespace_before_it():
+    from kit.engine.output import OutputParser
+
+    for chunks in (["Paris is big.\n\nEND more"], list("Paris is big.\n\nEND more")):
+        p = OutputParser.for_format(FMT, "", stops=["END"])
+        events = []
+        for c in chunks:
+            events += p.feed(c)
+            if p.stopped:
+                break
+        events += p.finish("stop")
+        assert "".join(e.text for e in events) == "Paris is big.\n\n" and p.stop_string == "END"
+
+
+def test_a_forced_call_starts_inside_the_call():
+    from kit.engine.output import OutputParser
+
+    p = OutputParser.for_format(FMT, "<tool_call>", tools=[{"type": "function", "function": {
+        "name": "get_weather"}}], in_tool_call=True)
+    events = p.feed('\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>')
+    events += p.finish("stop")
+    assert [(e.name, e.arguments) for e in events] == [("get_weather", '{"city": "Lima"}')]
