@@ -82,8 +82,9 @@ class _Scan:
     def call(self) -> tuple[int, int]:
         """(body end, resume) of the call."""
         t = self.text
-        k, e = t.find(_KEY), t.find(tool_call_end)
-        if k < 0 or 0 <= e < k:  # no arguments in markup: the first </tool_call> ends it
+        k = t.find(_KEY)
+        e = t.find(tool_call_end, 0, k if k >= 0 else len(t))
+        if k < 0 or e >= 0:  # no arguments in markup: the first </tool_call> ends it
             if e < 0:
                 n = self._more()
                 return n, n

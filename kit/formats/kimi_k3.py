@@ -34,6 +34,9 @@ from typing import Any
 
 from mlx_lm.tool_parsers.kimi_k3 import _decode_value, _parse_attrs, tool_call_end, tool_call_start
 
+from kit.engine.output import OutputParser
+from kit.formats.qwen3_coder import ScanMarks
+
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
 _SEP = "<|sep|>"
@@ -77,8 +80,9 @@ class _Scan:
     """One pass over a tools section's text. ``final``: the text is complete, so its end
     closes what is open; else an open structure raises :class:`_More`."""
 
-    def __init__(self, text: str, final: bool) -> None:
+    def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
+        self.marks = {} if marks is None else marks  # see qwen3_coder.ScanMarks
         self.calls: list[_Call] = []
 
     def _more(self) -> int:
@@ -133,13 +137,16 @@ class _Scan:
                 raise _Broken(i)
 
     def _value(self, start: int, close: str) -> tuple[str, int]:
-        t, k = self.text, start
+        t = self.text
+        k = max(start, self.marks.get(start, start))
         while True:
             e = t.find(close, k)
             if e < 0:
+                self.marks[start] = max(k, len(t) - len(close) + 1)
                 return t[start:self._more()], len(t)
             j = _ws(t, e + len(close))
             if _cut(t, j, _STRUCT):
+                self.marks[start] = e
                 self._more()
             elif not any(t.startswith(s, j) for s in _STRUCT):
                 k = e + 1  # the marker's text inside the value
@@ -147,10 +154,11 @@ class _Scan:
             return t[start:e], e + len(close)
 
 
-def call_end(text: str) -> tuple[int, int] | None:
-    """Where a tools section's body ends (see :data:`kit.formats.base.CallEnd`)."""
+def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
+    """Where a tools section's body ends (see :data:`kit.formats.base.CallEnd`);
+    ``marks``: see :class:`~kit.formats.qwen3_coder.ScanMarks`."""
     try:
-        return _Scan(text, final=False).section()
+        return _Scan(text, final=False, marks=marks).section()
     except _More:
         return None
     except _Broken as e:
@@ -215,5 +223,17 @@ def parse_partial(text: str, tools: Any = None) -> list[dict]:
     return _records([c for c in scan.calls if c.closed])
 
 
+class KimiK3Parser(OutputParser):
+    """The engine's parser whose section-end scans resume inside an open value
+    (:class:`~kit.formats.qwen3_coder.ScanMarks`: linear time over a long value)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self._tool_parser is not None:
+            marks = ScanMarks()
+            self._call_end = lambda text: call_end(text, marks(text))
+
+
 #: the answer channel may open straight from the think channel the prompt opened
-OVERRIDES = {"transitions": {"reasoning": [("<|open|>response<|sep|>", "normal")]}}
+OVERRIDES = {"transitions": {"reasoning": [("<|open|>response<|sep|>", "normal")]},
+             "parser_class": KimiK3Parser}

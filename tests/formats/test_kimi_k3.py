@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import kimi_k3
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
+                                 family_format, parse)
 
 FMT = family_format("kimi", "kimi-k3-xtml")
 THINK = '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>'
@@ -79,3 +80,11 @@ def test_malformed_section_comes_back_as_text(body):
 ])
 def test_the_section_end_answers_the_same_on_every_longer_prefix(text):
     assert_prefix_stable(kimi_k3.call_end, text)
+
+
+def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
+    marks = kimi_k3.ScanMarks()
+    texts = call_texts("kimi", TOOLS_OPEN) + [
+        call("write_file", 1, arg("content", "a <|close|>argument<|sep|> b " * 20)) + TOOLS_CLOSE]
+    assert_resumes_as_pure(lambda t: kimi_k3.call_end(t, marks(t)), kimi_k3.call_end, texts)
+    assert FMT.parser_class is kimi_k3.KimiK3Parser
