@@ -55,8 +55,12 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # no mlx-lm tool parser matches these templates: calls would come back as text
     "deepseek": {"*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
                        ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
-    "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
-                      ("<|channel|>", "<|message|>", "<|call|>"))},
+    # gpt-oss's chat_template.jinja writes a call in the role header, then <|call|>
+    "gpt-oss": {"*": ('{{- "<|start|>assistant to=" }}{{- "functions." + tool_call.name + '
+                      '"<|channel|>commentary " }}{{- "json<|message|>" }}'
+                      '{{- tool_call.arguments|tojson }}{{- "<|call|>" }}',
+                      ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                       "<|return|>", "<|call|>"))},
     "llama": {"*": ('<|python_tag|>{"name": "{{ name }}", "parameters": ', ("<|python_tag|>",))},
 }
 

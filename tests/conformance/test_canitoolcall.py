@@ -46,7 +46,7 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
         ("gemma4", "*"): ("gemma4", ("<|channel>thought", "<channel|>")),
         ("kimi", "kimi-k2-thinking"): ("kimi_k2", think), ("kimi", "kimi-k2-instruct"): ("kimi_k2", None),
         ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
-        ("deepseek", "*"): (None, think), ("gpt-oss", "*"): (None, None), ("llama", "*"): (None, None)}
+        ("deepseek", "*"): (None, think), ("gpt-oss", "*"): ("harmony", None), ("llama", "*"): (None, None)}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.id for f in FIXTURES])
