@@ -485,4 +485,6 @@ class HarmonyParser(OutputParser):
             return [TextDelta(body)] if body else []
 
 
-OVERRIDES = {"parser_class": HarmonyParser}
+#: the parser, and the reasoning efforts gpt-oss's template was trained on (its system
+#: message says ``Reasoning: low|medium|high``; openai-harmony's ReasoningEffort has those)
+OVERRIDES = {"parser_class": HarmonyParser, "efforts": ("low", "medium", "high")}

@@ -17,17 +17,18 @@ from typing import Any, Iterable
 
 from kit.engine.types import SamplingParams, ToolCall
 from kit.errors import InvalidRequest
+from kit.formats.base import EFFORTS as _EFFORTS
 from kit.server.content.base import excerpt
 
 #: Reasoning efforts that turn a template's thinking off (OpenAI's ``none``/``minimal``,
 #: Gemini's ``MINIMAL`` level).
 THINKING_OFF = ("none", "minimal")
 
-#: The reasoning efforts a request may ask for, lowest first: OpenAI's (``none`` to
-#: ``xhigh``) and ``max`` (Anthropic's ``output_config.effort``, pi's top thinking level).
-#: Templates read the name as given: gpt-oss's writes ``Reasoning: <effort>`` into its
-#: system message (trained on low/medium/high), Kimi K3's knows none/low/high/max.
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+#: :data:`kit.formats.base.EFFORTS`, the efforts a request may ask for. Templates read the
+#: name as given (Kimi K3's knows none/low/high/max), except where the family's format
+#: lists its own (gpt-oss writes ``Reasoning: <effort>`` into its system message, trained
+#: on low/medium/high: :meth:`kit.formats.base.OutputFormat.template_effort`).
+EFFORTS = _EFFORTS
 
 #: A thinking budget (tokens: Anthropic's ``thinking.budget_tokens``) as an effort: up to
 #: 4096 low, up to 16384 medium, more high (Claude Code asks 4000 for "think", 10000 for

@@ -224,3 +224,37 @@ def test_any_markup_parses_without_error_and_the_same_at_every_split(parts, seed
     want = parse([text], reason=reason, stops=("STOP",))[:3]
     assert parse(splits(text, seed), reason=reason, stops=("STOP",))[:3] == want
     assert parse(list(text), reason=reason, stops=("STOP",))[:3] == want
+
+
+class _Tokenizer:
+    """What :class:`kit.engine.prompt.Prompts` reads of a tokenizer: a chat template with
+    gpt-oss's ``Reasoning: <effort>`` line (a stand-in: no gpt-oss checkpoint here)."""
+
+    chat_template = ('{{ "<|start|>system<|message|>Reasoning: " + (reasoning_effort or '
+                     '"medium") + "<|end|>" }}{% if add_generation_prompt %}'
+                     '<|start|>assistant{% endif %}')
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=False,
+                            tokenize=False, return_dict=False, **kwargs):
+        import jinja2
+
+        return jinja2.Template(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+@pytest.mark.parametrize("asked, rendered", [
+    ("none", "low"), ("minimal", "low"), ("low", "low"), ("medium", "medium"),
+    ("high", "high"), ("xhigh", "high"), ("max", "high")])
+def test_gpt_oss_gets_the_reasoning_levels_its_template_was_trained_on(asked, rendered):
+    from types import SimpleNamespace
+
+    from kit.engine.prompt import Prompts
+    from kit.engine.types import ChatRequest
+
+    prompts = Prompts(SimpleNamespace(tokenizer=_Tokenizer(), output_format=FMT))
+    req = ChatRequest(messages=[{"role": "user", "content": "hi"}],
+                      template_kwargs={"reasoning_effort": asked})
+    text = prompts.render_text(req, req.messages, generation_prompt=True)
+    assert text == f"<|start|>system<|message|>Reasoning: {rendered}<|end|><|start|>assistant"
+    # other families' templates get the effort as asked (Kimi K3 knows "none" and "max")
+    assert for_tokenizer(CheckpointFiles("", ())).template_effort(asked) == asked
