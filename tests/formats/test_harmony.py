@@ -258,3 +258,46 @@ def test_gpt_oss_gets_the_reasoning_levels_its_template_was_trained_on(asked, re
     assert text == f"<|start|>system<|message|>Reasoning: {rendered}<|end|><|start|>assistant"
     # other families' templates get the effort as asked (Kimi K3 knows "none" and "max")
     assert for_tokenizer(CheckpointFiles("", ())).template_effort(asked) == asked
+
+
+#: gpt-oss's template's handling of an assistant tool-call turn (its checks on content,
+#: arguments|tojson), in our own words: what the next-turn render must get through
+GPT_OSS_TURNS = """
+{%- for m in messages -%}
+{%- if m.role == "assistant" -%}
+{%- if "content" in m and "<|channel|>final<|message|>" in m.content -%}
+{{ raise_exception("channel markup in content") }}{%- endif -%}
+{%- if m.tool_calls -%}
+{%- if m.content and m.thinking -%}{{ raise_exception("content and thinking") }}{%- endif -%}
+{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>
+{%- endif -%}
+<|start|>assistant to=functions.{{ m.tool_calls[0].function.name }}<|channel|>commentary json
+<|message|>{{ m.tool_calls[0].function.arguments|tojson }}<|call|>
+{%- else %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{%- endif -%}
+{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}
+{%- endfor -%}"""
+
+
+def test_the_engines_next_turn_render_is_the_clients_resend_of_a_gpt_oss_call():
+    """Regression: the next-turn cache render sent content None (the template fails on
+    ``"..." in None``) and arguments as a JSON string (``tojson`` quoted it), so a gpt-oss
+    tool-call turn never got its next-turn cache."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from kit.engine.pipeline import resent_turn
+    from tests.server.test_reasoning_effort import chat
+
+    parser = OutputParser.for_format(FMT, PROMPT_TAIL, tools=TOOLS)
+    calls = [e for e in parser.feed(ANALYSIS + CALL) + parser.finish("stop")
+             if isinstance(e, ToolCall)]
+    engine = [{"role": "user", "content": "hi"}, resent_turn("", calls)]
+    client = chat(messages=[{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}]).messages
+
+    def render(messages):
+        return render_jinja_template(conversations=[messages], chat_template=GPT_OSS_TURNS)[0][0]
+
+    assert render(engine) == render(client)
+    assert '<|message|>{"city": "Paris"}<|call|>' in render(engine)
