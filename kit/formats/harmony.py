@@ -69,12 +69,12 @@ MAX_HEADER = 256
 _RECIPIENT = re.compile(r"\bto=([^\s<\x00]+)")
 
 
-def _find(buf: str, strings: tuple[str, ...], start: int = 0) -> tuple[int, str | None]:
-    """The earliest complete occurrence of one of ``strings`` in ``buf[start:]`` as
-    ``(index, string)`` (ties: the first listed), else ``(-1, None)``."""
+def _find(buf: str, strings: tuple[str, ...]) -> tuple[int, str | None]:
+    """The earliest complete occurrence of one of ``strings`` in ``buf`` as ``(index,
+    string)`` (ties: the first listed), else ``(-1, None)``."""
     best, hit = -1, None
     for s in strings:
-        i = buf.find(s, start)
+        i = buf.find(s)
         if i >= 0 and (best < 0 or i < best):
             best, hit = i, s
     return best, hit
@@ -175,7 +175,10 @@ def arguments(body: str) -> dict[str, Any]:
     text = body.strip()
     if not text:
         return {}
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except RecursionError:  # nesting deeper than Python's stack: no call, text
+        raise ValueError("the arguments nest too deep") from None
     if not isinstance(value, dict):
         raise ValueError(f"the arguments are a JSON {type(value).__name__}, not an object")
     return value
@@ -237,7 +240,6 @@ class HarmonyParser(OutputParser):
         # not the base's __init__: its TextStateMachine decides states by markers alone,
         # and Harmony's states are decided by what the header says
         self._tools = tools if tool is not None else None
-        self._tool_parser = tool_parser
         self._stops = tuple(s for s in stops if s)
         self.tool_calls = 0
         self.reasoning_tokens = 0

@@ -301,3 +301,9 @@ def test_the_engines_next_turn_render_is_the_clients_resend_of_a_gpt_oss_call():
 
     assert render(engine) == render(client)
     assert '<|message|>{"city": "Paris"}<|call|>' in render(engine)
+
+
+def test_arguments_nested_deeper_than_the_stack_come_back_as_text():
+    deep = "[" * 100_000 + "]" * 100_000
+    text = "<|channel|>commentary to=functions.get_weather<|message|>" + deep
+    assert whole(text) == (deep, "", [])
