@@ -25,11 +25,18 @@ def _json_tools_body(name: str, args_rule: str) -> str:
     return f"{_lark_str(head)} {args_rule} {_lark_str('}' + chr(10))}"
 
 
+def _deepseek_body(name: str, args_rule: str) -> str:
+    from kit.formats.deepseek import grammar_body  # the V3.1 form, see there
+
+    return grammar_body(name, args_rule)
+
+
 #: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
 #: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
 #: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
 #: SmolLM3...); its parser reads the body up to the end marker or EOS.
-TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {"json_tools": _json_tools_body}
+TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {"json_tools": _json_tools_body,
+                                                          "deepseek": _deepseek_body}
 
 #: JSON layout of constrained output: compact separators, no free whitespace (what models
 #: write most often, and the fewest tokens).
