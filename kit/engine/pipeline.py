@@ -10,6 +10,7 @@ cache insert and next-turn prefill), so every rank's KV caches stay the same.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -202,11 +203,7 @@ class Pipeline:
         """The next turn's rendering of this conversation (``text``: the answer), then
         :meth:`PromptCachePolicy.next_turn` (any template failure: ``tokens`` as is)."""
         req = run.job.request
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": text or (None if run.calls else "")}
-        if run.calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": c.arguments}} for c in run.calls]
+        message = resent_turn(text, run.calls)
         try:
             resend = self.prompts.render(req, req.messages + [message],
                                          generation_prompt=False)
@@ -235,3 +232,25 @@ class Pipeline:
             for i in range(0, len(tokens), step):
                 self.slot.model(mx.array(tokens[i:i + step])[None], cache=cache)
                 mx.eval([c.state for c in cache])
+
+
+def resent_turn(text: str, calls: list[Any]) -> dict[str, Any]:
+    """The assistant turn of answer ``text`` and ``calls`` (:class:`ToolCall`) as a client
+    resends it, after every protocol's translation (kit/server/translate.py): content ""
+    beside calls (not None: gpt-oss's template fails on ``"..." in None``), arguments a
+    mapping (gpt-oss's template writes ``arguments|tojson``: a JSON string would come out
+    quoted), no reasoning (OpenAI clients resend none)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": _mapping(c.arguments)}} for c in calls]
+    return message
+
+
+def _mapping(arguments: str) -> Any:
+    """A generated call's arguments (a JSON string) as the mapping history carries (text
+    that is not JSON as it is), like ``kit.server.translate.tool_arguments``."""
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return arguments
