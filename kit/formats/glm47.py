@@ -160,7 +160,8 @@ def _string_keys(name: str, tools: Any) -> set[str]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(fn, dict) and fn.get("name") == name:
             props = (fn.get("parameters") or {}).get("properties") or {}
-            return {k for k, s in props.items() if isinstance(s, dict) and "string" in schema_types(s)}
+            return {k for k, s in props.items()
+                    if isinstance(s, dict) and "string" in schema_types(s)}
     return set()
 
 
