@@ -132,6 +132,21 @@ def is_cut(text: str, i: int, tokens: tuple[str, ...]) -> bool:
     return not rest or any(len(rest) < len(t) and t.startswith(rest) for t in tokens)
 
 
+def structure_end(scan: Callable[[], tuple[int, int]], text: str, end: str
+                  ) -> tuple[int, int] | None:
+    """A structure scan's answer as a :data:`CallEnd` answer for ``text``: what ``scan()``
+    returns, (body end, resume); None while it raises :class:`More`; where it raises
+    :class:`Broken` (the text stopped being the structure), the first ``end`` marker from
+    that position on, as a plain marker scan would find it (None while there is none)."""
+    try:
+        return scan()
+    except More:
+        return None
+    except Broken as e:
+        i = text.find(end, e.pos)
+        return None if i < 0 else (i, i + len(end))
+
+
 class ScanMarks:
     """Where a structure scan of a call's growing text may resume inside each open value:
     value start -> how far its end has been looked for (both indexes into the call's text).

@@ -32,7 +32,7 @@ from mlx_lm.tool_parsers.glm47 import _deserialize, tool_call_end, tool_call_sta
 from mlx_lm.tool_parsers.glm47 import parse_tool_call as _mlx_parse
 
 from kit.engine.separators import SeparatorParser
-from kit.formats.base import Broken, More, ScanMarks, schema_types
+from kit.formats.base import Broken, More, ScanMarks, schema_types, structure_end
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -145,13 +145,7 @@ class _Scan:
 def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     """Where a ``<tool_call>``'s body ends (see :data:`kit.formats.base.CallEnd`);
     ``marks``: see :class:`~kit.formats.base.ScanMarks`."""
-    try:
-        return _Scan(text, final=False, marks=marks).call()
-    except More:
-        return None
-    except Broken as e:
-        i = text.find(tool_call_end, e.pos)
-        return None if i < 0 else (i, i + len(tool_call_end))
+    return structure_end(_Scan(text, final=False, marks=marks).call, text, tool_call_end)
 
 
 def _string_keys(name: str, tools: Any) -> set[str]:

@@ -35,7 +35,7 @@ from typing import Any
 from mlx_lm.tool_parsers.kimi_k3 import _decode_value, _parse_attrs, tool_call_end, tool_call_start
 
 from kit.engine.output import OutputParser
-from kit.formats.base import Broken, More, ScanMarks, is_cut, skip_ws
+from kit.formats.base import Broken, More, ScanMarks, is_cut, skip_ws, structure_end
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -136,13 +136,7 @@ class _Scan:
 def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     """Where a tools section's body ends (see :data:`kit.formats.base.CallEnd`);
     ``marks``: see :class:`~kit.formats.base.ScanMarks`."""
-    try:
-        return _Scan(text, final=False, marks=marks).section()
-    except More:
-        return None
-    except Broken as e:
-        i = text.find(tool_call_end, e.pos)
-        return None if i < 0 else (i, i + len(tool_call_end))
+    return structure_end(_Scan(text, final=False, marks=marks).section, text, tool_call_end)
 
 
 def _record(call: _Call) -> dict:

@@ -6,7 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kit.formats.base import JsonMarkerEnd, ScanMarks, is_cut, schema_types, skip_ws
+from kit.formats.base import (
+    Broken,
+    JsonMarkerEnd,
+    More,
+    ScanMarks,
+    is_cut,
+    schema_types,
+    skip_ws,
+    structure_end,
+)
 from tests.formats.replay import reference_json_end
 
 ENDS = ("<|call|>", "<|end|>", "<|return|>")  # Harmony's call ends: one first character
@@ -51,3 +60,15 @@ def test_the_structure_scan_helpers():
     assert schema_types({"anyOf": [{"type": "string"}, {"oneOf": [{"type": "number"}]}]}) == \
         ["string", "number"]
     assert schema_types({"description": "anything"}) == []
+
+
+def test_a_broken_structure_ends_at_the_first_end_marker_after_where_it_broke():
+    def scan(exc):
+        def run():
+            raise exc
+        return run
+
+    assert structure_end(lambda: (3, 7), "abc</x>", "</x>") == (3, 7)
+    assert structure_end(scan(More()), "abc", "</x>") is None
+    assert structure_end(scan(Broken(4)), "</x>a</x>b", "</x>") == (5, 9)
+    assert structure_end(scan(Broken(1)), "a</", "</x>") is None
