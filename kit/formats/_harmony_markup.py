@@ -13,7 +13,7 @@ START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL = (
     "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
     "<|call|>")
 SPECIALS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)
-#: what ends a message's body (``<|call|>`` only ends a call: see the module docstring)
+#: what ends a message's body (``<|call|>`` only ends a call: see kit/formats/harmony.py)
 TEXT_ENDS = (END, RETURN)
 CALL_ENDS = (CALL, END, RETURN)
 

@@ -43,7 +43,7 @@ _INSIDE = re.compile(r'["\\]')
 
 
 class JsonMarkerEnd:
-    """A :data:`CallEnd`: the call ends at the first of the ``ends`` markers outside a JSON
+    """A :data:`CallEnd`: the call ends at the first of the end markers outside a JSON
     string (JSON bodies: an argument value that quotes the marker, e.g. code that mentions
     ``</tool_call>``, stays inside the call); ``(marker index, index past it)``.
 
@@ -57,12 +57,12 @@ class JsonMarkerEnd:
     marker candidates.
 
     Args:
-        ends: the end markers (non-empty strings); where two could start at one index,
-            the first listed wins.
+        end, more: the end markers (non-empty strings); where two could start at one
+            index, the first listed wins.
     """
 
-    def __init__(self, *ends: str) -> None:
-        self.ends = ends
+    def __init__(self, end: str, *more: str) -> None:
+        ends = self.ends = (end, *more)
         firsts = "".join(sorted({e[0] for e in ends}))
         self._outside = re.compile('"|[' + re.escape(firsts) + "]")
         self._text, self._i, self._in_str = "", 0, False
@@ -95,7 +95,6 @@ class JsonMarkerEnd:
                 i = j + 1
         self._i, self._in_str = i, in_str
         return None
-
 
 
 # -- pieces of the structure scans (qwen3_coder, glm47, kimi_k3) -----------------------------
