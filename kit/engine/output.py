@@ -135,25 +135,37 @@ class OutputParser:
         return events
 
     def _calls(self, parsed: Any) -> list[ToolCall]:
+        """The parser's calls as :class:`ToolCall` objects, each with a non-empty string name
+        and arguments that are a strict JSON object text (what clients ``JSON.parse``).
+
+        Raises:
+            ValueError: a call whose name or arguments are not that (its markup is then
+                returned as text): mlx-lm's parsers hand over what they could not decode
+                as a raw string (kimi_k2: ``{"a": 1}<|tool_c``), any JSON value (``[1]``,
+                ``"x"``), ``NaN``/``Infinity`` (json.loads accepts them, JSON does not)
+                or Python literals json.dumps cannot write (a set: TypeError).
+        """
         calls = []
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(call, dict) or "name" not in call:
                 continue
-            args = call.get("arguments", {})
+            name = call["name"]
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a call's name is not a string: {type(name).__name__}")
             calls.append(ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                                  name=str(call["name"]), index=self.tool_calls,
-                                  arguments=args if isinstance(args, str)
-                                  else json.dumps(args, ensure_ascii=False)))
-            self.tool_calls += 1
+                                  name=name, index=self.tool_calls + len(calls),
+                                  arguments=_json_object(call.get("arguments", {}))))
+        self.tool_calls += len(calls)
         return calls
 
     def _parse_tool(self, text: str) -> list[Any]:
         try:
             parsed = self._tool_parser(text, self._tools) if self._tool_parser else None
+            calls = self._calls(parsed)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             log.warning("could not parse a tool call (%s); returning it as text", e)
             return [TextDelta(text)]
-        return self._calls(parsed) or [TextDelta(text)]
+        return calls or [TextDelta(text)]
 
     def feed(self, text: str) -> list[Any]:
         """Consume the next generated text (one call per generated token: the decode loops
@@ -202,3 +214,29 @@ class OutputParser:
                 except (ValueError, KeyError, TypeError, IndexError) as e:
                     log.warning("could not parse a cut tool call (%s); dropped", e)
         return events
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(args: Any) -> str:
+    """A call's arguments as strict JSON object text: a string is kept as it is when it
+    parses as one ("" is no arguments), a mapping is written with :func:`json.dumps`.
+
+    Raises:
+        ValueError: not a JSON object, ``NaN``/``Infinity`` in it, or values JSON cannot
+            hold (sets, bytes: json.dumps's TypeError, re-raised as ValueError).
+    """
+    if isinstance(args, str):
+        if not args.strip():
+            return "{}"
+        if not isinstance(json.loads(args, parse_constant=_reject_constant), dict):
+            raise ValueError("a call's arguments are not a JSON object")
+        return args
+    if not isinstance(args, dict):
+        raise ValueError(f"a call's arguments are not a JSON object: {type(args).__name__}")
+    try:
+        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
