@@ -135,27 +135,17 @@ class OutputParser:
         return events
 
     def _calls(self, parsed: Any) -> list[ToolCall]:
-        """The parser's calls as :class:`ToolCall` objects, each with a non-empty string name
-        and arguments that are a strict JSON object text (what clients ``JSON.parse``).
-
-        Raises:
-            ValueError: a call whose name or arguments are not that (its markup is then
-                returned as text): mlx-lm's parsers hand over what they could not decode
-                as a raw string (kimi_k2: ``{"a": 1}<|tool_c``), any JSON value (``[1]``,
-                ``"x"``), ``NaN``/``Infinity`` (json.loads accepts them, JSON does not)
-                or Python literals json.dumps cannot write (a set: TypeError).
-        """
+        parsed = _checked_calls(parsed)  # ValueError: the call's markup comes back as text
         calls = []
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(call, dict) or "name" not in call:
                 continue
-            name = call["name"]
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"a call's name is not a string: {type(name).__name__}")
+            args = call.get("arguments", {})
             calls.append(ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                                  name=name, index=self.tool_calls + len(calls),
-                                  arguments=_json_object(call.get("arguments", {}))))
-        self.tool_calls += len(calls)
+                                  name=str(call["name"]), index=self.tool_calls,
+                                  arguments=args if isinstance(args, str)
+                                  else json.dumps(args, ensure_ascii=False)))
+            self.tool_calls += 1
         return calls
 
     def _parse_tool(self, text: str) -> list[Any]:
@@ -216,6 +206,26 @@ class OutputParser:
         return events
 
 
+def _checked_calls(parsed: Any) -> list[Any]:
+    """A tool parser's result as a list whose calls each have a non-empty string name and
+    arguments that are strict JSON object text (what clients ``JSON.parse``).
+
+    Raises:
+        ValueError: a call that has not: mlx-lm's parsers hand over what they could not
+            decode as the raw string (kimi_k2: ``{"a": 1}<|tool_c``), any JSON value
+            (``[1]``, ``"x"``), ``NaN``/``Infinity`` (json.loads accepts them, JSON does
+            not) or Python literals json.dumps cannot write (a set: TypeError).
+    """
+    out = []
+    for call in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(call, dict) and "name" in call:
+            if not isinstance(call["name"], str) or not call["name"]:
+                raise ValueError("a call's name is not a non-empty string")
+            call = {**call, "arguments": _json_object(call.get("arguments", {}))}
+        out.append(call)
+    return out
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -225,18 +235,20 @@ def _json_object(args: Any) -> str:
     parses as one ("" is no arguments), a mapping is written with :func:`json.dumps`.
 
     Raises:
-        ValueError: not a JSON object, ``NaN``/``Infinity`` in it, or values JSON cannot
-            hold (sets, bytes: json.dumps's TypeError, re-raised as ValueError).
+        ValueError: not a JSON object, ``NaN``/``Infinity`` in it, values JSON cannot
+            hold (sets, bytes: json.dumps's TypeError) or nesting deeper than the
+            interpreter's stack (RecursionError), all re-raised as ValueError.
     """
-    if isinstance(args, str):
-        if not args.strip():
-            return "{}"
-        if not isinstance(json.loads(args, parse_constant=_reject_constant), dict):
-            raise ValueError("a call's arguments are not a JSON object")
-        return args
-    if not isinstance(args, dict):
-        raise ValueError(f"a call's arguments are not a JSON object: {type(args).__name__}")
     try:
+        if isinstance(args, str):
+            if not args.strip():
+                return "{}"
+            if not isinstance(json.loads(args, parse_constant=_reject_constant), dict):
+                raise ValueError("a call's arguments are not a JSON object")
+            return args
+        if not isinstance(args, dict):
+            raise ValueError(f"a call's arguments are not a JSON object: "
+                             f"{type(args).__name__}")
         return json.dumps(args, ensure_ascii=False, allow_nan=False)
-    except TypeError as e:
-        raise ValueError(str(e)) from None
+    except (TypeError, RecursionError) as e:  # a set; nesting deeper than Python's stack
+        raise ValueError(f"a call's arguments are not JSON: {type(e).__name__}") from None

@@ -58,3 +58,9 @@ def test_valid_calls_after_a_bad_one_in_the_same_reply_are_kept():
     fmt = family_format("qwen3-hermes")
     r = parse(fmt, HERMES.format('{"days": NaN}') + HERMES.format('{"city": "Rome"}'))
     assert r.calls == [("get_weather", {"city": "Rome"})] and "NaN" in r.content
+
+
+def test_arguments_nested_deeper_than_the_stack_come_back_as_text_not_an_exception():
+    deep = "[" * 5_000 + "]" * 5_000  # mlx-lm's kimi_k2 passes it on as the raw string
+    r = parse(family_format("kimi", "kimi-k2-instruct"), KIMI.format(deep))
+    assert r.calls == [] and deep in r.content
