@@ -20,16 +20,164 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-def _json_tools_body(name: str, args_rule: str) -> str:
+class _Rules:
+    """The Lark rules one forced call's grammar is built from (``add`` names a rule once)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.lines, self._n = prefix, [], 0
+
+    def add(self, body: str) -> str:
+        name = f"{self.prefix}_{self._n}"
+        self._n += 1
+        self.lines.append(f"{name}: {body}")
+        return name
+
+
+def _properties(schema: Any) -> list[tuple[str, Any, bool]]:
+    """``(key, sub-schema, required)`` of an object schema's declared properties, in
+    order ([] for any other schema)."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return []
+    required = set(schema.get("required") or ())
+    return [(str(k), v, k in required) for k, v in schema["properties"].items()]
+
+
+def _value(rules: _Rules, schema: Any) -> str:
+    """A rule for one JSON value following ``schema`` (llguidance's ``%json``; unknown
+    keywords ignored, as for the arguments object)."""
+    sub = dict(schema) if isinstance(schema, dict) else {}
+    sub["x-guidance"] = {**_JSON_OPTIONS, "lenient": True}
+    return rules.add("%json " + json.dumps(sub))
+
+
+def _sequence(rules: _Rules, items: list[tuple[str, bool]], sep: str) -> str:
+    """A rule for ``items`` (``(rule expression, required)``) in order, the optional ones
+    present or not, ``sep`` (a Lark literal, or "") between the present ones. One rule per
+    (position, anything before it), so the grammar grows linearly with the items."""
+    memo: dict[tuple[int, bool], str] = {}
+
+    def rest(i: int, preceded: bool) -> str:
+        if i == len(items):
+            return '""'
+        if (i, preceded) not in memo:
+            expr, required = items[i]
+            here = f"{sep if preceded and sep else ''} {expr} {rest(i + 1, True)}".strip()
+            memo[i, preceded] = rules.add(here if required
+                                          else f"({here}) | {rest(i + 1, preceded)}")
+        return memo[i, preceded]
+
+    return rest(0, False)
+
+
+def _raw_string(schema: Any) -> bool:
+    """A value the key-value formats (qwen3_coder, glm47) write as bare text, not JSON."""
+    return isinstance(schema, dict) and schema.get("type") == "string"
+
+
+#: The text of a bare string value in the key-value formats: no ``<`` (the next markup)
+#: and no newline (a 135M model given newlines writes them until max_tokens); a forced
+#: call's strings are one line.
+_BARE_TEXT = "/[^<\\n]+/"
+
+
+def _key_value_body(rules: _Rules, schema: Any, key: Callable[[str], tuple[str, str]],
+                    ) -> str:
+    """The parameters of a key-value format: one ``open value close`` item per declared
+    property (``key(name) -> (open, close)`` literals), strings bare, others JSON."""
+    items = []
+    for name, sub, required in _properties(schema):
+        open_, close = key(name)
+        value = _BARE_TEXT if _raw_string(sub) else _value(rules, sub)
+        items.append((f"{_lark_str(open_)} {value} {_lark_str(close)}", required))
+    return _sequence(rules, items, "")
+
+
+def _gemma_value(rules: _Rules, schema: Any) -> str:
+    """A Gemma 4 value: objects with bare keys, strings between ``<|"|>`` delimiters,
+    other scalars as JSON (its template's ``format_argument``)."""
+    s = schema if isinstance(schema, dict) else {}
+    kind = s.get("type")
+    if kind == "string":
+        return rules.add(f'{_lark_str(_GEMMA_QUOTE)} /[^<]*/ {_lark_str(_GEMMA_QUOTE)}')
+    if kind == "object" and _properties(s):
+        items = [(f"{_lark_str(k + ':')} {_gemma_value(rules, v)}", req)
+                 for k, v, req in _properties(s)]
+        return rules.add(f'"{{" {_sequence(rules, items, _lark_str(","))} "}}"')
+    if kind == "array" and isinstance(s.get("items"), dict):
+        item = _gemma_value(rules, s["items"])
+        return rules.add(f'"[" ({item} ("," {item})*)? "]"')
+    return _value(rules, s)
+
+
+_GEMMA_QUOTE = '<|"|>'
+
+
+def _json_tools_body(rules: _Rules, name: str, params: Any) -> str:
+    """``<tool_call>`` + ``{"name": ..., "arguments": ...}`` (Hermes, Qwen 2.5/3,
+    SmolLM3...); its parser reads the body up to the end marker or EOS."""
     head = '\n{"name": ' + json.dumps(name) + ', "arguments": '
-    return f"{_lark_str(head)} {args_rule} {_lark_str('}' + chr(10))}"
+    return f"{_lark_str(head)} {_args(rules, params)} {_lark_str('}' + chr(10))}"
 
 
-#: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
-#: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
-#: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
-#: SmolLM3...); its parser reads the body up to the end marker or EOS.
-TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {"json_tools": _json_tools_body}
+def _qwen3_coder_body(rules: _Rules, name: str, params: Any) -> str:
+    """``<tool_call>`` + ``<function=NAME>`` and one ``<parameter=KEY>`` block per
+    argument (Qwen3-Coder's template), then the end marker."""
+    params_rule = _key_value_body(
+        rules, _object(params), lambda k: (f"<parameter={k}>\n", "\n</parameter>\n"))
+    return (f"{_lark_str(chr(10) + '<function=' + name + '>' + chr(10))} {params_rule} "
+            f"{_lark_str('</function>' + chr(10) + '</tool_call>')}")
+
+
+def _glm47_body(rules: _Rules, name: str, params: Any) -> str:
+    """``<tool_call>`` + ``NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...``
+    (GLM-4.7's template: no newlines between), then the end marker."""
+    params_rule = _key_value_body(
+        rules, _object(params), lambda k: (f"<arg_key>{k}</arg_key><arg_value>", "</arg_value>"))
+    return f"{_lark_str(name)} {params_rule} {_lark_str('</tool_call>')}"
+
+
+def _mistral_body(rules: _Rules, name: str, params: Any) -> str:
+    """``[TOOL_CALLS]`` + ``NAME[ARGS]{...}`` (Mistral's v11+ tokenizers: Devstral,
+    Magistral, Mistral Small 3.2); no end marker: EOS ends the call."""
+    return f"{_lark_str(name + '[ARGS]')} {_args(rules, params)}"
+
+
+def _kimi_k2_body(rules: _Rules, name: str, params: Any) -> str:
+    """``<|tool_calls_section_begin|>`` + one ``<|tool_call_begin|>functions.NAME:0
+    <|tool_call_argument_begin|>{...}<|tool_call_end|>``, then the section's end (Kimi
+    K2's template; the ``functions.NAME:IDX`` id is the call's id)."""
+    head = f"<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
+    return (f"{_lark_str(head)} {_args(rules, params)} "
+            f"{_lark_str('<|tool_call_end|><|tool_calls_section_end|>')}")
+
+
+def _gemma4_body(rules: _Rules, name: str, params: Any) -> str:
+    """``<|tool_call>`` + ``call:NAME{key:value,...}`` in Gemma 4's value syntax, then
+    the end marker."""
+    obj = _object(params)
+    args = _gemma_value(rules, obj) if _properties(obj) else rules.add('"{}"')
+    return f"{_lark_str('call:' + name)} {args} {_lark_str('<tool_call|>')}"
+
+
+def _object(params: Any) -> Any:
+    return params if isinstance(params, dict) else {}
+
+
+def _args(rules: _Rules, params: Any) -> str:
+    """The arguments object as JSON (:func:`_json_rule` for a tool)."""
+    return rules.add(_json_rule(params, tool=True))
+
+
+#: Lark grammar of a tool call's body (after the format's start marker, which the prompt
+#: ends with) per tool format (:attr:`kit.formats.OutputFormat.grammar`, the tool format's
+#: name), given the rules to add to, one tool's name and its parameters' JSON schema; it
+#: returns the body's expression. Each follows the call markup of the family's published
+#: chat template; tests/engine/test_grammar.py parses a call each one allows with the
+#: format's own parser.
+TOOL_CALL_BODIES: dict[str, Callable[[_Rules, str, Any], str]] = {
+    "json_tools": _json_tools_body, "qwen3_coder": _qwen3_coder_body,
+    "glm47": _glm47_body, "mistral": _mistral_body, "kimi_k2": _kimi_k2_body,
+    "gemma4": _gemma4_body}
 
 #: JSON layout of constrained output: compact separators, no free whitespace (what models
 #: write most often, and the fewest tokens).
@@ -80,12 +228,16 @@ def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | 
     body = TOOL_CALL_BODIES.get(family or "")
     if body is None or not tools:
         return None
-    rules, alts = [], []
+    lines, alts = [], []
     for i, tool in enumerate(tools):
         fn = tool.get("function") or {}
-        rules.append(f"args{i}: {_json_rule(fn.get('parameters'), tool=True)}")
-        alts.append(body(str(fn.get("name", "")), f"args{i}"))
-    return "start: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n"
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise ValueError("the schema must be a JSON object")
+        rules = _Rules(f"t{i}")
+        alts.append(body(rules, str(fn.get("name", "")), params))
+        lines += rules.lines
+    return "start: " + " | ".join(alts) + "\n" + "\n".join(lines) + "\n"
 
 
 def json_grammar(schema: dict[str, Any] | None) -> str:
