@@ -80,6 +80,18 @@ def _raw_string(schema: Any) -> bool:
 _BARE_TEXT = "/[^<\\n]+/"
 
 
+def _bare_string(schema: dict, quote: str = "") -> str:
+    """A string value written without JSON quoting (between ``quote`` delimiters, if any):
+    one of its ``enum`` / ``const`` strings when it lists them, else text without ``<``
+    (one line when not delimited)."""
+    choices = schema.get("enum") if isinstance(schema.get("enum"), list) else (
+        [schema["const"]] if "const" in schema else None)
+    if choices and all(isinstance(c, str) for c in choices):
+        return "(" + " | ".join(_lark_str(quote + c + quote) for c in choices) + ")"
+    text = _BARE_TEXT if not quote else "/[^<]*/"
+    return f"{_lark_str(quote)} {text} {_lark_str(quote)}" if quote else text
+
+
 def _key_value_body(rules: _Rules, schema: Any, key: Callable[[str], tuple[str, str]],
                     ) -> str:
     """The parameters of a key-value format: one ``open value close`` item per declared
@@ -87,7 +99,7 @@ def _key_value_body(rules: _Rules, schema: Any, key: Callable[[str], tuple[str, 
     items = []
     for name, sub, required in _properties(schema):
         open_, close = key(name)
-        value = _BARE_TEXT if _raw_string(sub) else _value(rules, sub)
+        value = _bare_string(sub) if _raw_string(sub) else _value(rules, sub)
         items.append((f"{_lark_str(open_)} {value} {_lark_str(close)}", required))
     return _sequence(rules, items, "")
 
@@ -98,7 +110,7 @@ def _gemma_value(rules: _Rules, schema: Any) -> str:
     s = schema if isinstance(schema, dict) else {}
     kind = s.get("type")
     if kind == "string":
-        return rules.add(f'{_lark_str(_GEMMA_QUOTE)} /[^<]*/ {_lark_str(_GEMMA_QUOTE)}')
+        return rules.add(_bare_string(s, _GEMMA_QUOTE))
     if kind == "object" and _properties(s):
         items = [(f"{_lark_str(k + ':')} {_gemma_value(rules, v)}", req)
                  for k, v, req in _properties(s)]

@@ -22,6 +22,17 @@ from kit.formats.base import CallEnd, OutputFormat, ToolParser, marker_end
 log = logging.getLogger("mlx_kit.engine")
 
 
+def _openai_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+#: Call ids per tool format, for calls whose markup carries none: each family's chat
+#: template has rules for the ids it renders back (Mistral's raise on any id that is not 9
+#: alphanumerics); other formats get OpenAI's ``call_`` + 24 hex. Ids the model wrote
+#: (Kimi's ``functions.NAME:IDX``, Mistral's JSON list form) are kept as written.
+CALL_IDS = {"mistral": lambda: uuid.uuid4().hex[:9]}
+
+
 class OutputParser:
     """Turns text chunks into ``TextDelta`` / ``ReasoningDelta`` / ``ToolCall`` events.
 
@@ -73,6 +84,7 @@ class OutputParser:
         self._held = 0  # tokens fed as "" since the last text: counted with the next text
         self.stopped = False  # a stop string matched
         self.stop_string: str | None = None
+        self.new_call_id = _openai_call_id  # ids of calls that carry none (see CALL_IDS)
 
     @classmethod
     def for_format(cls, fmt: OutputFormat, prompt_tail: str, *, stops: Sequence[str] = (),
@@ -100,10 +112,12 @@ class OutputParser:
         for state, edges in (getattr(tokenizer, "response_transitions", None) or {}).items():
             extra.setdefault(state, []).extend(edges)
         kind = fmt.parser_class or cls
-        return kind(stops=stops, think=think, tool=tool,
-                    tool_parser=fmt.parse if tool else None, tools=tools, initial=initial,
-                    extra=extra, call_end=fmt.call_end if tool else None,
-                    parse_partial=fmt.parse_partial if tool else None)
+        parser = kind(stops=stops, think=think, tool=tool,
+                      tool_parser=fmt.parse if tool else None, tools=tools, initial=initial,
+                      extra=extra, call_end=fmt.call_end if tool else None,
+                      parse_partial=fmt.parse_partial if tool else None)
+        parser.new_call_id = CALL_IDS.get(fmt.tool_format or "", _openai_call_id)
+        return parser
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
         from mlx_lm.generate import TextStateMachine
@@ -140,7 +154,7 @@ class OutputParser:
             if not isinstance(call, dict) or "name" not in call:
                 continue
             args = call.get("arguments", {})
-            calls.append(ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+            calls.append(ToolCall(id=call.get("id") or self.new_call_id(),
                                   name=str(call["name"]), index=self.tool_calls,
                                   arguments=args if isinstance(args, str)
                                   else json.dumps(args, ensure_ascii=False)))

@@ -135,3 +135,17 @@ def test_a_format_without_a_body_grammar_forces_only_its_start_marker():
     assert tool_call_grammar("pythonic", [WEATHER]) is None
     assert tool_call_grammar(None, [WEATHER]) is None
 
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm47", "gemma4"])
+def test_a_bare_string_with_an_enum_is_one_of_its_values(tokenizers, fmt):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string", "enum": ["Zürich", "東京"]}}}}}
+    grammar = tool_call_grammar(fmt, [tool])
+    call = {"qwen3_coder": "\n<function=get_weather>\n<parameter=city>\n{}\n</parameter>\n"
+                           "</function>\n</tool_call>",
+            "glm47": "get_weather<arg_key>city</arg_key><arg_value>{}</arg_value></tool_call>",
+            "gemma4": 'call:get_weather{{city:<|"|>{}<|"|>}}<tool_call|>'}[fmt]
+    assert _accepts(tokenizers, grammar, call.format("東京"))
+    assert not _accepts(tokenizers, grammar, call.format("Paris"))
