@@ -33,6 +33,11 @@ def _openai_call_id() -> str:
 CALL_IDS = {"mistral": lambda: uuid.uuid4().hex[:9]}
 
 
+def _says(events: list[Any]) -> bool:
+    """Whether ``events`` give the client anything: a call, reasoning, non-blank text."""
+    return any(not isinstance(e, TextDelta) or e.text.strip() for e in events)
+
+
 class OutputParser:
     """Turns text chunks into ``TextDelta`` / ``ReasoningDelta`` / ``ToolCall`` events.
 
@@ -77,6 +82,8 @@ class OutputParser:
             marker_end(tool[1] if tool else "")
         self._parse_partial = parse_partial
         self._tool_text = ""
+        self._tool_start = tool[0] if tool else ""
+        self._said = False  # text, reasoning or a call came back (see finish)
         self._stops = tuple(s for s in stops if s)
         self._raw = ""  # the last generated text, to tell which stop string matched
         self.tool_calls = 0
@@ -193,13 +200,17 @@ class OutputParser:
             self.stopped = True
             ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
             self.stop_string = max(ends)[1] if ends else None
-        return self._events(segments)
+        events = self._events(segments)
+        self._said = self._said or _says(events)
+        return events
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation. ``"length"``: held-back text is released, and of a tool call
-        cut off mid-way the format's ``parse_partial`` keeps the complete calls (without
-        one the cut call is dropped: it cannot be valid); otherwise (EOS) an unterminated
-        tool call is parsed (formats without an end marker)."""
+        cut off mid-way the format's ``parse_partial`` keeps the complete calls, else it is
+        dropped (it cannot be valid) — unless nothing else came back (no text, reasoning or
+        call): then it comes back as text, start marker included, so a reply is never
+        empty; otherwise (EOS) an unterminated tool call is parsed (formats without an end
+        marker)."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, tail, state = TextStateMachine.flush(self._state)
@@ -208,9 +219,15 @@ class OutputParser:
             text, self._tool_text = self._tool_text, ""
             if reason != "length":
                 events += self._parse_tool(text)
-            elif self._parse_partial is not None:
-                try:
-                    events += self._calls(self._parse_partial(text, self._tools))
-                except (ValueError, KeyError, TypeError, IndexError) as e:
-                    log.warning("could not parse a cut tool call (%s); dropped", e)
+            else:
+                calls: list[Any] = []
+                if self._parse_partial is not None:
+                    try:
+                        calls = self._calls(self._parse_partial(text, self._tools))
+                    except (ValueError, KeyError, TypeError, IndexError) as e:
+                        log.warning("could not parse a cut tool call (%s)", e)
+                if not calls and not self._said and not _says(events):
+                    # nothing else came back: the cut call's text, never an empty reply
+                    calls = [TextDelta(self._tool_start + text)]
+                events += calls
         return events

@@ -10,6 +10,7 @@ cache insert and next-turn prefill), so every rank's KV caches stay the same.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -207,8 +208,10 @@ class Pipeline:
         message: dict[str, Any] = {"role": "assistant",
                                    "content": text or (None if run.calls else "")}
         if run.calls:
+            # arguments as the mapping the server hands templates for history (templates
+            # iterate them: a JSON string here failed to render, and nothing was reused)
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": c.arguments}} for c in run.calls]
+                "name": c.name, "arguments": _arguments(c.arguments)}} for c in run.calls]
         try:
             resend = self.prompts.render(req, req.messages + [message],
                                          generation_prompt=False)
@@ -237,3 +240,12 @@ class Pipeline:
             for i in range(0, len(tokens), step):
                 self.slot.model(mx.array(tokens[i:i + step])[None], cache=cache)
                 mx.eval([c.state for c in cache])
+
+
+def _arguments(text: str) -> Any:
+    """A generated call's arguments (a JSON string) as a mapping, as
+    ``kit.server.translate.tool_arguments`` gives history calls (text that is no JSON as is)."""
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return text
