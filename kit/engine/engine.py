@@ -192,12 +192,11 @@ class Engine:
             if self.state == "failed":
                 raise ModelLoadError(f"the model failed to load: {self.error}")
             raise EngineUnavailable("model is loading")
-        large: list[bool] = []
-        try:
-            return len(self.pipeline.prompts.tokens(request, None, large=large))
-        finally:
-            if large:  # the caller gives memory back once it dropped the request
-                self.reclaim_heap = True
+        # the caller gives memory back once it dropped the request
+        return len(self.pipeline.prompts.tokens(request, None, on_large=self._reclaim_heap))
+
+    def _reclaim_heap(self) -> None:
+        self.reclaim_heap = True
 
     async def count_tokens_async(self, request: ChatRequest) -> int:
         """:meth:`count_tokens` awaited from the event loop: tokenizing is CPU work, so it

@@ -171,6 +171,22 @@ def _gemma4_body(rules: _Rules, name: str, params: Any) -> str:
     return f"{_lark_str('call:' + name)} {args} {_lark_str('<tool_call|>')}"
 
 
+def _module_body(family: str) -> Callable[[_Rules, str, Any], str] | None:
+    """The body of a format of ours whose module writes its own
+    (``kit/formats/<family>.py`` ``grammar_body(name, args) -> Lark expression``, the
+    arguments one JSON object, e.g. DeepSeek's V3.1 form), or None."""
+    from kit.formats.select import ours
+
+    if not ours(family):
+        return None
+    import importlib
+
+    body = getattr(importlib.import_module(f"kit.formats.{family}"), "grammar_body", None)
+    if body is None:
+        return None
+    return lambda rules, name, params: body(name, _args(rules, params))
+
+
 def _object(params: Any) -> Any:
     return params if isinstance(params, dict) else {}
 
@@ -183,7 +199,8 @@ def _args(rules: _Rules, params: Any) -> str:
 #: Lark grammar of a tool call's body (after the format's start marker, which the prompt
 #: ends with) per tool format (:attr:`kit.formats.OutputFormat.grammar`, the tool format's
 #: name), given the rules to add to, one tool's name and its parameters' JSON schema; it
-#: returns the body's expression. Each follows the call markup of the family's published
+#: returns the body's expression. A format of ours whose module has ``grammar_body``
+#: (DeepSeek's) is found there (:func:`_module_body`). Each follows the call markup of the family's published
 #: chat template; tests/engine/test_grammar.py parses a call each one allows with the
 #: format's own parser.
 TOOL_CALL_BODIES: dict[str, Callable[[_Rules, str, Any], str]] = {
@@ -237,7 +254,7 @@ def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | 
     Raises:
         ValueError: a tool's parameters are not a JSON schema object.
     """
-    body = TOOL_CALL_BODIES.get(family or "")
+    body = TOOL_CALL_BODIES.get(family or "") or (_module_body(family) if family else None)
     if body is None or not tools:
         return None
     lines, alts = [], []

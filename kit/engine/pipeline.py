@@ -139,6 +139,9 @@ class Pipeline:
             return False
         return self._servable(job)
 
+    def _reclaim_later(self) -> None:
+        self.reclaim = True  # given back once the worker is idle
+
     def prepare(self, job: Job) -> Run:
         """Everything before the first token: sampling checks, chat template, context
         check, constraint, sampler, prompt-cache lookup; posts ``Started``.
@@ -154,12 +157,7 @@ class Pipeline:
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         self.sampling.check(params)
-        large: list[bool] = []
-        try:
-            prompt = self.prompts.tokens(req, params.max_tokens, large=large)
-        finally:
-            if large:
-                self.reclaim = True  # given back once the worker is idle
+        prompt = self.prompts.tokens(req, params.max_tokens, on_large=self._reclaim_later)
         grammar, forced, source = self.prompts.constraint(req, prompt)
         prompt += forced
         n_max = max_tokens(self.slot.info, len(prompt), params.max_tokens)

@@ -10,6 +10,7 @@ constraint of a forced tool call or a response schema (:mod:`kit.engine.grammar`
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from kit.engine.sampling import max_tokens as budget
@@ -43,15 +44,15 @@ class Prompts:
         self.slot = slot
 
     def tokens(self, request: ChatRequest, max_tokens: int | None,
-               large: list[bool] | None = None) -> list[int]:
+               on_large: Callable[[], None] | None = None) -> list[int]:
         """The prompt's token ids: the raw prompt, or the messages through the chat
         template. Before tokenizing, a prompt that provably cannot fit the window with
         ``max_tokens`` more (None: with at least one more) is rejected on the lower bound
         of :mod:`kit.engine.prompt_bound` (a 20 MB prompt costs milliseconds, not a
         minute of tokenizing); what the bound does not decide is tokenized exactly and
-        checked by :func:`kit.engine.sampling.max_tokens`. ``large`` gets True appended
-        for a prompt text of :data:`kit.engine.reclaim.LARGE_BYTES` or more (the caller
-        gives memory back).
+        checked by :func:`kit.engine.sampling.max_tokens`. ``on_large`` is called (before
+        any check can raise) for a prompt text of :data:`kit.engine.reclaim.LARGE_BYTES`
+        or more, so the caller gives memory back even when the prompt is rejected.
 
         Raises:
             InvalidRequest: the template rejects the messages; ``context_length_exceeded``;
@@ -80,8 +81,8 @@ class Prompts:
                 # SecurityError...): a 400 with a short excerpt, never a 500.
                 raise InvalidRequest("the model's chat template rejected the messages: "
                                      f"{excerpt(str(e) or type(e).__name__, 200)}") from None
-        if large is not None and len(text) >= LARGE_BYTES:
-            large.append(True)
+        if on_large is not None and len(text) >= LARGE_BYTES:
+            on_large()
         bound = self.slot.bound()
         if bound is not None:
             room = self.slot.info.context_window - (max_tokens or 1)

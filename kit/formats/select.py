@@ -71,7 +71,8 @@ def _template_tool_format(t: str) -> str | None:
 
 
 def _vocab_tool_format(vocab: Container[str]) -> str | None:
-    rules = [(all(t in vocab for t in _XTML), "kimi_k3"),
+    rules = [("｜DSML｜" in vocab, "deepseek"),  # V3.2/V4: no Jinja template, DSML token
+             (all(t in vocab for t in _XTML), "kimi_k3"),
              ("<|tool_call_start|>" in vocab and "<|tool_call_end|>" in vocab, "pythonic"),
              (all(t in vocab for t in ("<|channel|>", "<|message|>", "<|call|>")), "harmony")]
     return next((name for hit, name in rules if hit and known(name)), None)

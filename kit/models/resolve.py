@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from kit.errors import ModelError, ModelNotFoundError
@@ -55,15 +56,22 @@ class ModelInfo:
     path: Path
     context_window: int
 
-    def sampling_defaults(self) -> dict[str, float]:
-        """The model's own recommended sampling (``generation_config.json``: temperature,
-        top_p, top_k, min_p), for requests and servers that set none."""
+    @cached_property
+    def _sampling_defaults(self) -> dict[str, float]:
+        # read once per ModelInfo: requests ask for it every time (a swap makes a new one)
         try:
             cfg = json.loads((self.path / "generation_config.json").read_text())
         except (OSError, ValueError):
             return {}
+        if not isinstance(cfg, dict):
+            return {}
         return {k: float(cfg[k]) for k in ("temperature", "top_p", "top_k", "min_p")
                 if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg.get(k), bool)}
+
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's own recommended sampling (``generation_config.json``: temperature,
+        top_p, top_k, min_p), for requests and servers that set none; read once."""
+        return dict(self._sampling_defaults)
 
     @property
     def max_output_tokens(self) -> int:

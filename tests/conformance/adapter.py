@@ -53,8 +53,22 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
              # K3's template names no markup mlx-lm matches; its XTML vocab picks kimi_k3
              "kimi-k3-xtml": ("<|open|>tool_call<|sep|>", XTML)},
     # no mlx-lm tool parser matches these templates: calls would come back as text
-    "deepseek": {"*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
-                       ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
+    # DeepSeek (ours): V3 and V3.1 templates write <｜tool▁calls▁begin｜> blocks (V3 with
+    # the call's type and a ```json fence, V3.1 name<｜tool▁sep｜>{json}); V3.2 and V4.x ship no
+    # Jinja template (their encoding/*.py renders prompts): only the vocab's ｜DSML｜ token shows
+    "deepseek": {
+        "deepseek-v3": ("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+                        "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' }}",
+                        ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                         "<think>", "</think>")),
+        "deepseek-v31": ("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] "
+                         "+ '<｜tool▁sep｜>' + tool['function']['arguments'] }}",
+                         ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                          "<think>", "</think>")),
+        **{v: ("", ("｜DSML｜", "<｜tool▁calls▁begin｜>", "<think>", "</think>"))
+           for v in ("deepseek-v32", "deepseek-v4", "deepseek-v41")},
+        "*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
+              ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
     "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
                       ("<|channel|>", "<|message|>", "<|call|>"))},
     "llama": {"*": ('<|python_tag|>{"name": "{{ name }}", "parameters": ', ("<|python_tag|>",))},

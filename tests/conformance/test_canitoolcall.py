@@ -38,7 +38,9 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
              for slug, variant in [
         ("qwen3-hermes", "*"), ("qwen3-xml", "*"), ("glm", "*"), ("mistral", "*"), ("gemma4", "*"),
         ("kimi", "kimi-k2-thinking"), ("kimi", "kimi-k2-instruct"), ("kimi", "kimi-k3-xtml"),
-        ("deepseek", "*"), ("gpt-oss", "*"), ("llama", "*")]}
+        ("deepseek", "*"), ("deepseek", "deepseek-v3"), ("deepseek", "deepseek-v31"),
+        ("deepseek", "deepseek-v32"), ("deepseek", "deepseek-v4"), ("deepseek", "deepseek-v41"),
+        ("gpt-oss", "*"), ("llama", "*")]}
     think = ("<think>", "</think>")
     assert picks == {
         ("qwen3-hermes", "*"): ("json_tools", think), ("qwen3-xml", "*"): ("qwen3_coder", think),
@@ -46,7 +48,9 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
         ("gemma4", "*"): ("gemma4", ("<|channel>thought", "<channel|>")),
         ("kimi", "kimi-k2-thinking"): ("kimi_k2", think), ("kimi", "kimi-k2-instruct"): ("kimi_k2", None),
         ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
-        ("deepseek", "*"): (None, think), ("gpt-oss", "*"): (None, None), ("llama", "*"): (None, None)}
+        **{("deepseek", v): ("deepseek", think) for v in
+           ("*", "deepseek-v3", "deepseek-v31", "deepseek-v32", "deepseek-v4", "deepseek-v41")},
+        ("gpt-oss", "*"): (None, None), ("llama", "*"): (None, None)}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.id for f in FIXTURES])

@@ -44,6 +44,9 @@ CALLS = {
                 '<|tool_call_end|><|tool_calls_section_end|>'),
     "gemma4": ('call:get_weather{city:<|"|>Zürich 東京<|"|>,options:{units:<|"|>metric<|"|>,'
                'days:3}}<tool_call|>'),
+    "deepseek": ('<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>'
+                 '{"city": "Zürich 東京", "options": {"units": "metric", "days": 3}}'
+                 '<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
 }
 BAD_TYPE = {f: text.replace("3", '"3"', 1) if f != "gemma4" else text.replace(
     "days:3", 'days:<|"|>3<|"|>') for f, text in CALLS.items()}
@@ -86,6 +89,15 @@ def test_every_format_with_a_body_grammar_is_one_the_selection_can_name():
     assert all(known(name) for name in TOOL_CALL_BODIES)
 
 
+def test_every_family_with_a_parser_gets_a_forced_call_body():
+    from kit.formats.select import known
+    from tests.families.families import FAMILIES
+
+    missing = [f.tool_format for f in FAMILIES if known(f.tool_format)
+               and tool_call_grammar(f.tool_format, [TIME]) is None]
+    assert not missing, f"no forced-call grammar for {missing}"
+
+
 @pytest.mark.parametrize("fmt", sorted(CALLS))
 def test_a_forced_call_grammar_accepts_the_familys_call_and_its_parser_reads_it(
         tokenizers, fmt):
@@ -121,7 +133,9 @@ def test_a_tool_without_parameters_is_forced_to_a_call_without_arguments(
              "glm47": "now</tool_call>", "mistral": "now[ARGS]{}",
              "kimi_k2": "<|tool_call_begin|>functions.now:0<|tool_call_argument_begin|>{}"
                         "<|tool_call_end|><|tool_calls_section_end|>",
-             "gemma4": "call:now{}<tool_call|>"}[fmt]
+             "gemma4": "call:now{}<tool_call|>",
+             "deepseek": "<｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                         "<｜tool▁calls▁end｜>"}[fmt]
     assert _accepts(tokenizers, grammar, empty)
 
 
