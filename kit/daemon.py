@@ -136,8 +136,10 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
 
 
 def ensure_server(url: ServerURL, model: str | None, timeout: float,
-                  on_wait: Callable[[str], None] = lambda _: None) -> tuple[Probe, bool]:
-    """Reuse the mlx-kit server at ``url`` or start one.
+                  on_wait: Callable[[str], None] = lambda _: None,
+                  serve_args: list[str] | None = None) -> tuple[Probe, bool]:
+    """Reuse the mlx-kit server at ``url`` or start one (``serve_args``: more options for
+    the ``serve`` it starts, e.g. ``--trust-remote-code``; a reused server keeps its own).
 
     Returns:
         (the ready probe, whether we started it)
@@ -156,14 +158,15 @@ def ensure_server(url: ServerURL, model: str | None, timeout: float,
             p = probe(url)
             if p.ready:
                 return p, False
-            return _start_or_wait(url, p, model, timeout, on_wait)
+            return _start_or_wait(url, p, model, timeout, on_wait, serve_args)
     except FileLockTimeout:
         raise ServerError(f"another mlx-kit launch is still starting the server at {url.root}",
                           hint=f"wait for it, or see {log_file(url)}") from None
 
 
 def _start_or_wait(url: ServerURL, p: Probe, model: str | None, timeout: float,
-                   on_wait: Callable[[str], None]) -> tuple[Probe, bool]:
+                   on_wait: Callable[[str], None], serve_args: list[str] | None = None
+                   ) -> tuple[Probe, bool]:
     if p.kind == "other":
         raise PortInUseError(f"{url.root} is in use by something that is not mlx-kit "
                              f"({p.detail})", hint="stop it, or use --url with another port")
@@ -172,7 +175,7 @@ def _start_or_wait(url: ServerURL, p: Probe, model: str | None, timeout: float,
     if url.root.startswith("https:"):
         raise ServerError(f"nothing answers at {url.root}, and mlx-kit serves plain HTTP",
                           hint="use an http:// URL to start a local server")
-    proc, log = start_detached(url, model)
+    proc, log = start_detached(url, model, serve_args)
     try:
         return wait_ready(url, proc, log, timeout, on_wait), True
     except BaseException:  # never leave behind a server the user did not get

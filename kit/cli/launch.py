@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import URL
+from kit.cli.options import TRUST_REMOTE_CODE, URL
 from kit.errors import AgentNotInstalledError, ConfigError
 
 
@@ -22,6 +22,7 @@ def launch(
                                              "loads it, a running one swaps to it."),
     timeout: float = typer.Option(600.0, "--timeout", min=1,
                                   help="Seconds to wait for the server."),
+    trust_remote_code: bool = TRUST_REMOTE_CODE,
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent."""
     from kit.daemon import ensure_server
@@ -37,7 +38,9 @@ def launch(
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
-                                       on_wait=lambda line: spinner.update(f"server: {line}"))
+                                       on_wait=lambda line: spinner.update(f"server: {line}"),
+                                       serve_args=["--trust-remote-code"]
+                                       if trust_remote_code else None)
     health = probe.health or {}
     if model and not started and model not in (health.get("model"), str(health.get("model"))):
         from kit.daemon import admin_swap

@@ -6,3 +6,9 @@ from kit.urls import DEFAULT_URL, URL_ENV
 
 URL = typer.Option(None, "--url", envvar=URL_ENV, show_default=DEFAULT_URL,
                    help=f"Server URL, with or without /v1 (env {URL_ENV}).")
+
+TRUST_REMOTE_CODE = typer.Option(
+    False, "--trust-remote-code",
+    help="Let a model run Python code shipped in its folder when it loads (a tokenizer named "
+         "by auto_map, e.g. Kimi's; an architecture named by model_file). Off by default: "
+         "that code runs with your user's rights, so pass it only for models you trust.")

@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
+from kit.cli.options import TRUST_REMOTE_CODE
 from kit.errors import ConfigError, PortInUseError
 
 
@@ -120,6 +121,7 @@ def serve(
                                       help="Largest request body, e.g. 16MiB (413 above it)."),
     docs: Optional[bool] = typer.Option(None, "--docs/--no-docs", help="Serve /openapi.json "
                                         "and /docs (default: on for a loopback bind)."),
+    trust_remote_code: bool = TRUST_REMOTE_CODE,
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                        case_sensitive=False,
@@ -159,7 +161,8 @@ def serve(
 
     info = resolve_model(model, progress=progress)
     engine = EngineProcess(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
-                           memory_budget=budget, max_batch=max_batch)
+                           memory_budget=budget, max_batch=max_batch,
+                           trust_remote_code=trust_remote_code)
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)

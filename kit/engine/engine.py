@@ -70,6 +70,8 @@ class Engine:
         on_change: called on the worker right after the public state changed (first
             load, reload, unload, swap, a request served, before its ``Finished``); the
             engine process forwards :meth:`snapshot` from here.
+        trust_remote_code: let checkpoints run their own code when they load (every
+            model this engine loads, swaps included; see :class:`ModelSlot`).
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -80,7 +82,8 @@ class Engine:
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
                  ttl: float | None = None, memory_budget: int | None = None,
-                 max_batch: int = 8, on_change: Callable[[], None] | None = None) -> None:
+                 max_batch: int = 8, on_change: Callable[[], None] | None = None,
+                 trust_remote_code: bool = False) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -91,7 +94,7 @@ class Engine:
         self.load_seconds: float | None = None
         self.ttl = ttl
         self.max_batch = max_batch
-        self.slot = ModelSlot(model, memory_budget)
+        self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code)
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
         self.reclaim_heap = False

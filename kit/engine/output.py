@@ -196,21 +196,23 @@ class OutputParser:
             self._held = 0
         if self._stops:
             self._raw = (self._raw + text)[-4096:]
+        events = self._events(segments)
+        # after _events: the text after a call's end is read there, and may hold the stop
         if self._state[0] is None:
             self.stopped = True
             ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
             self.stop_string = max(ends)[1] if ends else None
-        events = self._events(segments)
         self._said = self._said or _says(events)
         return events
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation. ``"length"``: held-back text is released, and of a tool call
-        cut off mid-way the format's ``parse_partial`` keeps the complete calls, else it is
-        dropped (it cannot be valid) — unless nothing else came back (no text, reasoning or
-        call): then it comes back as text, start marker included, so a reply is never
-        empty; otherwise (EOS) an unterminated tool call is parsed (formats without an end
-        marker)."""
+        cut off mid-way the format's ``parse_partial`` keeps the complete calls (its
+        parser class decides what else comes back); a format without one (mlx-lm's parsers)
+        drops the cut call (it cannot be valid) unless nothing else came back (no text,
+        reasoning or call): then it comes back as text, start marker included, so a reply
+        is never empty. Otherwise (EOS) an unterminated tool call is parsed (formats
+        without an end marker)."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, tail, state = TextStateMachine.flush(self._state)
@@ -226,8 +228,9 @@ class OutputParser:
                         calls = self._calls(self._parse_partial(text, self._tools))
                     except (ValueError, KeyError, TypeError, IndexError) as e:
                         log.warning("could not parse a cut tool call (%s)", e)
-                if not calls and not self._said and not _says(events):
+                if self._parse_partial is None and not self._said and not _says(events):
                     # nothing else came back: the cut call's text, never an empty reply
+                    # (a format with parse_partial decides this itself: ours do)
                     calls = [TextDelta(self._tool_start + text)]
                 events += calls
         return events

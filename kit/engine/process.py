@@ -90,7 +90,8 @@ class EngineProcess:
     Args:
         model: what to load first.
         **options: :class:`Engine`'s keyword arguments (``prompt_cache_size``, ``ttl``,
-            ``memory_budget``, ``max_batch``).
+            ``memory_budget``, ``max_batch``, ``trust_remote_code``), handed to every
+            engine process it starts (restarts too).
     """
 
     def __init__(self, model: ModelInfo, **options: Any) -> None:

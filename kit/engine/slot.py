@@ -34,6 +34,34 @@ class Loaded:
     weights_bytes: int
 
 
+def remote_code(folder: Any) -> str | None:
+    """What in a model folder is code of its own that loading it would run: its tokenizer
+    (``auto_map`` names an ``AutoTokenizer`` class in tokenizer_config.json or config.json)
+    or its architecture (``model_file`` in config.json, mlx-lm's custom models), as words
+    for an error message; None when it ships none (or the files cannot be read)."""
+    import json
+    from pathlib import Path
+
+    def read(name: str) -> dict:
+        try:
+            data = json.loads((Path(str(folder)) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    tok, cfg = read("tokenizer_config.json"), read("config.json")
+    for name, data in (("tokenizer_config.json", tok), ("config.json", cfg)):
+        auto = data.get("auto_map")
+        entry = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
+        names = [n for n in (entry if isinstance(entry, list) else [entry])
+                 if isinstance(n, str)]
+        if names:
+            return f"its tokenizer ({' / '.join(names)}, auto_map in {name})"
+    if isinstance(cfg.get("model_file"), str):
+        return f"its architecture ({cfg['model_file']}, model_file in config.json)"
+    return None
+
+
 class ModelSlot:
     """Holds at most one model.
 
@@ -44,11 +72,16 @@ class ModelSlot:
         weights_bytes: the installed model's weights, bytes (its estimate).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
+        trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
+            ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
+            in config.json) run when it loads; off unless ``serve --trust-remote-code``.
     """
 
-    def __init__(self, info: ModelInfo, memory_budget: int | None = None) -> None:
+    def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
+                 trust_remote_code: bool = False) -> None:
         self.info = info
         self.memory_budget = memory_budget
+        self.trust_remote_code = trust_remote_code
         self.model: Any = None
         self.tokenizer: Any = None
         self.weights_bytes = 0
@@ -72,7 +105,8 @@ class ModelSlot:
 
         Raises:
             ModelDoesNotFitError: the estimate is over the budget.
-            ModelError: mlx-lm cannot load it.
+            ModelError: mlx-lm cannot load it (naming ``--trust-remote-code`` when the
+                checkpoint ships code of its own and that was not allowed).
         """
         from kit.engine.blas import preload_blas
 
@@ -81,10 +115,20 @@ class ModelSlot:
         t0 = time.perf_counter()
         from mlx_lm import load, stream_generate
 
+        trust = self.trust_remote_code
         try:
-            model, tokenizer = load(str(info.path))
+            # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
+            model, tokenizer = load(str(info.path), tokenizer_config={"trust_remote_code": trust},
+                                    trust_remote_code=trust)
         except Exception as e:
-            raise ModelError(f"cannot load {info.id}: {e}") from None
+            code = None if trust else remote_code(info.path)
+            if code is None:
+                raise ModelError(f"cannot load {info.id}: {e}") from None
+            raise ModelError(
+                f"cannot load {info.id}: {e}\n{code} is Python code shipped with the model, "
+                f"which mlx-kit runs only when told to: pass --trust-remote-code (to serve or "
+                f"launch) if you trust that code; it runs with your user's rights",
+                hint="--trust-remote-code runs the code of the model's repository") from None
         # One tiny generation so the first real request does not pay first-use costs
         # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
         for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):

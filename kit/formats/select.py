@@ -121,6 +121,10 @@ def detect(template: str | None, vocab: Container[str], configured: str | None =
             elif all(x in vocab for x in tokens):
                 reasoning = name
                 break
+    if reasoning is None and tool == "mistral" and "<think>" in t and "</think>" in t:
+        # Magistral Small 2506 (v11 tokenizer): its default system prompt asks for plain-text
+        # <think>...</think>, which no token of its vocab marks
+        reasoning = "think"
     return Detected(tool, reasoning)
 
 

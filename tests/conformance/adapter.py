@@ -43,7 +43,12 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "glm": {"*": ("<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>",
                   ("<tool_call>", "</tool_call>", "<think>", "</think>"))},
     # [THINK]/[/THINK] are not among the think markers mlx-lm knows
-    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"))},
+    "mistral": {"*": ("[TOOL_CALLS]{{ tool.name }}[ARGS]", ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]")),
+                # Magistral Small 2506: v11 vocab (no [THINK]); the template's default system
+                # prompt asks for plain-text <think>...</think>
+                "v11-think-text": ("Your thinking process must follow the template below:\n<think>\n"
+                                   "Your thoughts...\n</think>\n[TOOL_CALLS]{{ tool.name }}[ARGS]",
+                                   ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))},
     "gemma4": {"*": ("<|tool_call>call:{{ name }}{...}<tool_call|>",
                      ("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>"))},
     "kimi": {"kimi-k2-thinking": ("<|tool_calls_section_begin|><|tool_call_begin|>",
@@ -71,7 +76,18 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
               ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
     "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
                       ("<|channel|>", "<|message|>", "<|call|>"))},
-    "llama": {"*": ('<|python_tag|>{"name": "{{ name }}", "parameters": ', ("<|python_tag|>",))},
+    # Llama 3.1/3.3 templates name <|python_tag|> (3.2's only ipython + "parameters"); Llama
+    # 4's renders a call after <|python_start|>...<|python_end|> as the same JSON
+    "llama": {"llama3-json": ('{%- if builtin_tools is defined %}<|python_tag|>{%- endif %}'
+                              '{{- \'{"name": "\' + tool_call.name + \'", "parameters": \' }}'
+                              '<|start_header_id|>ipython<|end_header_id|>',
+                              ("<|python_tag|>", "<|eom_id|>", "<|eot_id|>",
+                               "<|start_header_id|>", "<|end_header_id|>")),
+              "llama4-pythonic": ("{{- '<|python_start|>' }}{{- '<|python_end|>' }}"
+                                  '{{- \'{"name": "\' + tool_call.function.name + \'", \' }}'
+                                  '{{- \'"parameters": \' }}<|header_start|>ipython<|header_end|>',
+                                  ("<|python_start|>", "<|python_end|>", "<|eot|>", "<|eom|>",
+                                   "<|header_start|>", "<|header_end|>"))},
 }
 
 

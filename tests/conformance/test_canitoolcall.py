@@ -40,7 +40,7 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
         ("kimi", "kimi-k2-thinking"), ("kimi", "kimi-k2-instruct"), ("kimi", "kimi-k3-xtml"),
         ("deepseek", "*"), ("deepseek", "deepseek-v3"), ("deepseek", "deepseek-v31"),
         ("deepseek", "deepseek-v32"), ("deepseek", "deepseek-v4"), ("deepseek", "deepseek-v41"),
-        ("gpt-oss", "*"), ("llama", "*")]}
+        ("gpt-oss", "*"), ("llama", "llama3-json"), ("llama", "llama4-pythonic")]}
     think = ("<think>", "</think>")
     assert picks == {
         ("qwen3-hermes", "*"): ("json_tools", think), ("qwen3-xml", "*"): ("qwen3_coder", think),
@@ -50,7 +50,9 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
         ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
         **{("deepseek", v): ("deepseek", think) for v in
            ("*", "deepseek-v3", "deepseek-v31", "deepseek-v32", "deepseek-v4", "deepseek-v41")},
-        ("gpt-oss", "*"): (None, None), ("llama", "*"): (None, None)}
+        ("gpt-oss", "*"): (None, None),
+        ("llama", "llama3-json"): ("llama3_json", None),
+        ("llama", "llama4-pythonic"): ("llama3_json", None)}
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.id for f in FIXTURES])

@@ -93,8 +93,8 @@ def test_every_family_with_a_parser_gets_a_forced_call_body():
     from kit.formats.select import known
     from tests.families.families import FAMILIES
 
-    missing = [f.tool_format for f in FAMILIES if known(f.tool_format)
-               and tool_call_grammar(f.tool_format, [TIME]) is None]
+    missing = [f.tool_format for f in FAMILIES if known(f.tool_format) and tool_call_grammar(
+        load_format(Detected(f.tool_format, None)).grammar, [TIME]) is None]
     assert not missing, f"no forced-call grammar for {missing}"
 
 

@@ -28,14 +28,16 @@ def _run(fmt: str, text: str, *, forced: bool) -> list:
 @pytest.mark.parametrize("fmt", WITH_PARSER)
 def test_a_forced_call_cut_by_max_tokens_comes_back_as_text_not_an_empty_reply(fmt):
     # Regression: the cut call was dropped and the client got content "" and no call.
-    start = load_format(Detected(fmt, None)).tool[0]
     events = _run(fmt, "get_weath", forced=True)
     assert not [e for e in events if isinstance(e, ToolCall)]
-    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == start + "get_weath"
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text.endswith("get_weath") and text.count("get_weath") == 1
 
 
-@pytest.mark.parametrize("fmt", WITH_PARSER)
+@pytest.mark.parametrize("fmt", [f for f in WITH_PARSER
+                                 if load_format(Detected(f, None)).parse_partial is None])
 def test_a_call_cut_after_text_leaves_the_text_alone(fmt):
+    # the base rule (formats without parse_partial, mlx-lm's); ours decide in their parser
     start = load_format(Detected(fmt, None)).tool[0]
     events = _run(fmt, "Let me check." + start + "get_weath", forced=False)
     assert not [e for e in events if isinstance(e, ToolCall)]

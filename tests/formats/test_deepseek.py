@@ -97,7 +97,7 @@ def test_streaming_one_character_at_a_time_equals_the_whole(raw, dsml, tail, wan
     assert run(list(raw), dsml=dsml, tail=tail) == want
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.sampled_from(SAMPLES), st.randoms(use_true_random=False))
 def test_streaming_at_random_splits_equals_the_whole(sample, rnd: random.Random):
     raw, dsml, tail, want = sample
@@ -281,7 +281,7 @@ FRAGMENTS = [B, E, CB, CE, SEP, "function", "get_weather", "\n", "\n\n", "```jso
              f"</{D}parameter>", f"<{D}", ">", "/>"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.lists(st.sampled_from(FRAGMENTS), max_size=14), st.sampled_from(["stop", "length"]),
        st.sampled_from(["<｜Assistant｜></think>", "<｜Assistant｜><think>"]),
        st.randoms(use_true_random=False))
@@ -294,5 +294,6 @@ def test_any_jumble_of_markup_parses_without_an_exception_and_streams_as_it_pars
     assert run(chunks, tail=tail, reason=reason) == whole
     assert run(list(raw), tail=tail, reason=reason) == whole
     content, reasoning, calls = whole
-    # something always comes back (unless the model wrote nothing but a think marker)
-    assert content.strip() or reasoning or calls or not raw.replace("<think>", "").strip()
+    # something always comes back (unless the model wrote nothing but think markers)
+    assert content.strip() or reasoning or calls or \
+        not raw.replace("<think>", "").replace("</think>", "").strip()
