@@ -6,12 +6,15 @@ tokens the grammar does not allow. Grammar compilation and the token masks come 
 llguidance (the library vLLM and llama.cpp use for the same job); this module only
 writes the grammars and adapts the matcher to mlx-lm's logits-processor interface.
 
-Forced tool calls: the prompt gets the chat template's tool-call start marker
-(``tokenizer.tool_call_start``, e.g. ``<tool_call>``), so the model is inside a call from
-its first token. For tool-call formats whose body we know (:data:`TOOL_CALL_BODIES`,
-keyed by mlx-lm's tool-parser name) the body is constrained too: the function name is
-one of the allowed tools and the arguments follow that tool's JSON schema. For other
-formats only the start marker is forced and the model writes the body.
+Forced tool calls: the prompt gets the format's tool-call start marker (e.g.
+``<tool_call>``, ``[TOOL_CALLS]``), so the model is inside a call from its first token. For
+tool-call formats whose body we know (:data:`TOOL_CALL_BODIES`, keyed by the tool format's
+name: json_tools, qwen3_coder, glm47, mistral, kimi_k2, gemma4, harmony, and DeepSeek's
+from its module) the body is constrained too, in the family's own markup: the function name is one
+of the allowed tools and the arguments follow that tool's JSON schema (as JSON, or as the
+bare strings and ``<|"|>``-quoted values the key-value formats write). For other formats
+only the start marker is forced and the model writes the body. The markers inside a body
+are text literals: the grammar is built without the vocab, and the parsers read text.
 """
 
 from __future__ import annotations
@@ -171,6 +174,14 @@ def _gemma4_body(rules: _Rules, name: str, params: Any) -> str:
     return f"{_lark_str('call:' + name)} {args} {_lark_str('<tool_call|>')}"
 
 
+def _harmony_body(rules: _Rules, name: str, params: Any) -> str:
+    """`` to=functions.`` (after ``<|start|>assistant<|channel|>commentary``... in the
+    prompt: the format's start) + ``NAME<|channel|>commentary <|constrain|>json<|message|>
+    {...}``, as gpt-oss's template renders a call; ``<|call|>`` is an EOS token and ends it."""
+    head = f"{name}<|channel|>commentary <|constrain|>json<|message|>"
+    return f"{_lark_str(head)} {_args(rules, params)}"
+
+
 def _module_body(family: str) -> Callable[[_Rules, str, Any], str] | None:
     """The body of a format of ours whose module writes its own
     (``kit/formats/<family>.py`` ``grammar_body(name, args) -> Lark expression``, the
@@ -206,7 +217,7 @@ def _args(rules: _Rules, params: Any) -> str:
 TOOL_CALL_BODIES: dict[str, Callable[[_Rules, str, Any], str]] = {
     "json_tools": _json_tools_body, "qwen3_coder": _qwen3_coder_body,
     "glm47": _glm47_body, "mistral": _mistral_body, "kimi_k2": _kimi_k2_body,
-    "gemma4": _gemma4_body}
+    "gemma4": _gemma4_body, "harmony": _harmony_body}
 
 #: JSON layout of constrained output: compact separators, no free whitespace (what models
 #: write most often, and the fewest tokens).

@@ -60,6 +60,8 @@ class ChatMessage(LenientModel):
     name: Id | None = None
     tool_calls: list[ChatToolCall] | None = None
     tool_call_id: Id | None = None
+    # an assistant turn's reasoning as this server (and vLLM, DeepSeek's API) returns it
+    reasoning_content: Text | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -76,7 +78,8 @@ class ChatCompletionRequest(SamplingFields):
 
 def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     """One message for the chat template: content as a string, ``developer`` as ``system``,
-    tool-call arguments as mappings (what templates expect)."""
+    tool-call arguments as mappings (what templates expect), an assistant turn's
+    ``reasoning_content`` passed on."""
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
                            "content": flatten(message.content, f"messages.{index}.content")}
     if message.tool_calls:
@@ -85,6 +88,9 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
                              for call in message.tool_calls]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content and message.role == "assistant":
+        # templates that keep reasoning in a tool loop (Qwen3, GLM, Kimi K2) render it
+        out["reasoning_content"] = message.reasoning_content
     if message.name:
         out["name"] = message.name
     return out

@@ -39,6 +39,8 @@ class Family:
         call_id: the call ids the family's template accepts (a regex).
         parallel: the family's markup has several calls in one turn.
         thinking: template variables that turn reasoning on (a thinking family).
+        keeps_reasoning: the template renders an assistant turn's reasoning back in a tool
+            loop (after the last user turn); others drop it.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Family:
     call_id: str = r".+"
     parallel: bool = True
     thinking: dict = field(default_factory=dict)
+    keeps_reasoning: bool = False
 
     @property
     def template(self) -> Path:
@@ -72,11 +75,11 @@ class Family:
 FAMILIES = (
     Family("qwen3", "json_tools", "think",
            ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-            "</tool_response>")),
+            "</tool_response>"), keeps_reasoning=True),
     Family("qwen3-coder", "qwen3_coder", None, ("<tool_call>",), parallel=True),
     Family("glm47", "glm47", "think",
            ("<think>", "</think>", "<|system|>", "<|user|>", "<|assistant|>", "[gMASK]",
-            "<sop>", "<tool_call>"), eos="<|observation|>"),
+            "<sop>", "<tool_call>"), eos="<|observation|>", keeps_reasoning=True),
     Family("mistral", "mistral", "mistral",
            ("[THINK]", "[/THINK]", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
             "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
@@ -84,7 +87,7 @@ FAMILIES = (
     Family("kimi_k2", "kimi_k2", "think",
            ("<think>", "</think>", "<|im_system|>", "<|im_user|>", "<|im_assistant|>",
             "<|im_middle|>", "<|tool_calls_section_begin|>"),
-           call_id=r"functions\.[\w.-]+:\d+"),
+           call_id=r"functions\.[\w.-]+:\d+", keeps_reasoning=True),
     Family("gemma4", "gemma4", "gemma",
            ("<|channel>", "<channel|>", "<|think|>", "<|tool>", "<tool|>", "<|tool_call>",
             "<|tool_response>", "<tool_response|>"), eos="<turn|>", bos="<|turn>",
@@ -95,7 +98,7 @@ FAMILIES = (
            eos="<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>"),
     Family("gpt-oss", "harmony", "harmony",
            ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
-            "<|call|>"), eos="<|return|>"),
+            "<|call|>"), eos="<|return|>", keeps_reasoning=True),
     Family("llama3_json", "llama3_json", None,
            ("<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>", "<|eom_id|>"),
            eos="<|eot_id|>", bos="<|begin_of_text|>", parallel=False),

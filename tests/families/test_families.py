@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kit.formats.select import known
+from kit.formats.select import MLX_LM_PARSERS, known, ours
 from tests.families.families import FAMILIES, Family, family_model
 from tests.helpers import anthropic_for, openai_for, start_server, stop
 
@@ -78,11 +78,27 @@ def _write_record(tmp_path_factory):
     path = os.environ.get("MLX_KIT_FAMILIES_RECORD") or str(
         tmp_path_factory.getbasetemp() / "families.json")
     families = {f.name: {"tool_format": f.tool_format if known(f.tool_format) else None,
-                         "reasoning_format": f.reasoning_format,
+                         "parser": parser_module(f.tool_format),
+                         "reasoning_format": reasoning_format(f),
                          **RECORD.get(f.name, {"cases": {}, "cache": {}})}
                 for f in FAMILIES}
     Path(path).write_text(json.dumps({"families": families}, indent=1, ensure_ascii=False,
                                      sort_keys=True) + "\n")
+
+
+def parser_module(tool_format: str | None) -> str | None:
+    """The module whose parser reads the family's calls (ours first, as kit.formats)."""
+    if tool_format and ours(tool_format):
+        return f"kit.formats.{tool_format}"
+    return f"mlx_lm.tool_parsers.{tool_format}" if tool_format in MLX_LM_PARSERS else None
+
+
+def reasoning_format(family: Family) -> str | None:
+    """What /v1/models must name: Harmony's channels are its reasoning too, named only
+    with its parser."""
+    if family.reasoning_format == "harmony" and not known("harmony"):
+        return None
+    return family.reasoning_format
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
@@ -126,9 +142,7 @@ def test_models_lists_the_familys_tool_and_reasoning_formats(fam):
     caps = entry["capabilities"]
     tool_format = family.tool_format if known(family.tool_format) else None
     assert (caps["tools"], caps["tool_format"]) == (tool_format is not None, tool_format)
-    # Harmony's channels are its reasoning too: named only with its parser
-    reasoning = None if family.reasoning_format == "harmony" and not known("harmony") \
-        else family.reasoning_format
+    reasoning = reasoning_format(family)
     assert (caps["reasoning"], caps["reasoning_format"]) == (reasoning is not None, reasoning)
     record(family, "models", "capabilities")
 
@@ -201,6 +215,14 @@ def test_chat_forced_call_and_the_next_turn_with_the_servers_ids_hits_the_cache(
     record_cache(family, "chat", cached, r.usage.prompt_tokens)
     assert_prefix_reused(cached, first.usage.prompt_tokens)
     record(family, "chat", "next turn")
+    # reasoning sent back with the call reaches the template (rendered in a tool loop by
+    # the families whose templates keep it, dropped by the others)
+    history[1]["reasoning_content"] = "The user wants the weather: call get_weather."
+    again = client.chat.completions.create(model="local", messages=history, max_tokens=1,
+                                           tools=[WEATHER, TIME], **family_kwargs(family))
+    grew = again.usage.prompt_tokens > r.usage.prompt_tokens
+    assert grew is family.keeps_reasoning, (again.usage.prompt_tokens, r.usage.prompt_tokens)
+    record(family, "chat", "reasoning sent back")
 
 
 def family_kwargs(family: Family) -> dict:
