@@ -37,8 +37,8 @@ NAMES = {"chat": "chat", "responses": "Responses", "messages": "Messages", "gemi
 
 
 def _reuse(cache: dict[str, list[int]]) -> str:
-    cells = [f"{NAMES[p]} {100 * c / n:.0f} %" for p in CASES if (cn := cache.get(p))
-             for c, n in [cn] if n]
+    cells = [f"{NAMES[p]} {c}/{n} ({100 * c / n:.0f} %)" for p in CASES
+             if (cn := cache.get(p)) for c, n in [cn] if n]
     return ", ".join(cells) or "—"
 
 

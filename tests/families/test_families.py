@@ -51,9 +51,13 @@ TRIP = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 TRIP_ASK = [{"role": "user", "content": "Plan a trip to Zürich in März."}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-#: the tool's result, one per protocol: each turn 2 is its own conversation, so its cache
-#: hit can only come from its own turn 1 (all turn 1s share the same prompt)
-RESULT = "Sunny, 24 degrees Celsius ({})."
+#: the tool's result, one per protocol and different from its first token: each turn 2 is
+#: its own conversation, so its cache hit can only come from its own turn 1 (all turn 1s
+#: share the same prompt), not from another protocol's turn 2
+RESULT = "{} says: sunny, 24 degrees Celsius."
+#: a tool result turn in the family's markup (the result, its role/markers, the generation
+#: prompt), in starter tokens: at most this many of turn 2's tokens are new
+NEW_TURN = 48
 MAX = 150  # tokens: every forced call here fits (the grammar ends it, then EOS)
 
 #: family -> {"cases": {protocol: [case, ...]}, "cache": {protocol: [cached, prompt]}}
@@ -213,7 +217,7 @@ def test_chat_forced_call_and_the_next_turn_with_the_servers_ids_hits_the_cache(
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
     cached = r.usage.prompt_tokens_details.cached_tokens
     record_cache(family, "chat", cached, r.usage.prompt_tokens)
-    assert_prefix_reused(cached, first.usage.prompt_tokens)
+    assert_prefix_reused(cached, first.usage.prompt_tokens, r.usage.prompt_tokens)
     record(family, "chat", "next turn")
     # reasoning sent back with the call reaches the template (rendered in a tool loop by
     # the families whose templates keep it, dropped by the others)
@@ -229,10 +233,13 @@ def family_kwargs(family: Family) -> dict:
     return {"extra_body": {"chat_template_kwargs": family.thinking}} if family.thinking else {}
 
 
-def assert_prefix_reused(cached: int, previous_prompt: int) -> None:
-    """Turn 2 reused at least turn 1's prompt (what it resends of it) from the cache."""
+def assert_prefix_reused(cached: int, previous_prompt: int, prompt: int) -> None:
+    """Turn 2 reused turn 1's prompt and the call (as the template renders it back) from
+    the cache: only the tool result's turn is new."""
     assert cached >= previous_prompt - 4, \
         f"only {cached} cached tokens; turn 1's prompt was {previous_prompt}"
+    assert prompt - cached <= NEW_TURN, \
+        f"{prompt - cached} of {prompt} tokens uncached: the call was not reused"
 
 
 # --- Responses -----------------------------------------------------------------------------
@@ -267,7 +274,7 @@ def test_responses_stream_equals_the_non_streamed_call_and_the_next_turn_hits_th
     assert second.status in ("completed", "incomplete")
     cached = second.usage.input_tokens_details.cached_tokens
     record_cache(family, "responses", cached, second.usage.input_tokens)
-    assert_prefix_reused(cached, whole.usage.input_tokens)
+    assert_prefix_reused(cached, whole.usage.input_tokens, second.usage.input_tokens)
     record(family, "responses", "next turn")
 
 
@@ -305,7 +312,7 @@ def test_messages_stream_equals_the_non_streamed_call_and_the_next_turn_hits_the
     cached = second.usage.cache_read_input_tokens
     record_cache(family, "messages", cached, second.usage.input_tokens + cached)
     assert_prefix_reused(cached, whole.usage.input_tokens + (
-        whole.usage.cache_read_input_tokens or 0))
+        whole.usage.cache_read_input_tokens or 0), second.usage.input_tokens + cached)
     record(family, "messages", "next turn")
 
 
@@ -346,5 +353,6 @@ def test_gemini_stream_equals_the_non_streamed_call_and_the_next_turn_renders(fa
     usage = second.json()["usageMetadata"]
     cached = usage.get("cachedContentTokenCount", 0)
     record_cache(family, "gemini", cached, usage["promptTokenCount"])
-    assert_prefix_reused(cached, r.json()["usageMetadata"]["promptTokenCount"])
+    assert_prefix_reused(cached, r.json()["usageMetadata"]["promptTokenCount"],
+                         usage["promptTokenCount"])
     record(family, "gemini", "next turn")
