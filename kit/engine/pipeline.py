@@ -203,13 +203,7 @@ class Pipeline:
         """The next turn's rendering of this conversation (``text``: the answer), then
         :meth:`PromptCachePolicy.next_turn` (any template failure: ``tokens`` as is)."""
         req = run.job.request
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": text or (None if run.calls else "")}
-        if run.calls:
-            # arguments as the mapping the server hands templates for history (templates
-            # iterate them: a JSON string here failed to render, and nothing was reused)
-            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": _arguments(c.arguments)}} for c in run.calls]
+        message = resent_turn(text, run.calls)
         try:
             resend = self.prompts.render(req, req.messages + [message],
                                          generation_prompt=False)
@@ -240,10 +234,23 @@ class Pipeline:
                 mx.eval([c.state for c in cache])
 
 
-def _arguments(text: str) -> Any:
-    """A generated call's arguments (a JSON string) as a mapping, as
-    ``kit.server.translate.tool_arguments`` gives history calls (text that is no JSON as is)."""
+def resent_turn(text: str, calls: list[Any]) -> dict[str, Any]:
+    """The assistant turn of answer ``text`` and ``calls`` (:class:`ToolCall`) as a client
+    resends it, after every protocol's translation (kit/server/translate.py): content ""
+    beside calls (not None: gpt-oss's template fails on ``"..." in None``), arguments a
+    mapping (gpt-oss's template writes ``arguments|tojson``: a JSON string would come out
+    quoted), no reasoning (OpenAI clients resend none)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": _mapping(c.arguments)}} for c in calls]
+    return message
+
+
+def _mapping(arguments: str) -> Any:
+    """A generated call's arguments (a JSON string) as the mapping history carries (text
+    that is not JSON as it is), like ``kit.server.translate.tool_arguments``."""
     try:
-        return json.loads(text or "{}")
+        return json.loads(arguments or "{}")
     except ValueError:
-        return text
+        return arguments

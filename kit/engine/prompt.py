@@ -127,6 +127,9 @@ class Prompts:
         kwargs: dict[str, Any] = {**request.template_kwargs,
                                   "add_generation_prompt": generation_prompt,
                                   "tokenize": False, "return_dict": False}
+        effort, fmt = kwargs.get("reasoning_effort"), self.slot.output_format
+        if isinstance(effort, str) and fmt is not None:  # the levels its template knows
+            kwargs["reasoning_effort"] = fmt.template_effort(effort)
         if request.tools:
             kwargs["tools"] = request.tools
         text = tokenizer.apply_chat_template(messages, **kwargs)

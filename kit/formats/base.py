@@ -63,6 +63,11 @@ def json_marker_end(end: str) -> CallEnd | None:
     return call_end
 
 
+#: The reasoning efforts a request may ask for, lowest first: OpenAI's (``none`` to
+#: ``xhigh``) and ``max`` (Anthropic's ``output_config.effort``, pi's top level).
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
 @dataclass(frozen=True)
 class OutputFormat:
     """How one model family writes its output, for :class:`kit.engine.output.OutputParser`.
@@ -85,6 +90,9 @@ class OutputFormat:
             forced call uses (None: only the start marker is forced).
         parser_class: an :class:`~kit.engine.output.OutputParser` subclass for formats
             that need more than markers (None: the base class).
+        efforts: the ``reasoning_effort`` values the family's template was made for,
+            lowest first (empty: any value goes to the template as asked); see
+            :meth:`template_effort`.
     """
 
     tool_format: str | None = None
@@ -99,6 +107,20 @@ class OutputFormat:
     initial: str | None = None
     grammar: str | None = None
     parser_class: type | None = None
+    efforts: tuple[str, ...] = ()
+
+    def template_effort(self, effort: str) -> str:
+        """``effort`` as this family's template knows it: itself when :attr:`efforts` is
+        empty or lists it, else the listed one nearest in :data:`EFFORTS` order (the lower
+        on a tie: gpt-oss's low/medium/high take ``none``/``minimal`` as ``low`` and
+        ``xhigh``/``max`` as ``high``); a value outside :data:`EFFORTS` (a template
+        variable the request set itself) unchanged."""
+        if not self.efforts or effort in self.efforts or effort not in EFFORTS:
+            return effort
+        rank = EFFORTS.index
+        known = [e for e in self.efforts if e in EFFORTS]
+        return min(known, key=lambda e: (abs(rank(e) - rank(effort)), rank(e))) if known \
+            else effort
 
     @property
     def tools(self) -> bool:

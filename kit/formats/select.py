@@ -50,7 +50,9 @@ def _template_tool_format(t: str) -> str | None:
     """mlx-lm's template rules, in its order, after ours."""
     rules: list[tuple[bool, str]] = [
         # ours first: mlx-lm has no rule for these families
-        ("<|channel|>" in t and "<|message|>" in t and "to=functions" in t, "harmony"),
+        # gpt-oss: its template writes "<|start|>assistant to=" and "functions." + name
+        # as separate strings, so the pair of Harmony markers decides, not "to=functions"
+        ("<|channel|>" in t and "<|message|>" in t, "harmony"),
         ("<｜tool▁calls▁begin｜>" in t or "｜DSML｜" in t, "deepseek"),
         ("<|python_tag|>" in t or ("ipython" in t and '"parameters"' in t), "llama3_json"),
         # mlx-lm's (mlx_lm.tokenizer_utils._infer_tool_parser)

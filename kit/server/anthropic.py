@@ -5,11 +5,13 @@ events, like the OpenAI routers: no generation logic here.
 Requests become the engine's chat messages: ``system`` (and system-role turns) -> one
 leading system message;
 ``tool_result`` blocks -> ``tool`` messages; ``tool_use`` blocks -> assistant
-``tool_calls``; ``thinking`` and server-tool blocks in history are dropped (templates
-re-render history without them); image and document blocks are a 400 (text-only models);
+``tool_calls``; ``thinking`` blocks -> the assistant turn's reasoning
+(:func:`~kit.server.translate.history_reasoning`); redacted thinking and server-tool blocks
+are dropped; image and document blocks are a 400 (text-only models);
 a block type Anthropic does not document is a 400 naming it (:mod:`kit.server.content`).
-Unknown fields and beta features (``thinking``, ``context_management``,
-``output_config``, ``?beta=true``) are accepted and ignored.
+``thinking`` and ``output_config.effort`` become the chat template's reasoning variables
+(:func:`thinking_options`); other unknown fields and beta features (``context_management``,
+``?beta=true``) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -54,14 +56,17 @@ from kit.server.content import (
 from kit.server.errors import APIError
 from kit.server.state import ServerState
 from kit.server.translate import (
+    budget_effort,
     call_arguments,
     choose_tools,
     flatten,
     function_schema,
     history_call,
+    history_reasoning,
     output_cap,
     overridden,
     stop_strings,
+    thinking_kwargs,
 )
 
 #: Anthropic's names for the engine's neutral fields are the neutral names themselves
@@ -80,6 +85,18 @@ class Message(LenientModel):
     content: either(Text, list[Block])
 
 
+class ThinkingConfig(LenientModel):
+    """``thinking``: ``enabled`` with a budget (at least 1024 tokens, as Anthropic's API
+    requires), ``disabled``, or ``adaptive`` (the model decides; Claude Code's default)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=1024, le=MAX_TOKENS)
+
+
+class OutputConfig(LenientModel):
+    effort: Id | None = None
+
+
 class MessagesRequest(LenientModel):
     """In the ranges Anthropic's API documents (temperature 0-1)."""
 
@@ -94,6 +111,8 @@ class MessagesRequest(LenientModel):
     stream: bool = False
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
 
 class CountTokensRequest(LenientModel):
@@ -125,7 +144,7 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        texts, calls, results = [], [], False
+        texts, calls, results, thoughts = [], [], False, []
         for j, b in enumerate(m.content):
             if isinstance(b, ToolResultBlock):
                 results = True
@@ -137,11 +156,16 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
                 texts.append(b.text)
             elif isinstance(b, MediaBlock):
                 raise refuse(b.type, f"{where}.{j}")
-            # DroppedBlock (thinking, server tools): not re-sent to the model
+            elif b.type == "thinking" and isinstance((b.model_extra or {}).get("thinking"),
+                                                     str):
+                thoughts.append(b.model_extra["thinking"])
+            # other DroppedBlocks (redacted thinking, server tools): not re-sent
         if texts or calls or m.role == "user" and not results:
             msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
             if calls:
                 msg["tool_calls"] = calls
+            if m.role == "assistant":
+                history_reasoning(msg, "".join(thoughts))
             out.append(msg)
     return out
 
@@ -168,24 +192,46 @@ def _tools(body: MessagesRequest | CountTokensRequest,
     return choose_tools(tools, kind, getattr(choice, "name", None), supports_tools)
 
 
+def thinking_options(body: MessagesRequest) -> dict[str, Any]:
+    """``thinking`` and ``output_config.effort`` as chat-template variables (see
+    :func:`thinking_kwargs`): the effort when given, else the budget's
+    (:func:`budget_effort`); ``disabled`` turns thinking off; ``adaptive`` alone leaves the
+    template's default.
+
+    Raises:
+        InvalidRequest: an effort that is not one of ``EFFORTS`` (``output_config.effort``).
+    """
+    effort = body.output_config.effort if body.output_config else None
+    field = "output_config.effort"
+    t = body.thinking
+    if t is None or t.type == "adaptive":
+        return thinking_kwargs(effort, field=field)
+    if t.type == "disabled":
+        return thinking_kwargs(effort, budget=0, field=field)
+    return thinking_kwargs(effort or budget_effort(t.budget_tokens), budget=t.budget_tokens,
+                           field=field)
+
+
 def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
                       context_window: int | None = None) -> ChatRequest:
     """Translate a validated Messages request into the engine's :class:`ChatRequest`;
     ``defaults`` fills the sampling fields the request omits. ``max_tokens`` is a cap, as
     in Anthropic's API: one that reaches ``context_window`` (Claude Code sends 32000)
-    becomes None, which the engine fits to what is left of the window.
+    becomes None, which the engine fits to what is left of the window. ``thinking`` and
+    ``output_config.effort`` become template variables (:func:`thinking_options`).
 
     Raises:
         APIError: 400 for image, document and other non-text content.
-        InvalidRequest: ``tool_choice`` that cannot be honoured.
+        InvalidRequest: ``tool_choice`` that cannot be honoured; an unknown effort.
     """
     params = overridden(defaults, temperature=body.temperature, top_p=body.top_p,
                         top_k=body.top_k)
     params = replace(params, max_tokens=output_cap(body.max_tokens, context_window),
                      stop=stop_strings(body.stop_sequences))
     tools, force = _tools(body, supports_tools)
-    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force)
+    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force,
+                       template_kwargs=thinking_options(body))
 
 
 def _usage(fin: Finished | None) -> dict[str, int]:

@@ -220,7 +220,8 @@ def _template_kwargs(g: GenerationConfig) -> dict[str, Any]:
     if tc is None:
         return {}
     level = tc.thinking_level if tc.thinking_level != "THINKING_LEVEL_UNSPECIFIED" else None
-    return thinking_kwargs(level.lower() if level else None, budget=tc.thinking_budget)
+    return thinking_kwargs(level.lower() if level else None, budget=tc.thinking_budget,
+                           field="generationConfig.thinkingConfig.thinkingLevel")
 
 
 def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,

@@ -47,6 +47,7 @@ from kit.server.translate import (
     flatten,
     function_schema,
     history_call,
+    history_reasoning,
     thinking_kwargs,
     tool_arguments,
 )
@@ -60,8 +61,9 @@ class ChatMessage(LenientModel):
     name: Id | None = None
     tool_calls: list[ChatToolCall] | None = None
     tool_call_id: Id | None = None
-    # an assistant turn's reasoning as this server (and vLLM, DeepSeek's API) returns it
+    # an assistant turn's reasoning as clients send it back (ours: reasoning_content)
     reasoning_content: Text | None = None
+    reasoning: Text | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -79,7 +81,8 @@ class ChatCompletionRequest(SamplingFields):
 def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     """One message for the chat template: content as a string, ``developer`` as ``system``,
     tool-call arguments as mappings (what templates expect), an assistant turn's
-    ``reasoning_content`` passed on."""
+    ``reasoning_content`` (or ``reasoning``) where templates read it
+    (:func:`history_reasoning`)."""
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
                            "content": flatten(message.content, f"messages.{index}.content")}
     if message.tool_calls:
@@ -88,11 +91,10 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
                              for call in message.tool_calls]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
-    if message.reasoning_content and message.role == "assistant":
-        # templates that keep reasoning in a tool loop (Qwen3, GLM, Kimi K2) render it
-        out["reasoning_content"] = message.reasoning_content
     if message.name:
         out["name"] = message.name
+    if message.role == "assistant":
+        history_reasoning(out, message.reasoning_content or message.reasoning)
     return out
 
 
@@ -122,7 +124,7 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
         APIError: 400 for what this server cannot honour (n > 1, image/audio/file content,
             a json_schema without a schema).
         InvalidRequest: ``tool_choice`` that cannot be honoured (e.g. a forced call on a
-            model without tool support).
+            model without tool support); a ``reasoning_effort`` not in ``EFFORTS``.
     """
     schema = response_schema(body.response_format, "response_format")
     params = sampling(body, defaults, max_tokens=body.max_completion_tokens or body.max_tokens,

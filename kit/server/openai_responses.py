@@ -3,8 +3,9 @@
 
 Input items become the engine's chat messages: ``instructions`` and system/developer
 messages -> system; ``function_call`` items -> assistant ``tool_calls``;
-``function_call_output`` -> ``tool`` messages; ``reasoning`` and hosted-tool items are
-dropped. Nothing is stored (``store`` is accepted; ``previous_response_id`` and
+``function_call_output`` -> ``tool`` messages; a ``reasoning`` item's text -> the
+reasoning of the assistant turn after it (:func:`~kit.server.translate.history_reasoning`);
+hosted-tool items are dropped. Nothing is stored (``store`` is accepted; ``previous_response_id`` and
 ``item_reference`` items are refused with 400). Codex's ``include``, ``reasoning``,
 ``prompt_cache_key``, ``parallel_tool_calls`` are accepted. Items, content parts and roles
 are typed (:mod:`kit.server.content`): an unknown one is a 400 naming it.
@@ -34,6 +35,7 @@ from kit.server.content import (
     MAX_TOKENS,
     FunctionCallItem,
     FunctionCallOutputItem,
+    HistoryItem,
     Id,
     InputItem,
     ItemReference,
@@ -55,8 +57,10 @@ from kit.server.translate import (
     flatten,
     function_schema,
     history_call,
+    history_reasoning,
     new_id,
     overridden,
+    reasoning_text,
     thinking_kwargs,
     tool_arguments,
 )
@@ -94,17 +98,26 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": body.instructions})
     if isinstance(body.input, str):
         return out + [{"role": "user", "content": body.input}]
+    reasoning = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(body.input):
         where = f"input.{i}"
         if isinstance(item, MessageItem):
             role = "system" if item.role in ("system", "developer") else item.role
             out.append({"role": role, "content": flatten(item.content, f"{where}.content")})
+            if role == "assistant":
+                history_reasoning(out[-1], reasoning)
+            reasoning = ""
         elif isinstance(item, FunctionCallItem):
             call = history_call(item.call_id, item.name, tool_arguments(item.arguments))
             if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if reasoning:
+                history_reasoning(out[-1], out[-1].get("reasoning_content", "") + reasoning)
+            reasoning = ""
+        elif isinstance(item, HistoryItem) and item.type == "reasoning":
+            reasoning += reasoning_text((item.model_extra or {}).get("content"))
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id,
                         "content": flatten(item.output, f"{where}.output")})
@@ -112,7 +125,7 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             raise APIError(400, "item_reference is not supported: this server stores no "
                            "items; send the item itself", param=where,
                            code="unsupported_value")
-        # HistoryItem (reasoning, hosted tool calls): not re-sent to the model
+        # other HistoryItems (hosted tool calls): not re-sent to the model
     return out
 
 
@@ -154,7 +167,8 @@ def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
     effort = body.reasoning.effort if body.reasoning else None
     tools, force = _tools(body, supports_tools)
     return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force,
-                       response_schema=schema, template_kwargs=thinking_kwargs(effort or None))
+                       response_schema=schema, template_kwargs=thinking_kwargs(effort or None,
+                                                         field="reasoning.effort"))
 
 
 class ResponsesRenderer(Renderer):

@@ -17,11 +17,23 @@ from typing import Any, Iterable
 
 from kit.engine.types import SamplingParams, ToolCall
 from kit.errors import InvalidRequest
+from kit.formats.base import EFFORTS as _EFFORTS
 from kit.server.content.base import excerpt
 
 #: Reasoning efforts that turn a template's thinking off (OpenAI's ``none``/``minimal``,
 #: Gemini's ``MINIMAL`` level).
 THINKING_OFF = ("none", "minimal")
+
+#: :data:`kit.formats.base.EFFORTS`, the efforts a request may ask for. Templates read the
+#: name as given (Kimi K3's knows none/low/high/max), except where the family's format
+#: lists its own (gpt-oss writes ``Reasoning: <effort>`` into its system message, trained
+#: on low/medium/high: :meth:`kit.formats.base.OutputFormat.template_effort`).
+EFFORTS = _EFFORTS
+
+#: A thinking budget (tokens: Anthropic's ``thinking.budget_tokens``) as an effort: up to
+#: 4096 low, up to 16384 medium, more high (Claude Code asks 4000 for "think", 10000 for
+#: "think hard", 31999 for "ultrathink").
+BUDGET_EFFORTS = ((4096, "low"), (16384, "medium"))
 
 
 def new_id(prefix: str = "") -> str:
@@ -81,6 +93,29 @@ def history_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
             "function": {"name": name, "arguments": arguments}}
 
 
+def history_reasoning(message: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
+    """An assistant turn of the engine's messages with the reasoning a client sent back,
+    under the names chat templates read: ``reasoning_content`` (Qwen3, GLM, Kimi,
+    DeepSeek...) and ``thinking`` (gpt-oss, whose template renders it as the analysis of a
+    tool-call turn). Not ``thinking`` beside content on a tool-call turn: gpt-oss's template
+    refuses both there and renders the content as the analysis itself. Returns
+    ``message``, changed in place."""
+    if reasoning:
+        message["reasoning_content"] = reasoning
+        if not (message.get("tool_calls") and message.get("content")):
+            message["thinking"] = reasoning
+    return message
+
+
+def reasoning_text(parts: Any) -> str:
+    """The text of a Responses ``reasoning`` item's ``content`` (its ``reasoning_text``
+    parts joined; anything else in it is ignored: the item is not validated further)."""
+    if not isinstance(parts, list):
+        return ""
+    return "".join(p["text"] for p in parts if isinstance(p, dict)
+                   and p.get("type") == "reasoning_text" and isinstance(p.get("text"), str))
+
+
 def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
                  supports_tools: bool) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The tools to hand the chat template (OpenAI function schemas) and the call to
@@ -120,17 +155,39 @@ def choose_tools(tools: list[dict[str, Any]], kind: str, name: str | None,
     return tools, name
 
 
-def thinking_kwargs(effort: str | None, *, budget: int | None = None) -> dict[str, Any]:
+def thinking_kwargs(effort: str | None, *, budget: int | None = None,
+                    field: str = "reasoning_effort") -> dict[str, Any]:
     """Reasoning options as chat-template variables: ``reasoning_effort`` (when given) and
     ``enable_thinking`` (off for an effort in :data:`THINKING_OFF` or a budget of 0
-    tokens); ``{}`` when neither is given."""
+    tokens); ``{}`` when neither is given.
+
+    Args:
+        effort: one of :data:`EFFORTS`, or None.
+        budget: a thinking budget in tokens (0: no thinking), or None.
+        field: the request field ``effort`` came from, for the error.
+    Raises:
+        InvalidRequest: ``effort`` is not one of :data:`EFFORTS` (400 naming ``field``).
+    """
     if effort is None and budget is None:
         return {}
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequest(f"{field} {excerpt(effort, 40)} is not supported (one of "
+                             f"{', '.join(EFFORTS)})", code="invalid_value", field=field)
     kwargs: dict[str, Any] = {}
     if effort is not None:
         kwargs["reasoning_effort"] = effort
     kwargs["enable_thinking"] = effort not in THINKING_OFF and budget != 0
     return kwargs
+
+
+def budget_effort(budget: int | None) -> str | None:
+    """The effort of a thinking budget in tokens (see :data:`BUDGET_EFFORTS`); None for
+    no budget or a negative one (Gemini's -1: the model decides)."""
+    if budget is None or budget < 0:
+        return None
+    if budget == 0:
+        return "none"
+    return next((effort for limit, effort in BUDGET_EFFORTS if budget <= limit), "high")
 
 
 def stop_strings(stops: Iterable[str] | None) -> tuple[str, ...]:

@@ -74,8 +74,12 @@ FAMILY_FILES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
            for v in ("deepseek-v32", "deepseek-v4", "deepseek-v41")},
         "*": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
               ("<｜tool▁calls▁begin｜>", "<think>", "</think>"))},
-    "gpt-oss": {"*": ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}",
-                      ("<|channel|>", "<|message|>", "<|call|>"))},
+    # gpt-oss's chat_template.jinja writes a call in the role header, then <|call|>
+    "gpt-oss": {"*": ('{{- "<|start|>assistant to=" }}{{- "functions." + tool_call.name + '
+                      '"<|channel|>commentary " }}{{- "json<|message|>" }}'
+                      '{{- tool_call.arguments|tojson }}{{- "<|call|>" }}',
+                      ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                       "<|return|>", "<|call|>"))},
     # Llama 3.1/3.3 templates name <|python_tag|> (3.2's only ipython + "parameters"); Llama
     # 4's renders a call after <|python_start|>...<|python_end|> as the same JSON
     "llama": {"llama3-json": ('{%- if builtin_tools is defined %}<|python_tag|>{%- endif %}'

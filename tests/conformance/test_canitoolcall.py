@@ -50,7 +50,7 @@ def test_each_family_gets_the_format_mlx_kits_selection_picks():
         ("kimi", "kimi-k3-xtml"): ("kimi_k3", ("<|open|>think<|sep|>", "<|close|>think<|sep|>")),
         **{("deepseek", v): ("deepseek", think) for v in
            ("*", "deepseek-v3", "deepseek-v31", "deepseek-v32", "deepseek-v4", "deepseek-v41")},
-        ("gpt-oss", "*"): (None, None),
+        ("gpt-oss", "*"): ("harmony", None),
         ("llama", "llama3-json"): ("llama3_json", None),
         ("llama", "llama4-pythonic"): ("llama3_json", None)}
 

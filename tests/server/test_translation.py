@@ -149,9 +149,11 @@ def test_messages_claude_code_request_becomes_one_system_message_tool_turns_and_
     assert req.messages == [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Read notes.txt"},
-        {"role": "assistant", "content": "", "tool_calls": [  # thinking dropped
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "toolu_1", "type": "function",
-             "function": {"name": "read", "arguments": {"path": "notes.txt"}}}]},
+             "function": {"name": "read", "arguments": {"path": "notes.txt"}}}],
+         # the thinking block, where templates read reasoning (history_reasoning)
+         "reasoning_content": "I should read it.", "thinking": "I should read it."},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Paris."},
         {"role": "user", "content": "What does the file say?"}]
     assert req.tools == [READ] and req.force_tool is None
