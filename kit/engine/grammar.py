@@ -20,7 +20,9 @@ are text literals: the grammar is built without the vocab, and the parsers read 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 class _Rules:
@@ -48,7 +50,7 @@ def _properties(schema: Any) -> list[tuple[str, Any, bool]]:
 def _value(rules: _Rules, schema: Any) -> str:
     """A rule for one JSON value following ``schema`` (llguidance's ``%json``; unknown
     keywords ignored, as for the arguments object)."""
-    sub = dict(schema) if isinstance(schema, dict) else {}
+    sub = _closed(dict(schema)) if isinstance(schema, dict) else {}
     sub["x-guidance"] = {**_JSON_OPTIONS, "lenient": True}
     return rules.add("%json " + json.dumps(sub))
 
@@ -253,8 +255,25 @@ def _json_rule(schema: Any, *, tool: bool) -> str:
         schema.setdefault("type", "object")
         schema.setdefault("properties", {})
         schema["additionalProperties"] = False
+    if tool:
+        schema = _closed(schema)
     schema["x-guidance"] = {**_JSON_OPTIONS, "lenient": tool, **schema.get("x-guidance", {})}
     return "%json " + json.dumps(schema)
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with its nested objects that list ``properties`` (and say nothing of
+    ``additionalProperties``) closed to other keys, as a tool's arguments are: a small
+    model otherwise invents keys inside them until ``max_tokens``."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _closed(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    if isinstance(out.get("items"), dict):
+        out["items"] = _closed(out["items"])
+    return out
 
 
 def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
@@ -290,17 +309,65 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
     return "start: value\nvalue: " + _json_rule(schema or {"type": "object"}, tool=False) + "\n"
 
 
-def ll_tokenizer(tokenizer: Any) -> Any:
+@dataclass(frozen=True)
+class GrammarTokenizer:
+    """What a grammar is compiled against: llguidance's tokenizer and the vocab's special
+    tokens by text (``{"<|channel|>": 6}``)."""
+
+    ll: Any
+    specials: dict[str, int] = field(default_factory=dict)
+
+
+def ll_tokenizer(tokenizer: Any) -> GrammarTokenizer:
     """llguidance's view of an mlx-lm ``TokenizerWrapper`` (~0.3 s for a 49k vocabulary;
-    cache it per loaded model).
+    cache it per loaded model), with its special tokens.
 
     Raises:
         ValueError: the tokenizer is not a fast (Rust) Hugging Face tokenizer.
     """
     import llguidance.hf
 
+    hf = tokenizer._tokenizer
     eos = list(getattr(tokenizer, "eos_token_ids", None) or []) or None
-    return llguidance.hf.from_tokenizer(tokenizer._tokenizer, eos_token=eos)
+    added = getattr(hf, "added_tokens_decoder", None) or {}
+    specials = {t.content: i for i, t in added.items() if getattr(t, "special", False)
+                and len(getattr(t, "content", "")) > 1}
+    return GrammarTokenizer(llguidance.hf.from_tokenizer(hf, eos_token=eos), specials)
+
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def special_token_refs(grammar: str, specials: dict[str, int]) -> str:
+    """``grammar`` with the special tokens' texts inside its string literals written as
+    llguidance token references (``<[ID]>``), ``%json`` lines left alone.
+
+    A literal must not spell a special token: the chat template renders that text as the
+    one special token, and llguidance (0.7) masks the literal's forced bytes by
+    tokenizing them, which yields the special token, and then refuses that token when it
+    is sampled (special tokens match no text), so the grammar fails mid-call (gpt-oss's
+    ``<|channel|>``, Qwen's ``</tool_call>``, GLM's ``<arg_key>`` on real checkpoints)."""
+    if not specials:
+        return grammar
+    names = re.compile("|".join(re.escape(n) for n in sorted(specials, key=len, reverse=True)))
+
+    def literal(m: re.Match) -> str:
+        try:
+            text = json.loads(m.group(0))
+        except ValueError:
+            return m.group(0)
+        parts, pos = [], 0
+        for hit in names.finditer(text):
+            parts += [json.dumps(text[pos:hit.start()])] if hit.start() > pos else []
+            parts.append(f"<[{specials[hit.group(0)]}]>")
+            pos = hit.end()
+        if not parts:
+            return m.group(0)
+        parts += [json.dumps(text[pos:])] if pos < len(text) else []
+        return "(" + " ".join(parts) + ")"
+
+    return "\n".join(line if "%json" in line else _LITERAL.sub(literal, line)
+                     for line in grammar.split("\n"))
 
 
 class GrammarProcessor:
@@ -309,8 +376,10 @@ class GrammarProcessor:
     allowed. ``tokens[-1]`` on every call after the first is the token sampled last.
 
     Args:
-        tokenizer: from :func:`ll_tokenizer`.
-        grammar: Lark grammar text (llguidance dialect, ``%json`` allowed).
+        tokenizer: from :func:`ll_tokenizer` (or a bare llguidance tokenizer).
+        grammar: Lark grammar text (llguidance dialect, ``%json`` allowed); special
+            tokens spelled in its literals are matched as the tokens
+            (:func:`special_token_refs`).
 
     Raises:
         ValueError: the grammar does not compile (e.g. an unsupported JSON schema).
@@ -319,6 +388,8 @@ class GrammarProcessor:
     def __init__(self, tokenizer: Any, grammar: str) -> None:
         from llguidance import LLMatcher
 
+        if isinstance(tokenizer, GrammarTokenizer):
+            tokenizer, grammar = tokenizer.ll, special_token_refs(grammar, tokenizer.specials)
         self._matcher = LLMatcher(tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
         if self._matcher.is_error():
             raise ValueError(self._matcher.get_error())

@@ -14,7 +14,8 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from kit.engine.grammar import TOOL_CALL_BODIES, tool_call_grammar
+from kit.engine.grammar import (TOOL_CALL_BODIES, GrammarTokenizer, ll_tokenizer,
+                                special_token_refs, tool_call_grammar)
 from kit.formats.select import Detected, known, load_format
 
 WEATHER = {"type": "function", "function": {
@@ -56,7 +57,7 @@ BAD_TYPE = {f: text.replace("3", '"3"', 1) if f != "gemma4" else text.replace(
     "days:3", 'days:<|"|>3<|"|>') for f, text in CALLS.items()}
 
 
-def _bytes_tokenizer():
+def _bytes_tokenizer(specials: tuple[str, ...] = ()):
     import llguidance.hf
     from transformers import PreTrainedTokenizerFast
 
@@ -65,7 +66,7 @@ def _bytes_tokenizer():
                                merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<eos>"])
+    tok.add_special_tokens(["<eos>", *specials])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     return hf, llguidance.hf.from_tokenizer(hf, eos_token=hf.eos_token_id)
 
@@ -79,6 +80,8 @@ def _accepts(tokenizers, grammar: str, text: str) -> bool:
     from llguidance import LLMatcher
 
     hf, ll = tokenizers
+    if isinstance(ll, GrammarTokenizer):
+        ll, grammar = ll.ll, special_token_refs(grammar, ll.specials)
     m = LLMatcher(ll, LLMatcher.grammar_from_lark(grammar), log_level=0)
     assert not m.is_error(), m.get_error()
     for t in hf.encode(text, add_special_tokens=False):
@@ -165,3 +168,45 @@ def test_a_bare_string_with_an_enum_is_one_of_its_values(tokenizers, fmt):
             "gemma4": 'call:get_weather{{city:<|"|>{}<|"|>}}<tool_call|>'}[fmt]
     assert _accepts(tokenizers, grammar, call.format("東京"))
     assert not _accepts(tokenizers, grammar, call.format("Paris"))
+
+
+#: markers that are single special tokens in the real checkpoints' vocabs
+SPECIALS = ("<|channel|>", "<|constrain|>", "<|message|>", "</tool_call>", "<tool_call|>",
+            '<|"|>', "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>", "<|tool_calls_section_end|>", "<｜tool▁call▁begin｜>",
+            "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "[ARGS]")
+
+
+@pytest.fixture(scope="module")
+def special_tokenizers():
+    from types import SimpleNamespace
+
+    hf, _ = _bytes_tokenizer(SPECIALS)
+    return hf, ll_tokenizer(SimpleNamespace(_tokenizer=hf, eos_token_ids=[hf.eos_token_id]))
+
+
+@pytest.mark.parametrize("fmt", sorted(set(CALLS) - {"json_tools"}))  # (no marker in its body)
+def test_a_forced_call_matches_markers_that_are_special_tokens_as_those_tokens(
+        special_tokenizers, fmt):
+    # Regression: with gpt-oss's <|channel|> a special token, llguidance offered that
+    # token for the literal, then refused it once sampled: the call stopped mid-header.
+    hf, gt = special_tokenizers
+    ids = hf.encode(CALLS[fmt], add_special_tokens=False)
+    assert set(ids) & set(gt.specials.values()), "the call holds no special token"
+    assert _accepts(special_tokenizers, tool_call_grammar(fmt, [WEATHER, TIME]), CALLS[fmt])
+
+
+def test_special_token_texts_in_json_schemas_are_left_alone():
+    grammar = 'start: "a<|channel|>b" x\nx: %json {"const": "<|channel|>"}\n'
+    assert special_token_refs(grammar, {"<|channel|>": 6}) == \
+        'start: ("a" <[6]> "b") x\nx: %json {"const": "<|channel|>"}\n'
+
+
+@pytest.mark.parametrize("fmt", ["json_tools", "qwen3_coder", "kimi_k2"])
+def test_nested_objects_of_a_tool_get_no_invented_keys(tokenizers, fmt):
+    # Regression: only the arguments object was closed; the 135M model added keys inside
+    # a nested object until max_tokens.
+    extra = CALLS[fmt].replace('"days": 3}', '"days": 3, "note": "x"}')
+    assert extra != CALLS[fmt]
+    assert not _accepts(tokenizers, tool_call_grammar(fmt, [WEATHER]), extra)
+

@@ -1,9 +1,9 @@
 """The model families the end-to-end table runs: each one is the starter's weights behind
 our own chat template of the family (tests/data/families/<name>.jinja, written after the
 family's published format), with unused special tokens of the starter's vocab renamed to
-the family's control tokens, so that the family's markers are single tokens as in the real
-checkpoints (markers written inside a forced call's body stay text: a grammar spells them
-out, and the template must tokenize them the same way for the prompt cache to match).
+the family's control tokens, so that the family's markers are single special tokens as in
+the real checkpoints (a forced call's grammar then writes them as those tokens:
+kit.engine.grammar.special_token_refs).
 
 The starter's end-of-turn token (``<|im_end|>``, its EOS id) is renamed to the family's own
 end-of-turn token, so a generated turn ends the way the template renders it.
@@ -37,7 +37,6 @@ class Family:
         eos / bos: the family's end-of-turn and begin-of-text tokens (the starter's
             ``<|im_end|>`` / ``<|im_start|>`` renamed), None to keep the starter's.
         call_id: the call ids the family's template accepts (a regex).
-        parallel: the family's markup has several calls in one turn.
         thinking: template variables that turn reasoning on (a thinking family).
         keeps_reasoning: the template renders an assistant turn's reasoning back in a tool
             loop (after the last user turn); others drop it.
@@ -50,7 +49,6 @@ class Family:
     eos: str | None = None
     bos: str | None = None
     call_id: str = r".+"
-    parallel: bool = True
     thinking: dict = field(default_factory=dict)
     keeps_reasoning: bool = False
 
@@ -76,24 +74,28 @@ FAMILIES = (
     Family("qwen3", "json_tools", "think",
            ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
             "</tool_response>"), keeps_reasoning=True),
-    Family("qwen3-coder", "qwen3_coder", None, ("<tool_call>",), parallel=True),
+    Family("qwen3-coder", "qwen3_coder", None, ("<tool_call>", "</tool_call>",
+                                                  "<tool_response>", "</tool_response>")),
     Family("glm47", "glm47", "think",
            ("<think>", "</think>", "<|system|>", "<|user|>", "<|assistant|>", "[gMASK]",
-            "<sop>", "<tool_call>"), eos="<|observation|>", keeps_reasoning=True),
+            "<sop>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+            "</arg_value>"), eos="<|observation|>", keeps_reasoning=True),
     Family("mistral", "mistral", "mistral",
            ("[THINK]", "[/THINK]", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
             "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
-            "[/SYSTEM_PROMPT]"), eos="</s>", bos="<s>", call_id=r"[A-Za-z0-9]{9}"),
+            "[/SYSTEM_PROMPT]", "[ARGS]"), eos="</s>", bos="<s>", call_id=r"[A-Za-z0-9]{9}"),
     Family("kimi_k2", "kimi_k2", "think",
            ("<think>", "</think>", "<|im_system|>", "<|im_user|>", "<|im_assistant|>",
-            "<|im_middle|>", "<|tool_calls_section_begin|>"),
+            "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
            call_id=r"functions\.[\w.-]+:\d+", keeps_reasoning=True),
     Family("gemma4", "gemma4", "gemma",
            ("<|channel>", "<channel|>", "<|think|>", "<|tool>", "<tool|>", "<|tool_call>",
-            "<|tool_response>", "<tool_response|>"), eos="<turn|>", bos="<|turn>",
-           thinking={"enable_thinking": True}),
+            "<|tool_response>", "<tool_response|>", "<tool_call|>", '<|"|>'),
+           eos="<turn|>", bos="<|turn>", thinking={"enable_thinking": True}),
     Family("deepseek", "deepseek", "think",
            ("<think>", "</think>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
             "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
            eos="<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>"),
     Family("gpt-oss", "harmony", "harmony",
@@ -101,7 +103,7 @@ FAMILIES = (
             "<|call|>"), eos="<|return|>", keeps_reasoning=True),
     Family("llama3_json", "llama3_json", None,
            ("<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>", "<|eom_id|>"),
-           eos="<|eot_id|>", bos="<|begin_of_text|>", parallel=False),
+           eos="<|eot_id|>", bos="<|begin_of_text|>"),
 )
 BY_NAME = {f.name: f for f in FAMILIES}
 
