@@ -51,12 +51,12 @@ def render(record: dict) -> str:
     for name, f in sorted(record["families"].items()):
         cases = f.get("cases", {})
         if f.get("tool_format"):
-            verified = [NAMES[p] for p, want in CASES.items()
-                        if set(want) <= set(cases.get(p, ()))]
-            missing = [NAMES[p] for p in CASES if NAMES[p] not in verified]
-            protocols = ", ".join(verified) or "none"
-            if missing:
-                protocols += f" (not: {', '.join(missing)})"
+            cells = []
+            for p, want in CASES.items():
+                missing = [c for c in want if c not in cases.get(p, ())]
+                cells.append(NAMES[p] if not missing
+                             else f"{NAMES[p]} except {'; '.join(missing)}")
+            protocols = ", ".join(cells)
         else:
             ok = "no parser: forced call 400" in cases.get("models", ())
             protocols = "tools=false" + ("; a forced call is a 400 naming tool_choice"

@@ -79,21 +79,20 @@ def _raw_string(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "string"
 
 
-#: The text of a bare string value in the key-value formats: no ``<`` (the next markup)
-#: and no newline (a 135M model given newlines writes them until max_tokens); a forced
-#: call's strings are one line.
-_BARE_TEXT = "/[^<\\n]+/"
-
-
 def _bare_string(schema: dict, quote: str = "") -> str:
     """A string value written without JSON quoting (between ``quote`` delimiters, if any):
     one of its ``enum`` / ``const`` strings when it lists them, else text without ``<``
-    (one line when not delimited)."""
+    (the next markup) within ``minLength`` / ``maxLength``, one line when not delimited
+    (a 135M model given newlines writes them until max_tokens)."""
     choices = schema.get("enum") if isinstance(schema.get("enum"), list) else (
         [schema["const"]] if "const" in schema else None)
     if choices and all(isinstance(c, str) for c in choices):
         return "(" + " | ".join(_lark_str(quote + c + quote) for c in choices) + ")"
-    text = _BARE_TEXT if not quote else "/[^<]*/"
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    low = low if isinstance(low, int) and low >= 0 else (0 if quote else 1)
+    span = f"{{{low},{high}}}" if isinstance(high, int) and high >= low else (
+        "+" if low == 1 else "*" if low == 0 else f"{{{low},}}")
+    text = f"/[^<{'' if quote else chr(92) + 'n'}]{span}/"
     return f"{_lark_str(quote)} {text} {_lark_str(quote)}" if quote else text
 
 

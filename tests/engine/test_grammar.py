@@ -210,3 +210,18 @@ def test_nested_objects_of_a_tool_get_no_invented_keys(tokenizers, fmt):
     assert extra != CALLS[fmt]
     assert not _accepts(tokenizers, tool_call_grammar(fmt, [WEATHER]), extra)
 
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm47", "gemma4"])
+def test_a_bare_string_keeps_within_max_length(tokenizers, fmt):
+    # a small model otherwise writes a free string until max_tokens
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string", "maxLength": 6}}}}}
+    grammar = tool_call_grammar(fmt, [tool])
+    call = {"qwen3_coder": "\n<function=get_weather>\n<parameter=city>\n{}\n</parameter>\n"
+                           "</function>\n</tool_call>",
+            "glm47": "get_weather<arg_key>city</arg_key><arg_value>{}</arg_value></tool_call>",
+            "gemma4": 'call:get_weather{{city:<|"|>{}<|"|>}}<tool_call|>'}[fmt]
+    assert _accepts(tokenizers, grammar, call.format("Zürich"))
+    assert not _accepts(tokenizers, grammar, call.format("Zürich!"))

@@ -32,8 +32,9 @@ from tests.helpers import anthropic_for, openai_for, start_server, stop
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        # bounded: behind a key-value format's bare string the 135M model may not stop
+        "city": {"type": "string", "maxLength": 24}}}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Get the current time in a timezone",
     "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
