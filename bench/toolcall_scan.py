@@ -2,7 +2,7 @@
 with an N-character argument, fed to the engine's parser (``OutputParser.for_format`` on
 each family's format) in 4-character pieces, as a detokenizer hands them over. The call's
 end is looked for after every piece, so a scan that starts over each time grows with N²;
-a resuming one (kit/formats/json_tools.py ``JsonMarkerEnd``) with N. Model-free.
+a resuming one (kit/formats/base.py ``JsonMarkerEnd``, ``ScanMarks``) with N. Model-free.
 
     PYTHONPATH=. python bench/toolcall_scan.py [--sizes 4000,16000,64000]
 """

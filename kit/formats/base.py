@@ -2,11 +2,14 @@
 
 A format says where reasoning is (think markers), where a tool call starts, where it ends
 (a scanner over the call's text, so an end marker *inside* an argument string does not cut
-the call short) and how the call's text becomes ``{"name", "arguments"}`` records.
+the call short) and how the call's text becomes ``{"name", "arguments"}`` records. Here
+too: the call-end scanners more than one family uses (:func:`marker_end`,
+:class:`JsonMarkerEnd`, and the pieces of the structure scans).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,32 +38,148 @@ def marker_end(end: str) -> CallEnd | None:
     return call_end
 
 
-def json_marker_end(end: str) -> CallEnd | None:
-    """The call ends at the first ``end`` marker outside a JSON string (JSON bodies: an
-    argument value that quotes the marker, e.g. code that mentions ``</tool_call>``, stays
-    inside the call). Written here: a string-aware scan is all it takes, no library does
-    this one job."""
-    if not end:
+#: what matters inside a JSON string: its end, an escape
+_INSIDE = re.compile(r'["\\]')
+
+
+class JsonMarkerEnd:
+    """A :data:`CallEnd`: the call ends at the first of the end markers outside a JSON
+    string (JSON bodies: an argument value that quotes the marker, e.g. code that mentions
+    ``</tool_call>``, stays inside the call); ``(marker index, index past it)``.
+
+    It resumes: fed the growing text of a call, as the engine does token by token, it goes
+    on from where it stopped, so a long call costs linear time, not quadratic (a
+    64,000-character argument: 22 s of scanning when each text is scanned from its start,
+    see bench/toolcall_scan.py). A text that does not extend the last one starts over, so
+    one instance serves one parser's calls in turn, and a fresh instance per text is the
+    plain scan (the tests compare both on every prefix). Written here: no library scans for
+    a marker outside JSON strings, and regex jumps keep the Python loop to quotes and
+    marker candidates.
+
+    Args:
+        end, more: the end markers (non-empty strings); where two could start at one
+            index, the first listed wins.
+    """
+
+    def __init__(self, end: str, *more: str) -> None:
+        ends = self.ends = (end, *more)
+        firsts = "".join(sorted({e[0] for e in ends}))
+        self._outside = re.compile('"|[' + re.escape(firsts) + "]")
+        self._text, self._i, self._in_str = "", 0, False
+
+    def __call__(self, text: str) -> tuple[int, int] | None:
+        if not text.startswith(self._text):
+            self._i, self._in_str = 0, False
+        self._text = text
+        i, in_str, n, ends = self._i, self._in_str, len(text), self.ends
+        while True:
+            m = (_INSIDE if in_str else self._outside).search(text, i)
+            if m is None:
+                i = n
+                break
+            j = m.start()
+            if in_str and text[j] == "\\":
+                if j + 1 >= n:  # the escaped character has not arrived
+                    i = j
+                    break
+                i = j + 2
+            elif text[j] == '"':
+                i, in_str = j + 1, not in_str
+            elif (hit := next((e for e in ends if text.startswith(e, j)), None)) is not None:
+                self._i, self._in_str = j, False
+                return j, j + len(hit)
+            elif any(e.startswith(text[j:]) for e in ends):  # maybe a marker, not all here
+                i = j
+                break
+            else:
+                i = j + 1
+        self._i, self._in_str = i, in_str
         return None
 
-    def call_end(text: str) -> tuple[int, int] | None:
-        i, in_str, n = 0, False, len(text)
-        while i < n:
-            c = text[i]
-            if in_str:
-                if c == "\\":
-                    i += 2
-                    continue
-                if c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif text.startswith(end, i):
-                return i, i + len(end)
-            i += 1
-        return None
 
-    return call_end
+# -- pieces of the structure scans (qwen3_coder, glm47, kimi_k3) -----------------------------
+# Written here: those markups (raw-text values between tags) are no XML or JSON a library
+# reads, and a scan must answer on every prefix while the call streams in.
+
+class More(Exception):
+    """A structure scan: the text ends before the structure decides (streaming: ask again
+    when more text has come)."""
+
+
+class Broken(Exception):
+    """A structure scan: the text is not the format's structure from ``pos`` on (an index
+    into the scanned text)."""
+
+    def __init__(self, pos: int) -> None:
+        super().__init__(pos)
+        self.pos = pos
+
+
+def skip_ws(text: str, i: int) -> int:
+    """The index of the first non-whitespace character (``str.isspace``) of ``text`` at or
+    after ``i``; ``len(text)`` when there is none."""
+    n = len(text)
+    while i < n and text[i].isspace():
+        i += 1
+    return i
+
+
+def is_cut(text: str, i: int, tokens: tuple[str, ...]) -> bool:
+    """``text`` ends at ``i``, or inside one of ``tokens`` starting at ``i`` (a proper
+    prefix of it): the next text decides."""
+    rest = text[i:]
+    return not rest or any(len(rest) < len(t) and t.startswith(rest) for t in tokens)
+
+
+def structure_end(scan: Callable[[], tuple[int, int]], text: str, end: str
+                  ) -> tuple[int, int] | None:
+    """A structure scan's answer as a :data:`CallEnd` answer for ``text``: what ``scan()``
+    returns, (body end, resume); None while it raises :class:`More`; where it raises
+    :class:`Broken` (the text stopped being the structure), the first ``end`` marker from
+    that position on, as a plain marker scan would find it (None while there is none)."""
+    try:
+        return scan()
+    except More:
+        return None
+    except Broken as e:
+        i = text.find(end, e.pos)
+        return None if i < 0 else (i, i + len(end))
+
+
+class ScanMarks:
+    """Where a structure scan of a call's growing text may resume inside each open value:
+    value start -> how far its end has been looked for (both indexes into the call's text).
+    Valid while each text extends the last (the structure before a value is then the same);
+    a text that does not starts over. One per parser, so a long value costs linear time,
+    not quadratic (bench/toolcall_scan.py)."""
+
+    def __init__(self) -> None:
+        self._text, self._marks = "", {}
+
+    def __call__(self, text: str) -> dict[int, int]:
+        """The marks valid for ``text`` (the scan reads and updates them)."""
+        if not text.startswith(self._text):
+            self._marks = {}
+        self._text = text
+        return self._marks
+
+
+def schema_types(schema: dict) -> list[str]:
+    """The JSON types a tool argument's schema allows (``type`` as a string or a list, and
+    the members of ``anyOf``/``oneOf``), lower-cased, e.g. ``["integer", "null"]``; [] when
+    it names none. For the families whose values are raw text (qwen3_coder, glm47): the
+    schema decides whether the text is a string or JSON."""
+    t = schema.get("type")
+    if isinstance(t, str):
+        return [t.strip().lower()]
+    if isinstance(t, list):
+        return [str(x).strip().lower() for x in t]
+    out: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        for member in schema.get(key) or ():
+            if isinstance(member, dict):
+                out += [x for x in schema_types(member) if x not in out]
+    return out
 
 
 #: The reasoning efforts a request may ask for, lowest first: OpenAI's (``none`` to

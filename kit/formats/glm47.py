@@ -32,7 +32,7 @@ from mlx_lm.tool_parsers.glm47 import _deserialize, tool_call_end, tool_call_sta
 from mlx_lm.tool_parsers.glm47 import parse_tool_call as _mlx_parse
 
 from kit.engine.separators import SeparatorParser
-from kit.formats.qwen3_coder import ScanMarks, _types
+from kit.formats.base import Broken, More, ScanMarks, schema_types, structure_end
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -46,30 +46,20 @@ _VALUE_END = regex.compile(r"</arg_value>|</tool_call>|<arg_key>")
 _NEXT_ARG = regex.compile(r"<arg_key>[^<]*</arg_key>(?:\s|\\n)*<arg_value>")
 
 
-class _More(Exception):
-    """The text ends before the structure decides (streaming: ask again later)."""
-
-
-class _Broken(Exception):
-    def __init__(self, pos: int) -> None:
-        super().__init__(pos)
-        self.pos = pos
-
-
 class _Scan:
     """One pass over a call's text (after ``<tool_call>``). ``final``: the text is
-    complete, so its end closes what is open; else an open structure raises _More."""
+    complete, so its end closes what is open; else an open structure raises More."""
 
     def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
-        self.marks = {} if marks is None else marks  # see qwen3_coder.ScanMarks
+        self.marks = {} if marks is None else marks  # see base.ScanMarks
         self.name: str | None = None
         self.args: list[tuple[str, str]] = []
         self.structured = False  # the body has <arg_key> markup
 
     def _more(self) -> int:
         if not self.final:
-            raise _More
+            raise More
         return len(self.text)
 
     def _gap(self, i: int) -> int:
@@ -103,7 +93,7 @@ class _Scan:
                 n = self._more()
                 return n, n
             else:
-                raise _Broken(i)
+                raise Broken(i)
 
     def _argument(self, i: int) -> tuple[int, bool]:
         """Reads ``KEY</arg_key><arg_value>VALUE[</arg_value>]`` from ``i``; (where the
@@ -112,13 +102,13 @@ class _Scan:
         e = t.find(_END_KEY, i)
         if e < 0:
             self._more()
-            raise _Broken(i)  # the output ended inside a key
+            raise Broken(i)  # the output ended inside a key
         key = t[i:e].strip()
         j = self._gap(e + len(_END_KEY))
         if not t.startswith(_VALUE, j):
             if len(t) - j < len(_VALUE) and _VALUE.startswith(t[j:]):
                 self._more()
-            raise _Broken(j)
+            raise Broken(j)
         start = j + len(_VALUE)
         k = max(start, self.marks.get(start, start))
         while True:
@@ -154,14 +144,8 @@ class _Scan:
 
 def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     """Where a ``<tool_call>``'s body ends (see :data:`kit.formats.base.CallEnd`);
-    ``marks``: see :class:`~kit.formats.qwen3_coder.ScanMarks`."""
-    try:
-        return _Scan(text, final=False, marks=marks).call()
-    except _More:
-        return None
-    except _Broken as e:
-        i = text.find(tool_call_end, e.pos)
-        return None if i < 0 else (i, i + len(tool_call_end))
+    ``marks``: see :class:`~kit.formats.base.ScanMarks`."""
+    return structure_end(_Scan(text, final=False, marks=marks).call, text, tool_call_end)
 
 
 def _string_keys(name: str, tools: Any) -> set[str]:
@@ -170,7 +154,8 @@ def _string_keys(name: str, tools: Any) -> set[str]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if isinstance(fn, dict) and fn.get("name") == name:
             props = (fn.get("parameters") or {}).get("properties") or {}
-            return {k for k, s in props.items() if isinstance(s, dict) and "string" in _types(s)}
+            return {k for k, s in props.items()
+                    if isinstance(s, dict) and "string" in schema_types(s)}
     return set()
 
 
@@ -185,7 +170,7 @@ def parse_tool_call(text: str, tools: Any = None) -> dict:
     scan = _Scan(text, final=True)
     try:
         scan.call()
-    except _Broken as e:
+    except Broken as e:
         raise ValueError(f"malformed GLM tool call at {e.pos}") from None
     if not scan.structured:
         return _mlx_parse(text, tools)
@@ -202,7 +187,7 @@ def parse_tool_call(text: str, tools: Any = None) -> dict:
 
 class GlmParser(SeparatorParser):
     """:class:`~kit.engine.separators.SeparatorParser` whose call-end scans resume inside
-    an open value (:class:`~kit.formats.qwen3_coder.ScanMarks`: linear time over a long
+    an open value (:class:`~kit.formats.base.ScanMarks`: linear time over a long
     value)."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -13,9 +13,8 @@ mlx-lm's ``kimi_k2`` parser is reused for one call's header and arguments
 ``<|tool_call_end|>`` *outside the JSON arguments' strings*, and the section's end likewise:
 mlx-lm split the calls at the first ``<|tool_call_end|>``, so an argument that quotes the
 marker (``"stop at <|tool_call_end|> please"``) was cut into invalid JSON, returned as a
-string. The JSON-string-aware scan is json_tools'
-:class:`~kit.formats.json_tools.JsonMarkerEnd`. Also: ``parse_partial`` keeps the complete
-calls of a section cut by ``max_tokens``.
+string. The JSON-string-aware scan is :class:`~kit.formats.base.JsonMarkerEnd`. Also:
+``parse_partial`` keeps the complete calls of a section cut by ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from mlx_lm.tool_parsers.kimi_k2 import _parse_single_tool, tool_call_end, tool_
 from mlx_lm.tool_parsers.kimi_k2 import parse_tool_call as _mlx_parse
 
 from kit.engine.output import OutputParser
-from kit.formats.json_tools import JsonMarkerEnd
+from kit.formats.base import JsonMarkerEnd
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -83,7 +82,7 @@ def parse_partial(text: str, tools: Any = None) -> list[dict]:
 
 
 class KimiK2Parser(OutputParser):
-    """The engine's parser with one resuming :class:`~kit.formats.json_tools.JsonMarkerEnd`
+    """The engine's parser with one resuming :class:`~kit.formats.base.JsonMarkerEnd`
     for section ends (linear time over a long section)."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 from mlx_lm.tool_parsers.kimi_k3 import _decode_value, _parse_attrs, tool_call_end, tool_call_start
 
 from kit.engine.output import OutputParser
-from kit.formats.qwen3_coder import ScanMarks
+from kit.formats.base import Broken, More, ScanMarks, is_cut, skip_ws, structure_end
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -47,16 +47,6 @@ _OPEN_JSON, _CLOSE_JSON = "<|open|>json", "<|close|>json<|sep|>"
 _STRUCT = (_OPEN_ARG, _OPEN_JSON, _CLOSE_CALL, _OPEN_CALL, tool_call_end)
 
 
-class _More(Exception):
-    """The text ends before the structure decides (streaming: ask again later)."""
-
-
-class _Broken(Exception):
-    def __init__(self, pos: int) -> None:
-        super().__init__(pos)
-        self.pos = pos
-
-
 @dataclass
 class _Call:
     attrs: str
@@ -65,45 +55,34 @@ class _Call:
     closed: bool = False
 
 
-def _ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
-
-def _cut(text: str, i: int, tokens: tuple[str, ...]) -> bool:
-    rest = text[i:]
-    return not rest or any(len(rest) < len(t) and t.startswith(rest) for t in tokens)
-
-
 class _Scan:
     """One pass over a tools section's text. ``final``: the text is complete, so its end
-    closes what is open; else an open structure raises :class:`_More`."""
+    closes what is open; else an open structure raises :class:`More`."""
 
     def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
-        self.marks = {} if marks is None else marks  # see qwen3_coder.ScanMarks
+        self.marks = {} if marks is None else marks  # see base.ScanMarks
         self.calls: list[_Call] = []
 
     def _more(self) -> int:
         if not self.final:
-            raise _More
+            raise More
         return len(self.text)
 
     def section(self) -> tuple[int, int]:
         t = self.text
-        i = _ws(t, 0)
+        i = skip_ws(t, 0)
         while True:
             if t.startswith(_OPEN_CALL, i):
                 i = self._call(i + len(_OPEN_CALL))
-                i = _ws(t, i)
+                i = skip_ws(t, i)
             elif t.startswith(tool_call_end, i):
                 return i, i + len(tool_call_end)
-            elif _cut(t, i, (_OPEN_CALL, tool_call_end)):
+            elif is_cut(t, i, (_OPEN_CALL, tool_call_end)):
                 n = self._more()
                 return n, n
             else:
-                raise _Broken(i)
+                raise Broken(i)
 
     def _attrs(self, i: int) -> tuple[str, int]:
         j = self.text.find(_SEP, i)
@@ -118,7 +97,7 @@ class _Scan:
         call = _Call(attrs)
         self.calls.append(call)
         while True:
-            i = _ws(t, i)
+            i = skip_ws(t, i)
             if t.startswith(_OPEN_ARG, i):
                 a, i = self._attrs(i + len(_OPEN_ARG))
                 value, i = self._value(i, _CLOSE_ARG)
@@ -131,10 +110,10 @@ class _Scan:
                 return i + len(_CLOSE_CALL)
             elif t.startswith(_OPEN_CALL, i) or t.startswith(tool_call_end, i):
                 return i  # no close: what comes next closes it
-            elif _cut(t, i, _STRUCT):
+            elif is_cut(t, i, _STRUCT):
                 return self._more()
             else:
-                raise _Broken(i)
+                raise Broken(i)
 
     def _value(self, start: int, close: str) -> tuple[str, int]:
         t = self.text
@@ -144,8 +123,8 @@ class _Scan:
             if e < 0:
                 self.marks[start] = max(k, len(t) - len(close) + 1)
                 return t[start:self._more()], len(t)
-            j = _ws(t, e + len(close))
-            if _cut(t, j, _STRUCT):
+            j = skip_ws(t, e + len(close))
+            if is_cut(t, j, _STRUCT):
                 self.marks[start] = e
                 self._more()
             elif not any(t.startswith(s, j) for s in _STRUCT):
@@ -156,14 +135,8 @@ class _Scan:
 
 def call_end(text: str, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     """Where a tools section's body ends (see :data:`kit.formats.base.CallEnd`);
-    ``marks``: see :class:`~kit.formats.qwen3_coder.ScanMarks`."""
-    try:
-        return _Scan(text, final=False, marks=marks).section()
-    except _More:
-        return None
-    except _Broken as e:
-        i = text.find(tool_call_end, e.pos)
-        return None if i < 0 else (i, i + len(tool_call_end))
+    ``marks``: see :class:`~kit.formats.base.ScanMarks`."""
+    return structure_end(_Scan(text, final=False, marks=marks).section, text, tool_call_end)
 
 
 def _record(call: _Call) -> dict:
@@ -204,7 +177,7 @@ def parse_tool_call(text: str, tools: Any = None) -> list[dict]:
     try:
         scan.section()
         calls = scan.calls
-    except _Broken:
+    except Broken:
         calls = [c for c in scan.calls if c.closed]
     out = _records(calls)
     if not out:
@@ -218,14 +191,14 @@ def parse_partial(text: str, tools: Any = None) -> list[dict]:
     scan = _Scan(text, final=False)
     try:
         scan.section()
-    except (_More, _Broken):
+    except (More, Broken):
         pass
     return _records([c for c in scan.calls if c.closed])
 
 
 class KimiK3Parser(OutputParser):
     """The engine's parser whose section-end scans resume inside an open value
-    (:class:`~kit.formats.qwen3_coder.ScanMarks`: linear time over a long value)."""
+    (:class:`~kit.formats.base.ScanMarks`: linear time over a long value)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

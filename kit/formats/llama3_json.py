@@ -34,6 +34,7 @@ from typing import Any
 
 from kit.engine.output import OutputParser
 from kit.engine.types import TextDelta
+from kit.formats.base import skip_ws
 
 tool_call_start = "<|python_tag|>"  # Llama 3.1/3.3's marker (forced calls start with it)
 tool_call_end = ""  # no end marker: a call ends where its JSON (or list) does
@@ -41,11 +42,6 @@ tool_call_end = ""  # no end marker: a call ends where its JSON (or list) does
 _OPENERS = ("<|python_tag|>", "<|python_start|>")
 _CLOSER = "<|python_end|>"
 _KEYS = frozenset({"name", "parameters", "arguments", "type"})  # what a call object holds
-
-def _ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
 
 
 def _undecided_prefix(text: str, i: int, marker: str) -> bool:
@@ -58,7 +54,7 @@ def _opener(text: str, i: int) -> int | None:
     while the text there may still become one."""
     for m in _OPENERS:
         if text.startswith(m, i):
-            return _ws(text, i + len(m))
+            return skip_ws(text, i + len(m))
         if _undecided_prefix(text, i, m):
             return None
     return i
@@ -219,7 +215,7 @@ def _json_list(text: str) -> list[dict[str, Any]] | None:
 
 def _after_list(text: str, k: int) -> tuple[int, int] | None:
     """A call list ended at ``k``: where the calls end, consuming a ``<|python_end|>``."""
-    j = _ws(text, k)
+    j = skip_ws(text, k)
     if j == len(text) or _undecided_prefix(text, j, _CLOSER):
         return None
     return (k, j + len(_CLOSER)) if text.startswith(_CLOSER, j) else (k, k)
@@ -254,7 +250,7 @@ def _valid_once(memo: dict, key: tuple, check: Any) -> bool:
 
 
 def _call_end(text: str, memo: dict) -> tuple[int, int] | None:
-    i = _opener(text, _ws(text, 0))
+    i = _opener(text, skip_ws(text, 0))
     if i is None or i == len(text):
         return None
     if text[i] == "{":
@@ -265,9 +261,9 @@ def _call_end(text: str, memo: dict) -> tuple[int, int] | None:
                 return None
             if k == _BAD or not _valid_once(memo, ("v", j), lambda: _record_of(text[j:k])):
                 return (last, last)
-            last, j = k, _ws(text, k)
+            last, j = k, skip_ws(text, k)
             if j < len(text) and text[j] == ";":
-                j = _ws(text, j + 1)
+                j = skip_ws(text, j + 1)
             if j == len(text) or _undecided_prefix(text, j, _CLOSER):
                 return None
             if text.startswith(_CLOSER, j):
@@ -275,7 +271,7 @@ def _call_end(text: str, memo: dict) -> tuple[int, int] | None:
             if text[j] != "{":
                 return (last, last)
     if text[i] == "[":
-        j = _ws(text, i + 1)
+        j = skip_ws(text, i + 1)
         if j == len(text):
             return None
         if text[j] == "{":
@@ -287,7 +283,7 @@ def _call_end(text: str, memo: dict) -> tuple[int, int] | None:
         if text[j].isalpha() or text[j] == "_":
             while j < len(text) and (text[j].isalnum() or text[j] in "_."):
                 j += 1
-            j = _ws(text, j)
+            j = skip_ws(text, j)
             if j == len(text):
                 return None
             if text[j] != "(":
@@ -334,9 +330,9 @@ def _calls(text: str, *, partial: bool) -> list[dict[str, Any]]:
                 return calls
             raise ValueError("a JSON object that is no call")
         calls.append(record)
-        i = _ws(body, i)
+        i = skip_ws(body, i)
         if body.startswith(";", i):
-            i = _ws(body, i + 1)
+            i = skip_ws(body, i + 1)
     if not calls and not partial:
         raise ValueError("no call")
     return calls

@@ -54,6 +54,7 @@ from mlx_lm.tool_parsers.qwen3_coder import (
 
 from kit.engine.separators import SeparatorParser
 from kit.engine.types import TextDelta
+from kit.formats.base import Broken, More, ScanMarks, is_cut, schema_types, skip_ws
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -67,53 +68,11 @@ _VALUE_END = re.compile(r"</parameter>|</function>|</tool_call>|\n<parameter=")
 _NAME = re.compile(r"[ \t]*([^\s<>]+)")
 
 
-class _More(Exception):
-    """The text ends before the structure decides (streaming: ask again later)."""
-
-
-class _Broken(Exception):
-    """The text is not this structure from ``pos`` on."""
-
-    def __init__(self, pos: int) -> None:
-        super().__init__(pos)
-        self.pos = pos
-
-
 @dataclass
 class _Function:
     name: str
     params: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False  # its </function> was seen
-
-
-def _ws(text: str, i: int) -> int:
-    n = len(text)
-    while i < n and text[i].isspace():
-        i += 1
-    return i
-
-
-def _cut(text: str, i: int, tokens: tuple[str, ...]) -> bool:
-    """``text`` ends at ``i`` or inside one of ``tokens`` starting at ``i``."""
-    rest = text[i:]
-    return not rest or any(len(rest) < len(t) and t.startswith(rest) for t in tokens)
-
-
-class ScanMarks:
-    """Where a scan of a call's growing text may resume inside each open value: value start
-    -> how far its end has been looked for. Valid while each text extends the last (the
-    structure before a value is then the same); a text that does not starts over. One per
-    parser, so a long value costs linear time, not quadratic (bench/toolcall_scan.py)."""
-
-    def __init__(self) -> None:
-        self._text, self._marks = "", {}
-
-    def __call__(self, text: str) -> dict[int, int]:
-        """The marks valid for ``text``."""
-        if not text.startswith(self._text):
-            self._marks = {}
-        self._text = text
-        return self._marks
 
 
 #: a cut value-end candidate starts at most this far before the end of the text
@@ -123,7 +82,7 @@ _LONGEST_END = max(len("\n" + _PARAM), len(_END_PARAM), len(_END_FUNC), len(tool
 class _Scan:
     """One pass over a call's text (after ``<tool_call>``, or from ``<function=`` for a
     bare block). ``final``: the text is complete (EOS), so its end ends whatever is open;
-    else an open structure raises :class:`_More`. ``marks``: see :class:`ScanMarks`."""
+    else an open structure raises :class:`More`. ``marks``: see :class:`ScanMarks`."""
 
     def __init__(self, text: str, final: bool, marks: dict[int, int] | None = None) -> None:
         self.text, self.final = text, final
@@ -132,32 +91,32 @@ class _Scan:
 
     def _end_of_text(self) -> int:
         if not self.final:
-            raise _More
+            raise More
         return len(self.text)
 
     def call(self) -> tuple[int, int]:
         """(body end, resume) of the call."""
         t = self.text
-        i = _ws(t, 0)
+        i = skip_ws(t, 0)
         while True:
             if t.startswith(_FUNC, i):
                 i = self._function(i + len(_FUNC))
-                j = _ws(t, i)
+                j = skip_ws(t, i)
                 if t.startswith(tool_call_end, j):
                     return j, j + len(tool_call_end)
                 if t.startswith(_FUNC, j):
                     i = j
                     continue
-                if _cut(t, j, (tool_call_end, _FUNC)):
+                if is_cut(t, j, (tool_call_end, _FUNC)):
                     n = self._end_of_text()
                     return n, n
                 return i, i  # no </tool_call>: the call ends with its function
             if t.startswith(tool_call_end, i):
                 return i, i + len(tool_call_end)
-            if _cut(t, i, (_FUNC, tool_call_end)):
+            if is_cut(t, i, (_FUNC, tool_call_end)):
                 n = self._end_of_text()
                 return n, n
-            raise _Broken(i)
+            raise Broken(i)
 
     def _name(self, i: int) -> tuple[str, int]:
         t = self.text
@@ -165,7 +124,7 @@ class _Scan:
         if m is None:
             if not t[i:].strip(" \t"):
                 self._end_of_text()  # the name may still come
-            raise _Broken(i)
+            raise Broken(i)
         if m.end() == len(t):
             self._end_of_text()  # the name may go on
         i = m.end()
@@ -177,7 +136,7 @@ class _Scan:
         fn = _Function(name)
         self.functions.append(fn)
         while True:
-            i = _ws(t, i)
+            i = skip_ws(t, i)
             if t.startswith(_PARAM, i):
                 i = self._parameter(i + len(_PARAM), fn)
             elif t.startswith(_END_FUNC, i):
@@ -185,10 +144,10 @@ class _Scan:
                 return i + len(_END_FUNC)
             elif any(t.startswith(s, i) for s in (tool_call_end, _FUNC, tool_call_start)):
                 return i  # no </function>: what comes next closes it
-            elif _cut(t, i, _STRUCT):
+            elif is_cut(t, i, _STRUCT):
                 return self._end_of_text()
             else:
-                raise _Broken(i)
+                raise Broken(i)
 
     def _parameter(self, i: int, fn: _Function) -> int:
         t = self.text
@@ -203,8 +162,8 @@ class _Scan:
             if m.group() == "\n" + _PARAM:
                 fn.params.append((key, t[start:m.start()]))
                 return m.start()
-            j = _ws(t, m.end())
-            if _cut(t, j, _STRUCT):
+            j = skip_ws(t, m.end())
+            if is_cut(t, j, _STRUCT):
                 self.marks[start] = m.start()
                 self._end_of_text()
             elif not any(t.startswith(s, j) for s in _STRUCT):
@@ -217,9 +176,9 @@ class _Scan:
 def _end(text: str, bare: bool, marks: dict[int, int] | None = None) -> tuple[int, int] | None:
     try:
         return _Scan(text, final=False, marks=marks).call()
-    except _More:
+    except More:
         return None
-    except _Broken as e:
+    except Broken as e:
         if bare:  # not a call after all: it ends where it stops being one (text)
             return e.pos, e.pos
         i = text.find(tool_call_end, e.pos)
@@ -231,27 +190,11 @@ def call_end(text: str) -> tuple[int, int] | None:
     return _end(text, bare=False)
 
 
-def _types(schema: dict) -> list[str]:
-    """The JSON types a property schema allows (``type`` as a string or a list, and the
-    members of ``anyOf``/``oneOf``), lower-cased; [] when it names none."""
-    t = schema.get("type")
-    if isinstance(t, str):
-        return [t.strip().lower()]
-    if isinstance(t, list):
-        return [str(x).strip().lower() for x in t]
-    out: list[str] = []
-    for key in ("anyOf", "oneOf"):
-        for member in schema.get(key) or ():
-            if isinstance(member, dict):
-                out += [x for x in _types(member) if x not in out]
-    return out
-
-
 def _convert(value: str, key: str, config: dict) -> Any:
     schema = config.get(key)
     if value.lower() == "null" or not isinstance(schema, dict):
         return _convert_param_value(value, key, config)
-    types = [x for x in _types(schema) if x != "null"]
+    types = [x for x in schema_types(schema) if x != "null"]
     if not types:
         return _convert_param_value(value, key, config)
     if any(x in _string_types for x in types):
@@ -291,7 +234,7 @@ def _parse(text: str, tools: Any, closed_only: bool) -> Any:
         functions = scan.functions
         if closed_only:
             functions = [f for f in functions if f.closed]
-    except _Broken:
+    except Broken:
         functions = [f for f in scan.functions if f.closed]
     return _calls(functions, tools)
 
@@ -313,7 +256,7 @@ def parse_partial(text: str, tools: Any = None) -> list:
     scan = _Scan(text, final=False)
     try:
         scan.call()
-    except (_More, _Broken):
+    except (More, Broken):
         pass
     done = [f for f in scan.functions if f.closed]
     if done and scan.functions[-1] is done[-1]:

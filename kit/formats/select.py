@@ -28,9 +28,11 @@ _HERE = Path(__file__).parent
 def ours(name: str) -> bool:
     """Whether the tool format ``name`` has our own module, ``kit/formats/<name>.py`` (a
     family mlx-lm has no parser for, or one whose mlx-lm parser ours corrects); it follows
-    the contract of an ``mlx_lm.tool_parsers`` module (see :func:`load_format`)."""
-    return name.isidentifier() and name not in ("base", "select") and \
-        (_HERE / f"{name}.py").is_file()
+    the contract of an ``mlx_lm.tool_parsers`` module (see :func:`load_format`). A module
+    whose name starts with ``_`` is private (pieces families share, or a family's parts
+    behind its entry module), never a format; nor are ``base`` and ``select``."""
+    return name.isidentifier() and not name.startswith("_") and \
+        name not in ("base", "select") and (_HERE / f"{name}.py").is_file()
 
 
 def known(name: str | None) -> bool:

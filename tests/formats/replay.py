@@ -117,3 +117,26 @@ def assert_resumes_as_pure(resuming, pure, texts: list[str]) -> None:
     for text in texts:
         for i in range(len(text) + 1):
             assert resuming(text[:i]) == pure(text[:i]), (text[:i],)
+
+
+def reference_json_end(text: str, ends: tuple[str, ...]) -> tuple[int, int] | None:
+    """The test oracle for :class:`kit.formats.base.JsonMarkerEnd`: a plain character loop
+    (no regex, no resuming) for the first of ``ends`` outside a JSON string, as
+    ``(index, index past it)``; None when there is none yet."""
+    i, in_str, n = 0, False, len(text)
+    while i < n:
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        else:
+            for end in ends:
+                if text.startswith(end, i):
+                    return i, i + len(end)
+        i += 1
+    return None

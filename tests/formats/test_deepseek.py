@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kit.engine.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats import deepseek
+from kit.formats._deepseek_markup import BlockEnd
 from kit.formats.select import detect, for_tokenizer
 from tests.conformance.adapter import CheckpointFiles
 
@@ -187,7 +188,7 @@ def test_call_end_is_prefix_stable_and_its_resuming_scan_agrees_on_every_prefix(
         body = raw[raw.index(opener) + len(opener):]
         final = deepseek.call_end(body)
         assert final is not None
-        resuming = deepseek._BlockEnd()  # what the parser feeds token by token
+        resuming = BlockEnd()  # what the parser feeds token by token
         for n in range(len(body) + 1):
             got = deepseek.call_end(body[:n])
             assert got is None or got == final, (raw, n)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import glm47
+from kit.formats.base import ScanMarks
 from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
                                  family_format, parse)
 
@@ -100,7 +101,7 @@ def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
 
 
 def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
-    marks = glm47.ScanMarks()
+    marks = ScanMarks()
     texts = call_texts("glm", "<tool_call>") + [
         call("write_file", content="a </tool_call> b <arg_key>x</arg_key> c " * 20)[11:]]
     assert_resumes_as_pure(lambda t: glm47.call_end(t, marks(t)), glm47.call_end, texts)

@@ -9,8 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kit.formats import json_tools
-from kit.formats.base import json_marker_end
-from tests.formats.replay import assert_prefix_stable, family_format, parse
+from kit.formats.base import JsonMarkerEnd
+from tests.formats.replay import (
+    assert_prefix_stable,
+    family_format,
+    parse,
+    reference_json_end,
+)
 
 FMT = family_format("qwen3-hermes")
 THINK_PROMPT = "<|im_start|>assistant\n"
@@ -119,18 +124,19 @@ PIECES = st.sampled_from(['"', "\\", "<", "</tool_call>", "</tool_", "a", " ", "
 
 @given(st.lists(PIECES, max_size=40))
 @settings(max_examples=300, deadline=None)
-def test_the_resuming_scan_answers_as_json_marker_end_on_every_prefix(pieces):
-    text, ref = "".join(pieces), json_marker_end("</tool_call>")
-    resuming = json_tools.JsonMarkerEnd("</tool_call>")
+def test_the_resuming_scan_answers_as_the_plain_scan_on_every_prefix(pieces):
+    text = "".join(pieces)
+    resuming = JsonMarkerEnd("</tool_call>")
     for i in range(len(text) + 1):  # the growing text of one call, as the engine feeds it
-        assert resuming(text[:i]) == ref(text[:i]) == json_tools.call_end(text[:i])
+        ref = reference_json_end(text[:i], ("</tool_call>",))
+        assert resuming(text[:i]) == ref == json_tools.call_end(text[:i])
 
 
 def test_one_resuming_scan_serves_calls_in_turn():
-    scan, ref = json_tools.JsonMarkerEnd("</tool_call>"), json_marker_end("</tool_call>")
+    scan = JsonMarkerEnd("</tool_call>")
     for text in ['{"a": "</tool_call>"}</tool_call>', '{"b": 1}</tool_call>', '{"a": "x"']:
         for i in range(len(text) + 1):
-            assert scan(text[:i]) == ref(text[:i])
+            assert scan(text[:i]) == reference_json_end(text[:i], ("</tool_call>",))
 
 
 def test_a_stop_string_ends_the_answer_and_keeps_the_whitespace_before_it():

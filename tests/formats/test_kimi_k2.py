@@ -78,6 +78,6 @@ def test_long_arguments_stream_through_the_resuming_section_scan():
 
 
 def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
-    from kit.formats.json_tools import JsonMarkerEnd
+    from kit.formats.base import JsonMarkerEnd
 
     assert_resumes_as_pure(JsonMarkerEnd(END), kimi_k2.call_end, call_texts("kimi", BEGIN))

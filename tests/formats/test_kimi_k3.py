@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import kimi_k3
+from kit.formats.base import ScanMarks
 from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
                                  family_format, parse)
 
@@ -83,7 +84,7 @@ def test_the_section_end_answers_the_same_on_every_longer_prefix(text):
 
 
 def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
-    marks = kimi_k3.ScanMarks()
+    marks = ScanMarks()
     texts = call_texts("kimi", TOOLS_OPEN) + [
         call("write_file", 1, arg("content", "a <|close|>argument<|sep|> b " * 20)) + TOOLS_CLOSE]
     assert_resumes_as_pure(lambda t: kimi_k3.call_end(t, marks(t)), kimi_k3.call_end, texts)

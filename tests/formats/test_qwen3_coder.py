@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kit.formats import qwen3_coder
+from kit.formats.base import ScanMarks
 from tests.formats.replay import (assert_prefix_stable, assert_resumes_as_pure, call_texts,
                                  family_format, parse)
 
@@ -145,7 +146,7 @@ def test_the_call_end_answers_the_same_on_every_longer_prefix(text):
 
 
 def test_the_resuming_call_end_answers_as_the_pure_one_on_every_prefix():
-    marks = qwen3_coder.ScanMarks()
+    marks = ScanMarks()
     texts = call_texts("qwen3-xml", "<tool_call>") + [
         "\n" + fn("write_file", content="x </parameter> y\n" * 30) + "\n</tool_call>",
         "\n<function=f>\n<parameter=a>\nv\n</parameter> \n</tool_call>"]

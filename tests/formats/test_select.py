@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.formats import select
 from kit.formats.select import MLX_LM_PARSERS, detect, for_tokenizer, known, load_format
 
 #: per mlx-lm parser: (an excerpt of a chat template that uses it, its special tokens);
@@ -85,6 +86,20 @@ def test_a_configured_parser_wins_over_the_template_and_an_unknown_one_is_ignore
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tool_parser_type": "nope"}))
     assert for_tokenizer(Files(template, vocab), tmp_path).tool_format == "json_tools"
     assert not known("nope") and not known("select") and not known("../base")
+
+
+def test_a_private_module_of_kit_formats_is_no_tool_format(tmp_path):
+    # kit/formats/_*.py hold pieces families share (and __init__.py is the package): a
+    # tool_parser_type or a rule naming one must not load it as a parser module
+    private = sorted(p.stem for p in Path(select.__file__).parent.glob("_*.py"))
+    assert "__init__" in private and len(private) > 1, private
+    for name in private:
+        assert not known(name), name
+    template, vocab = TEMPLATES["json_tools"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tool_parser_type": private[-1]}))
+    assert for_tokenizer(Files(template, vocab), tmp_path).tool_format == "json_tools"
+    with pytest.raises(ValueError):
+        load_format(select.Detected("__init__", None))
 
 
 @pytest.mark.parametrize("vocab,expected", [
