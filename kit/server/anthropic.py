@@ -250,14 +250,16 @@ def _stop_reason(fin: Finished | None) -> str:
 
 def engine_call_id(tool_use_id: str) -> str:
     """A ``tool_use`` id in history as the chat template gets it: without the ``toolu_``
-    that :func:`tool_use_block` put before the engine's id, so ids the family's template
-    checks (Mistral's 9 alphanumerics, Kimi's ``functions.NAME:IDX``) come back as made."""
+    that :func:`tool_use_block` put before the engine's id, so ids come back exactly as
+    made (the ones the family's template checks too: Mistral's 9 alphanumerics, Kimi's
+    ``functions.NAME:IDX``; and the next turn's cache, rendered with them, matches)."""
     return tool_use_id.removeprefix("toolu_")
 
 
 def tool_use_block(call: ToolCall) -> dict[str, Any]:
-    """A generated call as a ``tool_use`` block (id ``toolu_...``, input an object)."""
-    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"),
+    """A generated call as a ``tool_use`` block (id ``toolu_`` + the engine's id, which
+    :func:`engine_call_id` gives back, input an object)."""
+    return {"type": "tool_use", "id": "toolu_" + call.id,
             "name": call.name, "input": call_arguments(call)}
 
 
