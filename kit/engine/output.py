@@ -33,7 +33,7 @@ def _openai_call_id() -> str:
 CALL_IDS = {"mistral": lambda: uuid.uuid4().hex[:9]}
 
 
-def _says(events: list[Any]) -> bool:
+def gives_anything(events: list[Any]) -> bool:
     """Whether ``events`` give the client anything: a call, reasoning, non-blank text."""
     return any(not isinstance(e, TextDelta) or e.text.strip() for e in events)
 
@@ -202,17 +202,16 @@ class OutputParser:
             self.stopped = True
             ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
             self.stop_string = max(ends)[1] if ends else None
-        self._said = self._said or _says(events)
+        self._said = self._said or gives_anything(events)
         return events
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation. ``"length"``: held-back text is released, and of a tool call
-        cut off mid-way the format's ``parse_partial`` keeps the complete calls (its
-        parser class decides what else comes back); a format without one (mlx-lm's parsers)
-        drops the cut call (it cannot be valid) unless nothing else came back (no text,
-        reasoning or call): then it comes back as text, start marker included, so a reply
-        is never empty. Otherwise (EOS) an unterminated tool call is parsed (formats
-        without an end marker)."""
+        cut off mid-way the format's ``parse_partial`` keeps the complete calls; with none
+        complete, :meth:`cut_call_text` says what of the cut call comes back (by default
+        its text, start marker included, only when nothing else came back, so a reply is
+        never empty). Otherwise (EOS) an unterminated tool call is parsed (formats without
+        an end marker)."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, tail, state = TextStateMachine.flush(self._state)
@@ -228,9 +227,15 @@ class OutputParser:
                         calls = self._calls(self._parse_partial(text, self._tools))
                     except (ValueError, KeyError, TypeError, IndexError) as e:
                         log.warning("could not parse a cut tool call (%s)", e)
-                if self._parse_partial is None and not self._said and not _says(events):
-                    # nothing else came back: the cut call's text, never an empty reply
-                    # (a format with parse_partial decides this itself: ours do)
-                    calls = [TextDelta(self._tool_start + text)]
+                if not calls:
+                    cut = self.cut_call_text(text, said=self._said or gives_anything(events))
+                    calls = [TextDelta(cut)] if cut else []
                 events += calls
         return events
+
+    def cut_call_text(self, text: str, *, said: bool) -> str:
+        """What comes back of a tool call cut by ``max_tokens`` with no complete call in it
+        (``text``: the call's text after its start marker; ``said``: text, reasoning or a
+        call came back before it): its whole markup when nothing else did, else nothing (a
+        cut call cannot be valid). Formats whose "call" may be plain text override it."""
+        return "" if said else self._tool_start + text

@@ -133,11 +133,4 @@ def family_model(hf_home: Path, folder: Path, family: Family) -> Path:
     return folder
 
 
-#: tool formats whose parser drops a call cut by max_tokens that has no complete call even
-#: when nothing else came back: the client gets an empty reply, where issue 14 asks for the
-#: cut call's text. OutputParser.finish returns the text only for formats without
-#: parse_partial (mlx-lm's); these formats' modules (kit/formats/<format>.py) bring a
-#: parse_partial and keep the base's drop; Mistral and DeepSeek return the text themselves.
-#: Their rows are strict xfails: they pass, and must be moved out, once the parser does.
-DROPS_CUT_CALL = {"qwen3_coder", "kimi_k2", "harmony"}
 

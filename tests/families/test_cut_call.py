@@ -9,7 +9,7 @@ import pytest
 from kit.engine.output import OutputParser
 from kit.engine.types import TextDelta, ToolCall
 from kit.formats.select import Detected, known, load_format
-from tests.families.families import DROPS_CUT_CALL, FAMILIES
+from tests.families.families import FAMILIES
 
 WITH_PARSER = sorted({f.tool_format for f in FAMILIES if known(f.tool_format)})
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -25,10 +25,7 @@ def _run(fmt: str, text: str, *, forced: bool) -> list:
     return events + parser.finish("length")
 
 
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xfail(
-    strict=True, reason=f"kit/formats/{f}.py drops a cut call with no complete call: an "
-                        "empty reply (tests/families/families.py DROPS_CUT_CALL)"))
-    if f in DROPS_CUT_CALL else f for f in WITH_PARSER])
+@pytest.mark.parametrize("fmt", WITH_PARSER)
 def test_a_forced_call_cut_by_max_tokens_comes_back_as_text_not_an_empty_reply(fmt):
     # Regression: the cut call was dropped and the client got content "" and no call.
     events = _run(fmt, "get_weath", forced=True)
