@@ -6,93 +6,20 @@ tokens the grammar does not allow. Grammar compilation and the token masks come 
 llguidance (the library vLLM and llama.cpp use for the same job); this module only
 writes the grammars and adapts the matcher to mlx-lm's logits-processor interface.
 
-Forced tool calls: the prompt gets the chat template's tool-call start marker
-(``tokenizer.tool_call_start``, e.g. ``<tool_call>``), so the model is inside a call from
-its first token. For tool-call formats whose body we know (:data:`TOOL_CALL_BODIES`,
-keyed by mlx-lm's tool-parser name) the body is constrained too: the function name is
-one of the allowed tools and the arguments follow that tool's JSON schema. For other
-formats only the start marker is forced and the model writes the body.
+Forced tool calls' grammars are written by :mod:`kit.engine.tool_grammar`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
-def _json_tools_body(name: str, args_rule: str) -> str:
-    head = '\n{"name": ' + json.dumps(name) + ', "arguments": '
-    return f"{_lark_str(head)} {args_rule} {_lark_str('}' + chr(10))}"
+from kit.engine.tool_grammar import TOOL_CALL_BODIES, json_rule, tool_call_grammar
 
-
-def _deepseek_body(name: str, args_rule: str) -> str:
-    from kit.formats.deepseek import grammar_body  # the V3.1 form, see there
-
-    return grammar_body(name, args_rule)
-
-
-#: Lark grammar of a tool call's body (after the start marker) per mlx-lm tool-parser
-#: family, given one tool's name and the name of its arguments' rule. ``json_tools`` is the
-#: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` format (Hermes, Qwen 2.5/3,
-#: SmolLM3...); its parser reads the body up to the end marker or EOS.
-TOOL_CALL_BODIES: dict[str, Callable[[str, str], str]] = {"json_tools": _json_tools_body,
-                                                          "deepseek": _deepseek_body}
-
-#: JSON layout of constrained output: compact separators, no free whitespace (what models
-#: write most often, and the fewest tokens).
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def _lark_str(text: str) -> str:
-    """A Lark string literal matching ``text`` exactly (JSON escaping, which llguidance's
-    Lark accepts)."""
-    return json.dumps(text)
-
-
-def _json_rule(schema: Any, *, tool: bool) -> str:
-    """A ``%json`` Lark item for ``schema``.
-
-    ``tool`` (a tool's arguments): objects that list ``properties`` and say nothing about
-    ``additionalProperties`` get no other keys, and an object schema without properties
-    (or none at all) means no arguments — a small model otherwise invents keys (e.g.
-    copying ``description``) and never closes the object; keywords llguidance does not
-    implement are ignored (``lenient``: agents send large schemas). For answers
-    (``response_format``) such keywords are an error, never silently dropped.
-
-    Raises:
-        ValueError: ``schema`` is not a JSON object (or its ``x-guidance`` is not).
-    """
-    if schema is None and tool:
-        schema = {}
-    if not isinstance(schema, dict) or not isinstance(schema.get("x-guidance", {}), dict):
-        raise ValueError("the schema must be a JSON object")
-    schema = dict(schema)
-    if tool and schema.get("type", "object") == "object" and "additionalProperties" not in \
-            schema and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
-        schema.setdefault("type", "object")
-        schema.setdefault("properties", {})
-        schema["additionalProperties"] = False
-    schema["x-guidance"] = {**_JSON_OPTIONS, "lenient": tool, **schema.get("x-guidance", {})}
-    return "%json " + json.dumps(schema)
-
-
-def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
-    """The Lark grammar of one tool-call body choosing among ``tools`` (OpenAI function
-    schemas ``{"type": "function", "function": {"name", "parameters"}}``), or None when
-    the body format of ``family`` (an mlx-lm tool-parser name) is not known.
-
-    Raises:
-        ValueError: a tool's parameters are not a JSON schema object.
-    """
-    body = TOOL_CALL_BODIES.get(family or "")
-    if body is None or not tools:
-        return None
-    rules, alts = [], []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") or {}
-        rules.append(f"args{i}: {_json_rule(fn.get('parameters'), tool=True)}")
-        alts.append(body(str(fn.get("name", "")), f"args{i}"))
-    return "start: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n"
+__all__ = ["TOOL_CALL_BODIES", "GrammarProcessor", "GrammarTokenizer", "json_grammar",
+           "ll_tokenizer", "special_token_refs", "tool_call_grammar"]
 
 
 def json_grammar(schema: dict[str, Any] | None) -> str:
@@ -102,20 +29,68 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
     Raises:
         ValueError: ``schema`` is not a JSON object.
     """
-    return "start: value\nvalue: " + _json_rule(schema or {"type": "object"}, tool=False) + "\n"
+    return "start: value\nvalue: " + json_rule(schema or {"type": "object"}, tool=False) + "\n"
 
 
-def ll_tokenizer(tokenizer: Any) -> Any:
+@dataclass(frozen=True)
+class GrammarTokenizer:
+    """What a grammar is compiled against: llguidance's tokenizer and the vocab's special
+    tokens by text (``{"<|channel|>": 6}``)."""
+
+    ll: Any
+    specials: dict[str, int] = field(default_factory=dict)
+
+
+def ll_tokenizer(tokenizer: Any) -> GrammarTokenizer:
     """llguidance's view of an mlx-lm ``TokenizerWrapper`` (~0.3 s for a 49k vocabulary;
-    cache it per loaded model).
+    cache it per loaded model), with its special tokens.
 
     Raises:
         ValueError: the tokenizer is not a fast (Rust) Hugging Face tokenizer.
     """
     import llguidance.hf
 
+    hf = tokenizer._tokenizer
     eos = list(getattr(tokenizer, "eos_token_ids", None) or []) or None
-    return llguidance.hf.from_tokenizer(tokenizer._tokenizer, eos_token=eos)
+    added = getattr(hf, "added_tokens_decoder", None) or {}
+    specials = {t.content: i for i, t in added.items() if getattr(t, "special", False)
+                and len(getattr(t, "content", "")) > 1}
+    return GrammarTokenizer(llguidance.hf.from_tokenizer(hf, eos_token=eos), specials)
+
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def special_token_refs(grammar: str, specials: dict[str, int]) -> str:
+    """``grammar`` with the special tokens' texts inside its string literals written as
+    llguidance token references (``<[ID]>``), ``%json`` lines left alone.
+
+    A literal must not spell a special token: the chat template renders that text as the
+    one special token, and llguidance (0.7) masks the literal's forced bytes by
+    tokenizing them, which yields the special token, and then refuses that token when it
+    is sampled (special tokens match no text), so the grammar fails mid-call (gpt-oss's
+    ``<|channel|>``, Qwen's ``</tool_call>``, GLM's ``<arg_key>`` on real checkpoints)."""
+    if not specials:
+        return grammar
+    names = re.compile("|".join(re.escape(n) for n in sorted(specials, key=len, reverse=True)))
+
+    def literal(m: re.Match) -> str:
+        try:
+            text = json.loads(m.group(0))
+        except ValueError:
+            return m.group(0)
+        parts, pos = [], 0
+        for hit in names.finditer(text):
+            parts += [json.dumps(text[pos:hit.start()])] if hit.start() > pos else []
+            parts.append(f"<[{specials[hit.group(0)]}]>")
+            pos = hit.end()
+        if not parts:
+            return m.group(0)
+        parts += [json.dumps(text[pos:])] if pos < len(text) else []
+        return "(" + " ".join(parts) + ")"
+
+    return "\n".join(line if "%json" in line else _LITERAL.sub(literal, line)
+                     for line in grammar.split("\n"))
 
 
 class GrammarProcessor:
@@ -124,8 +99,10 @@ class GrammarProcessor:
     allowed. ``tokens[-1]`` on every call after the first is the token sampled last.
 
     Args:
-        tokenizer: from :func:`ll_tokenizer`.
-        grammar: Lark grammar text (llguidance dialect, ``%json`` allowed).
+        tokenizer: from :func:`ll_tokenizer` (or a bare llguidance tokenizer).
+        grammar: Lark grammar text (llguidance dialect, ``%json`` allowed); special
+            tokens spelled in its literals are matched as the tokens
+            (:func:`special_token_refs`).
 
     Raises:
         ValueError: the grammar does not compile (e.g. an unsupported JSON schema).
@@ -134,6 +111,8 @@ class GrammarProcessor:
     def __init__(self, tokenizer: Any, grammar: str) -> None:
         from llguidance import LLMatcher
 
+        if isinstance(tokenizer, GrammarTokenizer):
+            tokenizer, grammar = tokenizer.ll, special_token_refs(grammar, tokenizer.specials)
         self._matcher = LLMatcher(tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
         if self._matcher.is_error():
             raise ValueError(self._matcher.get_error())

@@ -22,6 +22,22 @@ from kit.formats.base import CallEnd, OutputFormat, ToolParser, marker_end
 log = logging.getLogger("mlx_kit.engine")
 
 
+def _openai_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+#: Call ids per tool format, for calls whose markup carries none: each family's chat
+#: template has rules for the ids it renders back (Mistral's raise on any id that is not 9
+#: alphanumerics); other formats get OpenAI's ``call_`` + 24 hex. Ids the model wrote
+#: (Kimi's ``functions.NAME:IDX``, Mistral's JSON list form) are kept as written.
+CALL_IDS = {"mistral": lambda: uuid.uuid4().hex[:9]}
+
+
+def gives_anything(events: list[Any]) -> bool:
+    """Whether ``events`` give the client anything: a call, reasoning, non-blank text."""
+    return any(not isinstance(e, TextDelta) or e.text.strip() for e in events)
+
+
 class OutputParser:
     """Turns text chunks into ``TextDelta`` / ``ReasoningDelta`` / ``ToolCall`` events.
 
@@ -66,6 +82,8 @@ class OutputParser:
             marker_end(tool[1] if tool else "")
         self._parse_partial = parse_partial
         self._tool_text = ""
+        self._tool_start = tool[0] if tool else ""
+        self._said = False  # text, reasoning or a call came back (see finish)
         self._stops = tuple(s for s in stops if s)
         self._raw = ""  # the last generated text, to tell which stop string matched
         self.tool_calls = 0
@@ -73,6 +91,7 @@ class OutputParser:
         self._held = 0  # tokens fed as "" since the last text: counted with the next text
         self.stopped = False  # a stop string matched
         self.stop_string: str | None = None
+        self.new_call_id = _openai_call_id  # ids of calls that carry none (see CALL_IDS)
 
     @classmethod
     def for_format(cls, fmt: OutputFormat, prompt_tail: str, *, stops: Sequence[str] = (),
@@ -100,10 +119,12 @@ class OutputParser:
         for state, edges in (getattr(tokenizer, "response_transitions", None) or {}).items():
             extra.setdefault(state, []).extend(edges)
         kind = fmt.parser_class or cls
-        return kind(stops=stops, think=think, tool=tool,
-                    tool_parser=fmt.parse if tool else None, tools=tools, initial=initial,
-                    extra=extra, call_end=fmt.call_end if tool else None,
-                    parse_partial=fmt.parse_partial if tool else None)
+        parser = kind(stops=stops, think=think, tool=tool,
+                      tool_parser=fmt.parse if tool else None, tools=tools, initial=initial,
+                      extra=extra, call_end=fmt.call_end if tool else None,
+                      parse_partial=fmt.parse_partial if tool else None)
+        parser.new_call_id = CALL_IDS.get(fmt.tool_format or "", _openai_call_id)
+        return parser
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
         from mlx_lm.generate import TextStateMachine
@@ -141,7 +162,7 @@ class OutputParser:
             if not isinstance(call, dict) or "name" not in call:
                 continue
             args = call.get("arguments", {})
-            calls.append(ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+            calls.append(ToolCall(id=call.get("id") or self.new_call_id(),
                                   name=str(call["name"]), index=self.tool_calls,
                                   arguments=args if isinstance(args, str)
                                   else json.dumps(args, ensure_ascii=False)))
@@ -183,13 +204,16 @@ class OutputParser:
             self.stopped = True
             ends = [(self._raw.rfind(s) + len(s), s) for s in self._stops if s in self._raw]
             self.stop_string = max(ends)[1] if ends else None
+        self._said = self._said or gives_anything(events)
         return events
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation. ``"length"``: held-back text is released, and of a tool call
-        cut off mid-way the format's ``parse_partial`` keeps the complete calls (without
-        one the cut call is dropped: it cannot be valid); otherwise (EOS) an unterminated
-        tool call is parsed (formats without an end marker)."""
+        cut off mid-way the format's ``parse_partial`` keeps the complete calls; with none
+        complete, :meth:`cut_call_text` says what of the cut call comes back (by default
+        its text, start marker included, only when nothing else came back, so a reply is
+        never empty). Otherwise (EOS) an unterminated tool call is parsed (formats without
+        an end marker)."""
         from mlx_lm.generate import TextStateMachine
 
         self._state, tail, state = TextStateMachine.flush(self._state)
@@ -198,12 +222,25 @@ class OutputParser:
             text, self._tool_text = self._tool_text, ""
             if reason != "length":
                 events += self._parse_tool(text)
-            elif self._parse_partial is not None:
-                try:
-                    events += self._calls(self._parse_partial(text, self._tools))
-                except (ValueError, KeyError, TypeError, IndexError) as e:
-                    log.warning("could not parse a cut tool call (%s); dropped", e)
+            else:
+                calls: list[Any] = []
+                if self._parse_partial is not None:
+                    try:
+                        calls = self._calls(self._parse_partial(text, self._tools))
+                    except (ValueError, KeyError, TypeError, IndexError) as e:
+                        log.warning("could not parse a cut tool call (%s)", e)
+                if not calls:
+                    cut = self.cut_call_text(text, said=self._said or gives_anything(events))
+                    calls = [TextDelta(cut)] if cut else []
+                events += calls
         return events
+
+    def cut_call_text(self, text: str, *, said: bool) -> str:
+        """What comes back of a tool call cut by ``max_tokens`` with no complete call in it
+        (``text``: the call's text after its start marker; ``said``: text, reasoning or a
+        call came back before it): its whole markup when nothing else did, else nothing (a
+        cut call cannot be valid). Formats whose "call" may be plain text override it."""
+        return "" if said else self._tool_start + text
 
 
 def _checked_calls(parsed: Any) -> list[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kit.engine.output import OutputParser
+from kit.engine.output import OutputParser, gives_anything
 from kit.engine.types import ReasoningDelta, TextDelta
 from kit.formats._harmony_markup import (
     CALL_ENDS,
@@ -50,6 +50,7 @@ class HarmonyParser(OutputParser):
         self._tools = tools if tool is not None else None
         self._stops = tuple(s for s in stops if s)
         self.tool_calls = 0
+        self._said = False  # text, reasoning or a call came back (see finish)
         self.reasoning_tokens = 0
         self.stopped = False
         self.stop_string: str | None = None
@@ -80,6 +81,7 @@ class HarmonyParser(OutputParser):
         was_head = self._mode == "head"
         self._buf += text
         events = self._run()
+        self._said = self._said or gives_anything(events)
         if self._hit:
             self.reasoning_tokens += n
         elif was_head or self._mode == "head":
@@ -88,8 +90,9 @@ class HarmonyParser(OutputParser):
 
     def finish(self, reason: str) -> list[Any]:
         """End of generation (see :meth:`OutputParser.finish`): held-back text is released;
-        a header cut by ``max_tokens`` is dropped (its message never began), one ended by
-        EOS comes back as text; a call ended by EOS (``<|call|>`` is one) is parsed; one cut
+        a header cut by ``max_tokens`` is dropped (its message never began) unless nothing
+        else came back (a forced call cut in its name: its text, never an empty reply), one
+        ended by EOS comes back as text; a call ended by EOS (``<|call|>`` is one) is parsed; one cut
         by ``max_tokens`` is kept when its JSON is complete, else its text comes back."""
         if self.stopped or self._mode == "done":
             return []
@@ -97,7 +100,8 @@ class HarmonyParser(OutputParser):
         buf, self._buf = self._buf, ""
         if self._mode == "head":
             head = self._header + buf
-            if head and (reason != "length" or not self._looks_like_header(head)):
+            if head and (reason != "length" or not self._looks_like_header(head)
+                         or not self._said):
                 events.append(TextDelta(head))
         elif self._mode == "text":
             events += self._text(buf)

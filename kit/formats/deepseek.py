@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kit.engine.output import OutputParser
+from kit.engine.output import OutputParser, gives_anything
 from kit.engine.types import TextDelta, ToolCall
 from kit.formats._deepseek_calls import parse_partial, parse_tool_call
 from kit.formats._deepseek_markup import (
@@ -135,7 +135,7 @@ class DeepSeekOutputParser(OutputParser):
 
     def feed(self, text: str) -> list[Any]:
         events = super().feed(text)
-        self._answered = self._answered or _says(events)
+        self._answered = self._answered or gives_anything(events)
         return events
 
     def finish(self, reason: str) -> list[Any]:
@@ -154,14 +154,9 @@ class DeepSeekOutputParser(OutputParser):
         if reason != "length":
             return events + self._parse_tool(text)
         calls = self._calls(parse_partial(text, self._tools))
-        if not calls and not self._answered and not _says(events):
+        if not calls and not self._answered and not gives_anything(events):
             calls = [TextDelta(self._start + text)]
         return events + calls
-
-
-def _says(events: list[Any]) -> bool:
-    """Whether ``events`` give the client anything: a call, reasoning, non-blank text."""
-    return any(not isinstance(e, TextDelta) or e.text.strip() for e in events)
 
 
 OVERRIDES = {"parser_class": DeepSeekOutputParser}

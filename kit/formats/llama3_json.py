@@ -365,27 +365,17 @@ class LlamaOutputParser(OutputParser):
         extra = dict(extra or {})
         if tool:
             extra["normal"] = [*extra.get("normal", []), ("<|python_start|>", "tool")]
-        self._cut_text = ""
-        self._partial_calls = parse_partial
         super().__init__(tool=tool, extra=extra, call_end=CallEnd() if call_end else None,
-                         parse_partial=self._keep_cut if parse_partial else None, **kw)
+                         parse_partial=parse_partial, **kw)
 
-    def _keep_cut(self, text: str, tools: Any) -> list[dict[str, Any]]:
-        calls = self._partial_calls(text, tools)
-        if not calls:
-            self._cut_text = text
-        return calls
 
     def _parse_tool(self, text: str) -> list[Any]:
         return super()._parse_tool(text) if text else []
 
-    def finish(self, reason: str) -> list[Any]:
-        """See :meth:`OutputParser.finish`; a cut call without a complete call is text."""
-        events = super().finish(reason)
-        if self._cut_text:
-            events.append(TextDelta(self._cut_text))
-            self._cut_text = ""
-        return events
+    def cut_call_text(self, text: str, *, said: bool) -> str:
+        """A cut call without a complete call comes back as answer text, whatever came
+        before it (see :meth:`OutputParser.cut_call_text`)."""
+        return text
 
 
 #: start inside a would-be call: the answer's first characters decide (see call_end). A

@@ -108,24 +108,14 @@ class MistralOutputParser(OutputParser):
         if think:  # the reasoning transitions, built here without the tool start in them
             extra["normal"] = [(think[0], "reasoning"), *extra.get("normal", [])]
             extra["reasoning"] = [(think[1], "normal"), *extra.get("reasoning", [])]
-        self._cut_text = ""
-        self._partial_calls = parse_partial
         super().__init__(think=None, extra=extra,
-                         parse_partial=self._keep_cut if parse_partial else None, **kw)
+                         parse_partial=parse_partial, **kw)
 
-    def _keep_cut(self, text: str, tools: Any) -> list[dict[str, Any]]:
-        calls = self._partial_calls(text, tools)
-        if not calls:
-            self._cut_text = text
-        return calls
 
-    def finish(self, reason: str) -> list[Any]:
-        """See :meth:`OutputParser.finish`; a cut call without a complete call is text."""
-        events = super().finish(reason)
-        if self._cut_text:
-            events.append(TextDelta(self._cut_text))
-            self._cut_text = ""
-        return events
+    def cut_call_text(self, text: str, *, said: bool) -> str:
+        """A cut call without a complete call comes back as answer text, whatever came
+        before it (see :meth:`OutputParser.cut_call_text`)."""
+        return text
 
 
 OVERRIDES = {"parser_class": MistralOutputParser}

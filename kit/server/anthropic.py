@@ -148,10 +148,10 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
         for j, b in enumerate(m.content):
             if isinstance(b, ToolResultBlock):
                 results = True
-                out.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                out.append({"role": "tool", "tool_call_id": engine_call_id(b.tool_use_id),
                             "content": flatten(b.content, f"{where}.{j}.content")})
             elif isinstance(b, ToolUseBlock):
-                calls.append(history_call(b.id, b.name, b.input))
+                calls.append(history_call(engine_call_id(b.id), b.name, b.input))
             elif isinstance(b, TextBlock):
                 texts.append(b.text)
             elif isinstance(b, MediaBlock):
@@ -248,9 +248,18 @@ def _stop_reason(fin: Finished | None) -> str:
     return _STOP_REASONS.get(fin.finish_reason if fin else "stop", "end_turn")
 
 
+def engine_call_id(tool_use_id: str) -> str:
+    """A ``tool_use`` id in history as the chat template gets it: without the ``toolu_``
+    that :func:`tool_use_block` put before the engine's id, so ids come back exactly as
+    made (the ones the family's template checks too: Mistral's 9 alphanumerics, Kimi's
+    ``functions.NAME:IDX``; and the next turn's cache, rendered with them, matches)."""
+    return tool_use_id.removeprefix("toolu_")
+
+
 def tool_use_block(call: ToolCall) -> dict[str, Any]:
-    """A generated call as a ``tool_use`` block (id ``toolu_...``, input an object)."""
-    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"),
+    """A generated call as a ``tool_use`` block (id ``toolu_`` + the engine's id, which
+    :func:`engine_call_id` gives back, input an object)."""
+    return {"type": "tool_use", "id": "toolu_" + call.id,
             "name": call.name, "input": call_arguments(call)}
 
 

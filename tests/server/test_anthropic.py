@@ -152,14 +152,17 @@ def test_tool_calls_become_tool_use_blocks():
     from kit.server.anthropic import MessagesRequest, _messages, tool_use_block
 
     block = tool_use_block(ToolCall("call_abc", "read", '{"path": "a.txt"}', 0))
-    assert block == {"type": "tool_use", "id": "toolu_abc", "name": "read",
+    assert block == {"type": "tool_use", "id": "toolu_call_abc", "name": "read",
                      "input": {"path": "a.txt"}}
     body = MessagesRequest(model="local", max_tokens=5, messages=[
         {"role": "user", "content": "read a.txt"},
         {"role": "assistant", "content": [block]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_abc",
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_call_abc",
                                       "content": "hello"}]}])
     msgs = _messages(body)
     assert msgs[1]["tool_calls"][0]["function"] == {"name": "read",
                                                     "arguments": {"path": "a.txt"}}
-    assert msgs[2] == {"role": "tool", "tool_call_id": "toolu_abc", "content": "hello"}
+    # the engine's id again (templates check it: Mistral's 9 alphanumerics, Kimi's
+    # functions.NAME:IDX), so the next turn renders as the cached one did
+    assert msgs[1]["tool_calls"][0]["id"] == "call_abc"
+    assert msgs[2] == {"role": "tool", "tool_call_id": "call_abc", "content": "hello"}

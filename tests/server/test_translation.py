@@ -150,11 +150,11 @@ def test_messages_claude_code_request_becomes_one_system_message_tool_turns_and_
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Read notes.txt"},
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "toolu_1", "type": "function",
+            {"id": "1", "type": "function",
              "function": {"name": "read", "arguments": {"path": "notes.txt"}}}],
          # the thinking block, where templates read reasoning (history_reasoning)
          "reasoning_content": "I should read it.", "thinking": "I should read it."},
-        {"role": "tool", "tool_call_id": "toolu_1", "content": "Paris."},
+        {"role": "tool", "tool_call_id": "1", "content": "Paris."},
         {"role": "user", "content": "What does the file say?"}]
     assert req.tools == [READ] and req.force_tool is None
     assert req.params.max_tokens is None  # 32000 >= the window: fitted by the engine
@@ -343,7 +343,7 @@ def test_messages_stream_and_body_agree():
     assert blocks == body["content"]
     assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use", "text"]
     assert body["content"][2]["input"] == {"path": "a"} and body["content"][2]["id"] == \
-        "toolu_ab"
+        "toolu_call_ab"  # toolu_ + the engine's id, given back whole in history
 
 
 def test_responses_stream_and_body_agree():

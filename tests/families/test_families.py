@@ -1,0 +1,359 @@
+"""Every model family end to end through the real server: one row per family x case.
+
+Each family is the starter's real weights behind our own chat template of the family
+(tests/families/families.py, tests/data/families/*.jinja), one server per family (a
+module-scoped fixture, so pytest runs a family's rows together). The 135M model does not
+call tools by itself, so calls are forced (``tool_choice`` naming the function; the
+grammar writes the call in the family's own markup, kit/engine/grammar.py) and everything
+after that is what a user's client gets: the family's parser, the protocol adapters, the
+next turn rendered back through the family's template, the prompt cache.
+
+Cases the starter cannot be made to emit (text before or after a call, malformed markup,
+parallel calls in one turn: a forced call is one call) are the parser tests' job
+(tests/formats/, tests/conformance/), not repeated here.
+
+Each row records what it verified; the module writes the record (JSON) to
+``$MLX_KIT_FAMILIES_RECORD`` or the session's temp dir, and bench/families_table.py renders
+docs/models.md's table from the committed copy (bench/families.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kit.formats.select import MLX_LM_PARSERS, known, ours
+from tests.families.families import FAMILIES, Family, family_model
+from tests.helpers import anthropic_for, openai_for, start_server, stop
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        # bounded: behind a key-value format's bare string the 135M model may not stop
+        "city": {"type": "string", "maxLength": 24}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the current time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}},
+                   "required": ["timezone"]}}}
+#: nested objects and non-ASCII strings (enums, so the small model's values are known)
+CITIES, MONTHS = ["Zürich", "東京"], ["März", "décembre"]
+TRIP = {"type": "function", "function": {
+    "name": "plan_trip", "description": "Plan a trip",
+    "parameters": {"type": "object", "required": ["destination", "when"], "properties": {
+        "destination": {"type": "object", "required": ["city", "days"], "properties": {
+            "city": {"type": "string", "enum": CITIES},
+            "days": {"type": "integer", "minimum": 1, "maximum": 9}}},
+        "when": {"type": "object", "required": ["month"], "properties": {
+            "month": {"type": "string", "enum": MONTHS}}}}}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+TRIP_ASK = [{"role": "user", "content": "Plan a trip to Zürich in März."}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+#: the tool's result, one per protocol and different from its first token: each turn 2 is
+#: its own conversation, so its cache hit can only come from its own turn 1 (all turn 1s
+#: share the same prompt), not from another protocol's turn 2
+RESULT = "{} says: sunny, 24 degrees Celsius."
+#: a tool result turn in the family's markup (the result, its role/markers, the generation
+#: prompt), in starter tokens: at most this many of turn 2's tokens are new
+NEW_TURN = 48
+MAX = 150  # tokens: every forced call here fits (the grammar ends it, then EOS)
+
+#: family -> {"cases": {protocol: [case, ...]}, "cache": {protocol: [cached, prompt]}}
+RECORD: dict[str, dict] = {}
+
+
+def record(family: Family, protocol: str, case: str) -> None:
+    """``case`` passed through ``protocol`` (called at a test's end: reached only on
+    success)."""
+    entry = RECORD.setdefault(family.name, {"cases": {}, "cache": {}})
+    entry["cases"].setdefault(protocol, []).append(case)
+
+
+def record_cache(family: Family, protocol: str, cached: int, prompt: int) -> None:
+    RECORD.setdefault(family.name, {"cases": {}, "cache": {}})["cache"][protocol] = \
+        [cached, prompt]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_record(tmp_path_factory):
+    yield
+    path = os.environ.get("MLX_KIT_FAMILIES_RECORD") or str(
+        tmp_path_factory.getbasetemp() / "families.json")
+    families = {f.name: {"tool_format": f.tool_format if known(f.tool_format) else None,
+                         "parser": parser_module(f.tool_format),
+                         "reasoning_format": reasoning_format(f),
+                         **RECORD.get(f.name, {"cases": {}, "cache": {}})}
+                for f in FAMILIES}
+    Path(path).write_text(json.dumps({"families": families}, indent=1, ensure_ascii=False,
+                                     sort_keys=True) + "\n")
+
+
+def parser_module(tool_format: str | None) -> str | None:
+    """The module whose parser reads the family's calls (ours first, as kit.formats)."""
+    if tool_format and ours(tool_format):
+        return f"kit.formats.{tool_format}"
+    return f"mlx_lm.tool_parsers.{tool_format}" if tool_format in MLX_LM_PARSERS else None
+
+
+def reasoning_format(family: Family) -> str | None:
+    """What /v1/models must name: Harmony's channels are its reasoning too, named only
+    with its parser."""
+    if family.reasoning_format == "harmony" and not known("harmony"):
+        return None
+    return family.reasoning_format
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
+def fam(request, hf_home, tmp_path_factory):
+    """(family, server): the starter behind the family's template, greedy."""
+    family: Family = request.param
+    model = family_model(hf_home, tmp_path_factory.mktemp("models") / family.name, family)
+    s = start_server(tmp_path_factory.mktemp(f"home-{family.name}"), hf_home, "--model",
+                     str(model), "--temperature", "0")
+    yield family, s
+    stop(s)
+
+
+def tools_or_skip(fam) -> tuple[Family, object]:
+    family, server = fam
+    if not known(family.tool_format):
+        pytest.skip(f"no parser for {family.tool_format!r} on this branch yet "
+                    f"(kit/formats/{family.tool_format}.py); its row runs once it lands")
+    return family, server
+
+
+def check_weather_call(family: Family, call_id: str, name: str, arguments: dict) -> None:
+    assert family.id_ok(call_id), f"{family.name} template rejects call id {call_id!r}"
+    assert name == "get_weather"
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str) \
+        and arguments["city"].strip()
+
+
+def check_trip(arguments: dict) -> None:
+    assert set(arguments) == {"destination", "when"}
+    assert arguments["destination"]["city"] in CITIES
+    assert 1 <= arguments["destination"]["days"] <= 9
+    assert arguments["when"]["month"] in MONTHS
+
+
+# --- /v1/models ----------------------------------------------------------------------------
+
+def test_models_lists_the_familys_tool_and_reasoning_formats(fam):
+    family, server = fam
+    [entry] = [m for m in httpx.get(server.v1 + "/models").json()["data"] if m["id"] == "local"]
+    caps = entry["capabilities"]
+    tool_format = family.tool_format if known(family.tool_format) else None
+    assert (caps["tools"], caps["tool_format"]) == (tool_format is not None, tool_format)
+    reasoning = reasoning_format(family)
+    assert (caps["reasoning"], caps["reasoning_format"]) == (reasoning is not None, reasoning)
+    record(family, "models", "capabilities")
+
+
+def test_a_forced_call_on_a_family_without_a_parser_is_a_400_naming_tool_choice(fam):
+    family, server = fam
+    if known(family.tool_format):
+        pytest.skip(f"{family.tool_format} has a parser: its calls are tested below")
+    r = httpx.post(server.v1 + "/chat/completions", timeout=60, json={
+        "model": "local", "messages": ASK, "tools": [WEATHER], "tool_choice": NAMED,
+        "max_tokens": 5})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tool_choice"
+    record(family, "models", "no parser: forced call 400")
+
+
+# --- chat completions ----------------------------------------------------------------------
+
+def test_chat_stream_equals_the_non_streamed_call(fam):
+    family, server = tools_or_skip(fam)
+    client = openai_for(server)
+    kw = dict(model="local", messages=TRIP_ASK, tools=[WEATHER, TRIP], max_tokens=MAX,
+              tool_choice={"type": "function", "function": {"name": "plan_trip"}})
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    [call] = whole.choices[0].message.tool_calls
+    assert deltas[0].function.name == call.function.name == "plan_trip"
+    assert family.id_ok(deltas[0].id)
+    streamed = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(streamed) == json.loads(call.function.arguments)
+    check_trip(json.loads(streamed))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        (whole.choices[0].message.content or "")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    record(family, "chat", "stream = non-stream, nested + unicode")
+
+
+def test_chat_call_cut_by_max_tokens_is_never_an_empty_reply(fam):
+    family, server = tools_or_skip(fam)
+    r = openai_for(server).chat.completions.create(
+        model="local", messages=TRIP_ASK, tools=[TRIP], max_tokens=6,
+        tool_choice={"type": "function", "function": {"name": "plan_trip"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "length"
+    for call in choice.message.tool_calls or []:  # a complete call, if any
+        check_trip(json.loads(call.function.arguments))
+    assert choice.message.tool_calls or (choice.message.content or "").strip(), \
+        "a call cut by max_tokens came back as an empty reply"
+    record(family, "chat", "cut by max_tokens")
+
+
+def test_chat_forced_call_and_the_next_turn_with_the_servers_ids_hits_the_cache(fam):
+    family, server = tools_or_skip(fam)
+    client = openai_for(server)
+    first = client.chat.completions.create(
+        model="local", messages=ASK, tools=[WEATHER, TIME], tool_choice=NAMED, max_tokens=MAX)
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and not message.content
+    [call] = message.tool_calls
+    check_weather_call(family, call.id, call.function.name, json.loads(call.function.arguments))
+    record(family, "chat", "call")
+    history = ASK + [
+        {"role": "assistant", "content": message.content, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": RESULT.format("chat")}]
+    r = client.chat.completions.create(model="local", messages=history, tools=[WEATHER, TIME],
+                                       max_tokens=8, **family_kwargs(family))
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    record_cache(family, "chat", cached, r.usage.prompt_tokens)
+    assert_prefix_reused(cached, first.usage.prompt_tokens, r.usage.prompt_tokens)
+    record(family, "chat", "next turn")
+    # reasoning sent back with the call reaches the template (rendered in a tool loop by
+    # the families whose templates keep it, dropped by the others)
+    history[1]["reasoning_content"] = "The user wants the weather: call get_weather."
+    again = client.chat.completions.create(model="local", messages=history, max_tokens=1,
+                                           tools=[WEATHER, TIME], **family_kwargs(family))
+    grew = again.usage.prompt_tokens > r.usage.prompt_tokens
+    assert grew is family.keeps_reasoning, (again.usage.prompt_tokens, r.usage.prompt_tokens)
+    record(family, "chat", "reasoning sent back")
+
+
+def family_kwargs(family: Family) -> dict:
+    return {"extra_body": {"chat_template_kwargs": family.thinking}} if family.thinking else {}
+
+
+def assert_prefix_reused(cached: int, previous_prompt: int, prompt: int) -> None:
+    """Turn 2 reused turn 1's prompt and the call (as the template renders it back) from
+    the cache: only the tool result's turn is new."""
+    assert cached >= previous_prompt - 4, \
+        f"only {cached} cached tokens; turn 1's prompt was {previous_prompt}"
+    assert prompt - cached <= NEW_TURN, \
+        f"{prompt - cached} of {prompt} tokens uncached: the call was not reused"
+
+
+# --- Responses -----------------------------------------------------------------------------
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"],
+                    "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in (WEATHER, TIME, TRIP)]
+
+
+def test_responses_stream_equals_the_non_streamed_call_and_the_next_turn_hits_the_cache(fam):
+    family, server = tools_or_skip(fam)
+    client = openai_for(server)
+    kw = dict(model="local", input=ASK[0]["content"], tools=RESPONSES_TOOLS[:2],
+              max_output_tokens=MAX, tool_choice={"type": "function", "name": "get_weather"})
+    whole = client.responses.create(**kw)
+    [item] = [o for o in whole.output if o.type == "function_call"]
+    check_weather_call(family, item.call_id, item.name, json.loads(item.arguments))
+    events = list(client.responses.create(**kw, stream=True))
+    [done] = [e.item for e in events if e.type == "response.output_item.done"
+              and e.item.type == "function_call"]
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert (done.name, json.loads(done.arguments)) == (item.name, json.loads(item.arguments))
+    assert json.loads(deltas) == json.loads(item.arguments) and family.id_ok(done.call_id)
+    record(family, "responses", "call, stream = non-stream")
+    second = client.responses.create(
+        model="local", tools=RESPONSES_TOOLS[:2], max_output_tokens=8, input=[
+            {"role": "user", "content": ASK[0]["content"]},
+            {"type": "function_call", "call_id": item.call_id, "name": item.name,
+             "arguments": item.arguments},
+            {"type": "function_call_output", "call_id": item.call_id,
+             "output": RESULT.format("responses")}])
+    assert second.status in ("completed", "incomplete")
+    cached = second.usage.input_tokens_details.cached_tokens
+    record_cache(family, "responses", cached, second.usage.input_tokens)
+    assert_prefix_reused(cached, whole.usage.input_tokens, second.usage.input_tokens)
+    record(family, "responses", "next turn")
+
+
+# --- Anthropic Messages --------------------------------------------------------------------
+
+MESSAGES_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                   "input_schema": t["function"]["parameters"]} for t in (WEATHER, TIME, TRIP)]
+
+
+def test_messages_stream_equals_the_non_streamed_call_and_the_next_turn_hits_the_cache(fam):
+    family, server = tools_or_skip(fam)
+    client = anthropic_for(server)
+    kw = dict(model="local", max_tokens=MAX, messages=TRIP_ASK, tools=MESSAGES_TOOLS,
+              tool_choice={"type": "tool", "name": "plan_trip"})
+    whole = client.messages.create(**kw)
+    assert whole.stop_reason == "tool_use"
+    [block] = [b for b in whole.content if b.type == "tool_use"]
+    assert block.name == "plan_trip"
+    check_trip(block.input)
+    with client.messages.stream(**kw) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta"
+                      and e.delta.type == "input_json_delta")
+    [streamed] = [b for b in final.content if b.type == "tool_use"]
+    assert json.loads(partial) == streamed.input == block.input
+    assert final.stop_reason == "tool_use"
+    record(family, "messages", "call, stream = non-stream, nested + unicode")
+    second = client.messages.create(
+        model="local", max_tokens=8, tools=MESSAGES_TOOLS, messages=TRIP_ASK + [
+            {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id,
+                                          "content": RESULT.format("messages")}]}])
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    cached = second.usage.cache_read_input_tokens
+    record_cache(family, "messages", cached, second.usage.input_tokens + cached)
+    assert_prefix_reused(cached, whole.usage.input_tokens + (
+        whole.usage.cache_read_input_tokens or 0), second.usage.input_tokens + cached)
+    record(family, "messages", "next turn")
+
+
+# --- Gemini --------------------------------------------------------------------------------
+
+def gemini_body(contents: list, names: list[str] | None, max_tokens: int = MAX) -> dict:
+    return {"contents": contents, "generationConfig": {"maxOutputTokens": max_tokens},
+            "tools": [{"functionDeclarations": [
+                {"name": t["name"], "description": t["description"],
+                 "parametersJsonSchema": t["input_schema"]} for t in MESSAGES_TOOLS[:2]]}],
+            "toolConfig": {"functionCallingConfig": {"mode": "ANY" if names else "AUTO",
+                                                     **({"allowedFunctionNames": names}
+                                                        if names else {})}}}
+
+
+def test_gemini_stream_equals_the_non_streamed_call_and_the_next_turn_renders(fam):
+    family, server = tools_or_skip(fam)
+    ask = [{"role": "user", "parts": [{"text": ASK[0]["content"]}]}]
+    r = httpx.post(server.root + "/v1beta/models/local:generateContent", timeout=120,
+                   json=gemini_body(ask, ["get_weather"]))
+    assert r.status_code == 200, r.text
+    candidate = r.json()["candidates"][0]
+    [call] = [p["functionCall"] for p in candidate["content"]["parts"] if "functionCall" in p]
+    check_weather_call(family, call["id"], call["name"], call["args"])
+    s = httpx.post(server.root + "/v1beta/models/local:streamGenerateContent", timeout=120,
+                   params={"alt": "sse"}, json=gemini_body(ask, ["get_weather"]))
+    chunks = [json.loads(line[6:]) for line in s.text.splitlines() if line.startswith("data: ")]
+    streamed = [p["functionCall"] for c in chunks for p in c["candidates"][0]["content"]["parts"]
+                if "functionCall" in p]
+    assert [(c["name"], c["args"]) for c in streamed] == [(call["name"], call["args"])]
+    record(family, "gemini", "call, stream = non-stream")
+    history = ask + [candidate["content"], {"role": "user", "parts": [{"functionResponse": {
+        "id": call["id"], "name": call["name"],
+        "response": {"output": RESULT.format("gemini")}}}]}]
+    second = httpx.post(server.root + "/v1beta/models/local:generateContent", timeout=120,
+                        json=gemini_body(history, None, max_tokens=8))
+    assert second.status_code == 200, second.text
+    usage = second.json()["usageMetadata"]
+    cached = usage.get("cachedContentTokenCount", 0)
+    record_cache(family, "gemini", cached, usage["promptTokenCount"])
+    assert_prefix_reused(cached, r.json()["usageMetadata"]["promptTokenCount"],
+                         usage["promptTokenCount"])
+    record(family, "gemini", "next turn")
