@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -16,7 +17,7 @@ def models(
     url: Optional[str] = URL,
 ) -> None:
     """List the models mlx-kit can serve (HF cache + starter); * marks the one behind local."""
-    from kit.models.catalog import scan
+    from kit.models.catalog import describe, scan
     from kit.models.memory import human
     from kit.probe import probe
     from kit.urls import parse_url
@@ -24,6 +25,10 @@ def models(
     p = probe(parse_url(url), timeout=1.0)
     local = p.health.get("model") if p.kind == "ours" and p.health else None
     entries = scan()
+    if local and all(e.id != local for e in entries) and Path(local).is_dir():
+        # a server on a model folder (`serve --model ./dir`): not in the HF cache scan, yet
+        # it is the model behind `local`, and its formats are what a user checks here
+        entries.insert(0, describe(local, Path(local)))
     if as_json:
         console.print_json(json.dumps({"local": local, "models": [
             {**e.to_json(), "local": e.id == local} for e in entries]}))

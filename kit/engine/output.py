@@ -156,6 +156,7 @@ class OutputParser:
         return events
 
     def _calls(self, parsed: Any) -> list[ToolCall]:
+        parsed = _checked_calls(parsed)  # ValueError: the call's markup comes back as text
         calls = []
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(call, dict) or "name" not in call:
@@ -171,10 +172,11 @@ class OutputParser:
     def _parse_tool(self, text: str) -> list[Any]:
         try:
             parsed = self._tool_parser(text, self._tools) if self._tool_parser else None
+            calls = self._calls(parsed)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             log.warning("could not parse a tool call (%s); returning it as text", e)
             return [TextDelta(text)]
-        return self._calls(parsed) or [TextDelta(text)]
+        return calls or [TextDelta(text)]
 
     def feed(self, text: str) -> list[Any]:
         """Consume the next generated text (one call per generated token: the decode loops
@@ -239,3 +241,51 @@ class OutputParser:
         call came back before it): its whole markup when nothing else did, else nothing (a
         cut call cannot be valid). Formats whose "call" may be plain text override it."""
         return "" if said else self._tool_start + text
+
+
+def _checked_calls(parsed: Any) -> list[Any]:
+    """A tool parser's result as a list whose calls each have a non-empty string name and
+    arguments that are strict JSON object text (what clients ``JSON.parse``).
+
+    Raises:
+        ValueError: a call that has not: mlx-lm's parsers hand over what they could not
+            decode as the raw string (kimi_k2: ``{"a": 1}<|tool_c``), any JSON value
+            (``[1]``, ``"x"``), ``NaN``/``Infinity`` (json.loads accepts them, JSON does
+            not) or Python literals json.dumps cannot write (a set: TypeError).
+    """
+    out = []
+    for call in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(call, dict) and "name" in call:
+            if not isinstance(call["name"], str) or not call["name"]:
+                raise ValueError("a call's name is not a non-empty string")
+            call = {**call, "arguments": _json_object(call.get("arguments", {}))}
+        out.append(call)
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(args: Any) -> str:
+    """A call's arguments as strict JSON object text: a string is kept as it is when it
+    parses as one ("" is no arguments), a mapping is written with :func:`json.dumps`.
+
+    Raises:
+        ValueError: not a JSON object, ``NaN``/``Infinity`` in it, values JSON cannot
+            hold (sets, bytes: json.dumps's TypeError) or nesting deeper than the
+            interpreter's stack (RecursionError), all re-raised as ValueError.
+    """
+    try:
+        if isinstance(args, str):
+            if not args.strip():
+                return "{}"
+            if not isinstance(json.loads(args, parse_constant=_reject_constant), dict):
+                raise ValueError("a call's arguments are not a JSON object")
+            return args
+        if not isinstance(args, dict):
+            raise ValueError(f"a call's arguments are not a JSON object: "
+                             f"{type(args).__name__}")
+        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except (TypeError, RecursionError) as e:  # a set; nesting deeper than Python's stack
+        raise ValueError(f"a call's arguments are not JSON: {type(e).__name__}") from None

@@ -36,6 +36,7 @@ from kit.server.content.base import (  # noqa: F401
     TemplateKwargs,
     Text,
     TextPart,
+    ToolName,
     bounded_text,
     either,
     excerpt,

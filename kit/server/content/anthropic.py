@@ -14,6 +14,7 @@ from kit.server.content.base import (
     Part,
     Text,
     TextPart,
+    ToolName,
     either,
     one_of,
 )
@@ -62,7 +63,7 @@ SystemBlock = one_of(TextBlock, what="system block")
 
 class AnthropicTool(Part):
     type: Id | None = None  # custom tools; server tools (bash_20250124...) offered by name
-    name: Name
+    name: ToolName
     description: Text | None = None
     input_schema: JSONObject = Field(default_factory=lambda: {"type": "object"})
 

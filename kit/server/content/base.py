@@ -5,6 +5,7 @@ field without echoing the input, and the part kinds every protocol's content is 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Union, get_args
 
 from pydantic import (
@@ -64,6 +65,29 @@ Id = bounded_text(MAX_ID)
 
 Name = bounded_text(MAX_ID, min_length=1)
 """A non-empty :data:`Id` (tool and function names)."""
+
+#: characters a defined tool's name may not hold: whitespace and control characters, and
+#: the punctuation the families' call markup is made of (``<tool_call>``, ``<|call|>``,
+#: ``[TOOL_CALLS]``, ``<function=...>``, JSON quotes). A template writes the name into
+#: that markup verbatim, so such a name closes the markup early: a forced call stops
+#: mid-name and comes back as text, and an unforced one cannot be read back. OpenAI and
+#: Anthropic allow only ``[A-Za-z0-9_-]``, Gemini adds ``.:``; this is looser (dots,
+#: colons, slashes and non-ASCII letters stay, as MCP and agents' names use them).
+_NAME_MARKUP = re.compile(r"[\s\x00-\x1f\x7f<>\[\]{}|\"'`\\]")
+
+
+def _tool_name(value: str) -> str:
+    if (bad := _NAME_MARKUP.search(value)) is not None:
+        raise PydanticCustomError(
+            "invalid_tool_name", "a tool name may not contain whitespace, quotes or markup "
+            "characters ({chars}); found {char} at character {at}",
+            {"chars": "<>[]{}|`\\", "char": repr(bad.group()), "at": bad.start()})
+    return value
+
+
+ToolName = Annotated[Name, AfterValidator(_tool_name)]
+"""A defined tool's :data:`Name`: no whitespace, quotes or markup characters (see
+``_NAME_MARKUP``)."""
 
 
 def _json_value(value: Any) -> Any:

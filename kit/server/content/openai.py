@@ -16,6 +16,7 @@ from kit.server.content.base import (
     RefusalPart,
     Text,
     TextPart,
+    ToolName,
     either,
     one_of,
 )
@@ -48,7 +49,7 @@ class ChatToolCall(Part):
 
 
 class FunctionDef(Part):
-    name: Name
+    name: ToolName
     description: Text | None = None
     parameters: JSONObject | None = None
     strict: bool | None = None
@@ -151,7 +152,7 @@ InputItem = one_of(MessageItem, FunctionCallItem, FunctionCallOutputItem, Histor
 
 class ResponsesFunctionTool(Part):
     type: Literal["function"]
-    name: Name
+    name: ToolName
     description: Text | None = None
     parameters: JSONObject | None = None
     strict: bool | None = None
