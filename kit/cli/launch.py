@@ -42,6 +42,11 @@ def launch(
                                        serve_args=["--trust-remote-code"]
                                        if trust_remote_code else None)
     health = probe.health or {}
+    if trust_remote_code and not started:
+        # the flag is the server's: a server already running keeps what it was started with
+        err_console.print("warning: --trust-remote-code applies to a server this command "
+                          "starts; the running one keeps its own setting (`mlx-kit stop`, "
+                          "then launch again with the flag, if a model needs it)")
     if model and not started and model not in (health.get("model"), str(health.get("model"))):
         from kit.daemon import admin_swap
 

@@ -84,6 +84,7 @@ class OutputParser:
         self._tool_text = ""
         self._tool_start = tool[0] if tool else ""
         self._said = False  # text, reasoning or a call came back (see finish)
+        self._call_from: str | None = None  # the state the open call was entered from
         self._stops = tuple(s for s in stops if s)
         self._raw = ""  # the last generated text, to tell which stop string matched
         self.tool_calls = 0
@@ -130,20 +131,30 @@ class OutputParser:
         from mlx_lm.generate import TextStateMachine
 
         events: list[Any] = []
+        before: str | None = None  # the state of the previous segment
         for state, text in segments:
             if state == "tool":
+                if self._call_from is None:  # a call starts: from the answer or reasoning
+                    self._call_from = before if before == "reasoning" else "normal"
                 self._tool_text += text
-                end = self._call_end(self._tool_text) if self._call_end else None
+                try:
+                    end = self._call_end(self._tool_text) if self._call_end else None
+                except Exception as e:  # noqa: BLE001 - hostile output (RecursionError...)
+                    log.warning("could not scan a tool call (%s); it ends here", e)
+                    end = (len(self._tool_text), len(self._tool_text))
                 if end is None:
                     continue
-                # the call ended: parse it, then read what follows from the normal state
+                # the call ended: parse it, then read what follows from the state the call
+                # was entered from (a call made inside reasoning returns to reasoning)
                 body, rest = self._tool_text[:end[0]], self._tool_text[end[1]:]
                 self._tool_text = ""
                 events += self._parse_tool(body)
-                self._state = self._sm.make_state("normal")
+                self._state = self._sm.make_state(self._call_from)
+                self._call_from = None
                 self._state, more = TextStateMachine.split(self._state, rest)
                 events += self._events(more)
                 continue
+            before = state
             if self._tool_text and state != "tool":  # a call without an end marker
                 events += self._parse_tool(self._tool_text)
                 self._tool_text = ""
@@ -173,7 +184,8 @@ class OutputParser:
         try:
             parsed = self._tool_parser(text, self._tools) if self._tool_parser else None
             calls = self._calls(parsed)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
+        except Exception as e:  # noqa: BLE001 - any parser failure (RecursionError on deep
+            # nesting, MemoryError...) is the model's output, not the server's: text
             log.warning("could not parse a tool call (%s); returning it as text", e)
             return [TextDelta(text)]
         return calls or [TextDelta(text)]
@@ -227,7 +239,7 @@ class OutputParser:
                 if self._parse_partial is not None:
                     try:
                         calls = self._calls(self._parse_partial(text, self._tools))
-                    except (ValueError, KeyError, TypeError, IndexError) as e:
+                    except Exception as e:  # noqa: BLE001 - as in _parse_tool
                         log.warning("could not parse a cut tool call (%s)", e)
                 if not calls:
                     cut = self.cut_call_text(text, said=self._said or gives_anything(events))

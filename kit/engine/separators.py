@@ -105,7 +105,9 @@ class SeparatorParser(OutputParser):
         lead = text[:len(text) - len(text.lstrip())]
         pending = self._c_pending + lead
         if not self._c_started and self._c_marked:
-            pending = ""  # the separator between markup and the answer's first character
+            # the separator between markup and the answer's first character: the newlines
+            # the template writes; what follows the last of them is the answer's indentation
+            pending = pending[pending.rfind("\n") + 1:] if "\n" in pending else ""
         stripped = text.rstrip()
         out.append(TextDelta(pending + stripped[len(lead):]))
         self._c_pending = text[len(stripped):]

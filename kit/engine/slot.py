@@ -126,8 +126,9 @@ class ModelSlot:
                 raise ModelError(f"cannot load {info.id}: {e}") from None
             raise ModelError(
                 f"cannot load {info.id}: {e}\n{code} is Python code shipped with the model, "
-                f"which mlx-kit runs only when told to: pass --trust-remote-code (to serve or "
-                f"launch) if you trust that code; it runs with your user's rights",
+                f"which mlx-kit runs only when told to: start the server with --trust-remote-code "
+                f"(serve, or launch when no server runs: `mlx-kit stop` first) if you trust "
+                f"that code; it runs with your user's rights",
                 hint="--trust-remote-code runs the code of the model's repository") from None
         # One tiny generation so the first real request does not pay first-use costs
         # (kernel compilation, allocator growth, lazy imports inside mlx-lm).

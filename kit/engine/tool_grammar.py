@@ -278,8 +278,18 @@ def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | 
     the body format of ``family`` (an mlx-lm tool-parser name) is not known.
 
     Raises:
-        ValueError: a tool's parameters are not a JSON schema object.
+        ValueError: a tool's parameters are not a JSON schema object, or are nested too
+            deeply or list too many properties to build the grammar (the bodies recurse
+            per property: a hostile schema must be a 400, not a crash).
     """
+    try:
+        return _tool_call_grammar(family, tools)
+    except RecursionError:
+        raise ValueError("the tool's schema is too deeply nested or has too many properties "
+                         "to constrain a call to it") from None
+
+
+def _tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
     body = TOOL_CALL_BODIES.get(family or "") or (_module_body(family) if family else None)
     if body is None or not tools:
         return None

@@ -192,7 +192,27 @@ def for_tokenizer(tokenizer: object, folder: object = None) -> OutputFormat:
             configured = name if isinstance(name, str) and known(name) else None
         except (OSError, ValueError):
             pass
-    template = getattr(tokenizer, "chat_template", None)
+    template = template_text(getattr(tokenizer, "chat_template", None))
     vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
-    return load_format(detect(template if isinstance(template, str) else None, vocab,
-                              configured))
+    found = detect(template, vocab, configured)
+    if found.tool_format is None:
+        # what mlx-lm chose from its per-architecture defaults (e.g. muse_spark's
+        # TOKENIZER_DEFAULTS, with a Python chat template we cannot read)
+        inner = getattr(tokenizer, "_tokenizer", None)
+        name = (getattr(inner, "init_kwargs", None) or {}).get("tool_parser_type")
+        if isinstance(name, str) and known(name):
+            found = Detected(name, found.reasoning_format)
+    return load_format(found)
+
+
+def template_text(template: object) -> str | None:
+    """A chat template as text: named templates (a dict or a list of ``{"name",
+    "template"}``, as transformers and tokenizer_config.json hold them) joined, so every
+    one of them is searched for markup (the catalog reads them the same way)."""
+    if isinstance(template, str):
+        return template
+    if isinstance(template, dict):
+        return " ".join(str(t) for t in template.values())
+    if isinstance(template, list):
+        return " ".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return None

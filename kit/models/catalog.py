@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import STABLE_MODEL_ID
+from kit.formats.select import template_text
 from kit.models.resolve import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
 
@@ -116,10 +117,9 @@ def _chat_template(folder: Path) -> str:
             value = json.loads((folder / name).read_text()).get("chat_template")
         except (OSError, ValueError, AttributeError):
             continue
-        if isinstance(value, list):  # named templates
-            value = " ".join(str(t.get("template", "")) for t in value if isinstance(t, dict))
+        value = template_text(value)  # named templates joined, as the engine reads them
         if value:
-            return str(value)
+            return value
     return ""
 
 

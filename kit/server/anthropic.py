@@ -87,9 +87,11 @@ class Message(LenientModel):
 
 class ThinkingConfig(LenientModel):
     """``thinking``: ``enabled`` with a budget (at least 1024 tokens, as Anthropic's API
-    requires), ``disabled``, or ``adaptive`` (the model decides; Claude Code's default)."""
+    requires), ``disabled``, or ``adaptive`` (the model decides; Claude Code's default). A
+    type this server does not know (a newer beta) is taken as ``adaptive``, as other beta
+    fields are accepted and ignored."""
 
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Id
     budget_tokens: int | None = Field(default=None, ge=1024, le=MAX_TOKENS)
 
 
@@ -204,7 +206,7 @@ def thinking_options(body: MessagesRequest) -> dict[str, Any]:
     effort = body.output_config.effort if body.output_config else None
     field = "output_config.effort"
     t = body.thinking
-    if t is None or t.type == "adaptive":
+    if t is None or t.type not in ("enabled", "disabled"):  # adaptive, or a newer type
         return thinking_kwargs(effort, field=field)
     if t.type == "disabled":
         return thinking_kwargs(effort, budget=0, field=field)

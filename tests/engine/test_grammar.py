@@ -225,3 +225,18 @@ def test_a_bare_string_keeps_within_max_length(tokenizers, fmt):
             "gemma4": 'call:get_weather{{city:<|"|>{}<|"|>}}<tool_call|>'}[fmt]
     assert _accepts(tokenizers, grammar, call.format("Zürich"))
     assert not _accepts(tokenizers, grammar, call.format("Zürich!"))
+
+
+@pytest.mark.parametrize("family", ["qwen3_coder", "glm47", "gemma4", "json_tools"])
+def test_a_forced_call_to_a_tool_with_thousands_of_properties_is_a_value_error_not_a_crash(family):
+    # Regression: the per-property bodies recursed once per property: 993+ properties raised
+    # RecursionError, which reached the client as a 500 ("generation failed").
+    props = {f"p{i}": {"type": "string"} for i in range(3000)}
+    tool = {"type": "function", "function": {"name": "wide", "parameters": {
+        "type": "object", "properties": props}}}
+    try:
+        grammar = tool_call_grammar(family, [tool])
+    except ValueError as e:
+        assert "too many properties" in str(e) or "schema" in str(e)
+    else:
+        assert grammar and "p2999" in grammar

@@ -140,3 +140,46 @@ def test_no_reasoning_tokens_without_a_think_block():
     for t in ["Hi", " there", ""]:
         p.feed(t)
     assert p.reasoning_tokens == 0
+
+
+# -- hostile or unusual output through each family's real format (kit.formats) -------------
+
+def family_parser(name: str, prompt_tail: str = "", **kw) -> OutputParser:
+    from kit.formats.select import for_tokenizer
+    from tests.formats.test_select import TEMPLATES, Files
+
+    template, vocab = TEMPLATES[name]
+    fmt = for_tokenizer(Files(template, (*vocab, "<think>", "</think>")))
+    return OutputParser.for_format(fmt, prompt_tail, tools=TOOLS, **kw)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 100_000])
+def test_a_call_nested_deeper_than_the_stack_comes_back_as_text_not_an_exception(chunk):
+    # Regression: RecursionError escaped the parser (and failed every request of a batch).
+    deep = "[" * 1500 + "]" * 1500
+    raw = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": ' + deep
+           + '}}\n</tool_call>')
+    events = run(family_parser("json_tools"), raw, chunk)
+    assert not [e for e in events if isinstance(e, ToolCall)]
+    assert "get_weather" in text_of(events)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1000])
+def test_reasoning_after_a_call_made_inside_a_think_block_stays_reasoning(chunk):
+    # Regression: after the call the parser went back to the answer state, so the rest of
+    # the reasoning and its closing marker leaked into the content.
+    raw = ('<think>let me call<tool_call>\n{"name": "get_weather", "arguments": '
+           '{"city": "Paris"}}\n</tool_call>more thoughts</think>answer')
+    events = run(family_parser("json_tools"), raw, chunk)
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_weather"]
+    assert text_of(events) == "answer"
+    assert "more thoughts" in reasoning and "</think>" not in reasoning
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 1000])
+def test_the_answers_own_indentation_after_reasoning_is_kept(chunk):
+    # Regression: the separator dropped after </think> took the answer's indentation too.
+    raw = "<think>\nhm\n</think>\n\n    x = 1\n    y = 2\n"
+    events = run(family_parser("json_tools"), raw, chunk)
+    assert text_of(events).startswith("    x = 1\n    y = 2")

@@ -152,3 +152,24 @@ def test_a_template_that_renders_tools_in_no_parsed_format_reports_no_tools(tmp_
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     caps = capabilities(tmp_path, {})
     assert (caps.tools, caps.tool_format) == (False, None)
+
+
+def test_named_chat_templates_are_all_searched_for_markup():
+    """Hermes-3 style checkpoints keep ``default`` and ``tool_use`` templates: transformers
+    gives them as a dict; the tool markup is in one of them."""
+    template, _ = TEMPLATES["json_tools"]
+    named = Files("", ())
+    named.chat_template = {"default": "{{ messages }}", "tool_use": template}
+    assert for_tokenizer(named).tool_format == "json_tools"
+
+
+def test_a_parser_mlx_lm_chose_from_its_model_defaults_is_used_when_no_template_names_one():
+    """muse_spark checkpoints get their parser from mlx-lm's per-architecture defaults (and a
+    Python chat template no rule can read)."""
+
+    class Inner:
+        init_kwargs = {"tool_parser_type": "muse_spark"}
+
+    files = Files("", ())
+    files._tokenizer = Inner()
+    assert for_tokenizer(files).tool_format == "muse_spark"
