@@ -1,8 +1,11 @@
 """Which output format a model uses, from its chat template and vocab.
 
 :func:`detect` is pure Python and imports nothing heavy: the catalog names a model's formats
-from its files without loading it, and the engine builds the parser from the same answer
-(:func:`load_format`), so ``/v1/models`` and the parser cannot disagree.
+from its files without loading it, and the engine builds the parser with the same rules
+(:func:`load_format`). They read the same template, but not quite the same vocab: the
+catalog sees only the special tokens at the head of tokenizer.json, the engine the whole
+vocab, so a marker that is an ordinary token (rare) is found by the engine only; for the
+loaded model ``/v1/models`` reports what the engine found.
 
 The tool-format table follows mlx-lm's own selection (``mlx_lm.tokenizer_utils.
 _infer_tool_parser``: template markup first, then the vocab, in its order) with our
