@@ -9,6 +9,7 @@ from enum import Enum
 import logging
 import os
 import secrets
+import signal
 import socket
 from pathlib import Path
 from typing import List, Optional
@@ -17,7 +18,7 @@ import typer
 
 from kit.cli.console import err_console
 from kit.cli.options import TRUST_REMOTE_CODE
-from kit.errors import ConfigError, PortInUseError
+from kit.errors import ConfigError, PortInUseError, ServerError
 
 
 _FIRST_SCAN_WAIT_S = 60.0  # a hub cache on a slow disk: listen anyway, requests await it
@@ -122,6 +123,20 @@ def serve(
     docs: Optional[bool] = typer.Option(None, "--docs/--no-docs", help="Serve /openapi.json "
                                         "and /docs (default: on for a loopback bind)."),
     trust_remote_code: bool = TRUST_REMOTE_CODE,
+    ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="Spread the model over "
+                                        "N ranks with mlx.distributed (alone: N ranks on "
+                                        "this machine; with --hosts: the total)."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="HOST[,HOST...]: the machines "
+                                        "of the ranks, this one first (ring: IP addresses)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="An mlx.launch host file "
+                                           "(mlx.distributed_config writes one); one entry "
+                                           "per rank."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="ring (TCP, default), "
+                                          "jaccl (Thunderbolt RDMA), mpi or nccl (CUDA)."),
+    pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism (layers "
+                                  "split over ranks) instead of tensor parallelism."),
+    rank_timeout: float = typer.Option(300, "--rank-timeout", min=5, help="Seconds a rank "
+                                       "waits for the others before the server ends."),
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                        case_sensitive=False,
@@ -134,6 +149,9 @@ def serve(
     from kit.models.aliases import AliasTable
     from kit.models.memory import parse_size
 
+    from kit.engine.hosts import plan_world
+
+    world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
@@ -160,9 +178,18 @@ def serve(
             err_console.print(line)
 
     info = resolve_model(model, progress=progress)
-    engine = EngineProcess(info, prompt_cache_size=prompt_cache_size, ttl=ttl or None,
-                           memory_budget=budget, max_batch=max_batch,
-                           trust_remote_code=trust_remote_code)
+    options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
+                   memory_budget=budget, max_batch=max_batch,
+                   trust_remote_code=trust_remote_code)
+    if world is None:
+        engine = EngineProcess(info, **options)
+    else:
+        from kit.engine.world_process import DistributedEngine
+
+        # a lost rank ends the server (SIGTERM to ourselves: uvicorn's graceful shutdown)
+        engine = DistributedEngine(info, world, on_lost=lambda _why: os.kill(
+            os.getpid(), signal.SIGTERM), **options)
+        progress(f"starting {world.size} ranks ({world.backend}, {world.mode} parallel)")
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
@@ -184,3 +211,5 @@ def serve(
                     log_config=None, log_level=log_level.value, timeout_graceful_shutdown=5)
     finally:
         shutdown()
+    if getattr(engine, "lost", None):
+        raise ServerError(engine.lost, hint="see the log for every rank's output")

@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any
 
 from kit.engine.bridge import END
+from kit.engine.inbox import Inbox
 from kit.engine.pipeline import Pipeline
 from kit.engine.run import Job, Joined, Run
 from kit.engine.sampling import prefill_step_size
@@ -30,12 +31,13 @@ from kit.engine.types import EngineError
 log = logging.getLogger("mlx_kit.engine")
 
 
-def run_batch(pipeline: Pipeline, first: Job | None, jobs: queue.Queue, max_batch: int,
+def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int,
               joined: Joined | None = None) -> deque:
     """Serve ``first`` (and ``joined``, a request that started alone, see
     :func:`kit.engine.sequential.decode`) and every request that joins while the batch
-    runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's queue
-    (:class:`Job`, :class:`kit.engine.run.Swap` or None for the shutdown); every job
+    runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's
+    :class:`kit.engine.inbox.Inbox` (:class:`Job`, :class:`kit.engine.run.Swap` or None for
+    the shutdown; each pass of the loop is one of its sync points); every job
     served gets its events and END posted.
 
     Returns:
@@ -69,6 +71,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: queue.Queue, max_batc
             active[uid] = (run, joined.detok)
             run.cache = None
         while True:
+            jobs.sync()
             while True:  # admit what is queued, up to a barrier
                 try:
                     backlog.append(jobs.get_nowait())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kit.engine import reclaim
@@ -25,10 +26,16 @@ class _PipeServer:
     """The engine in the child: its worker loop runs on the main thread; a reader thread
     turns pipe messages into queued work; events and state go back through the pipe."""
 
-    def __init__(self, conn: Any, model: ModelInfo, **options: Any) -> None:
+    def __init__(self, conn: Any, model: ModelInfo,
+                 extra_state: Callable[[], dict[str, Any]] | None = None,
+                 **options: Any) -> None:
+        """``extra_state``: called at every state change (on the worker), its keys added
+        to the snapshot sent (a distributed engine's ``distributed``); ``options``:
+        :class:`Engine`'s keyword arguments."""
         self._conn = conn
         self._send_lock = threading.Lock()
         self._live: dict[int, Job] = {}
+        self._extra = extra_state
         self.engine = Engine(model, on_change=self._changed, **options)
 
     def send(self, message: tuple) -> None:
@@ -46,7 +53,10 @@ class _PipeServer:
                     self._conn.send(("reply", message[1], None, error))
 
     def _changed(self) -> None:
-        self.send(("state", self.engine.snapshot()))
+        snapshot = self.engine.snapshot()
+        if self._extra is not None:
+            snapshot.update(self._extra())
+        self.send(("state", snapshot))
 
     def _event_sink(self, jid: int) -> Any:
         def post(item: Any) -> None:
@@ -68,18 +78,18 @@ class _PipeServer:
                 message = self._conn.recv()
             except (EOFError, OSError):  # the server died: stop what runs, then exit
                 for job in list(self._live.values()):
-                    job.cancelled.set()
+                    engine.cancel(job)
                 engine.submit(None)
                 return
             kind = message[0]
             if kind == "gen":
-                job = Job(message[2], self._event_sink(message[1]))
+                job = Job(message[2], self._event_sink(message[1]), jid=message[1])
                 self._live[message[1]] = job
                 engine.submit(job)
             elif kind == "cancel":
                 job = self._live.get(message[1])
                 if job is not None:
-                    job.cancelled.set()
+                    engine.cancel(job)
             elif kind == "swap":
                 cid = message[1]
                 engine.submit(Swap(message[2], lambda r, e, cid=cid: self.send(
@@ -93,7 +103,7 @@ class _PipeServer:
                     self.send(("reply", message[1], None, e))
             elif kind == "stop":  # the server let its clients finish: the rest is abandoned
                 for job in list(self._live.values()):
-                    job.cancelled.set()
+                    engine.cancel(job)
                 engine.submit(None)
                 return
 

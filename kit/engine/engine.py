@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kit.engine.bridge import END, LoopSink, settle_from_thread
+from kit.engine.inbox import Inbox
 from kit.engine.interface import SwapResult
 from kit.engine.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.run import Job, Swap
@@ -72,6 +73,13 @@ class Engine:
             engine process forwards :meth:`snapshot` from here.
         trust_remote_code: let checkpoints run their own code when they load (every
             model this engine loads, swaps included; see :class:`ModelSlot`).
+        inbox: the worker's queue (default :class:`kit.engine.inbox.Inbox`; a distributed
+            engine's ranks share one through :class:`kit.engine.rank_inbox.RankInbox`).
+        loader: ``(path, trust_remote_code) -> (model, tokenizer)`` (default
+            ``mlx_lm.load``; a distributed engine's ranks pass ``mlx_lm``'s sharded load).
+        agree: ``error -> error``: what every rank decided about a load's checks (the
+            model found, fits, splits); default: this process's own ``error``. A load
+            goes ahead only when it returns None, so all ranks load or none does.
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -83,7 +91,10 @@ class Engine:
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
                  ttl: float | None = None, memory_budget: int | None = None,
                  max_batch: int = 8, on_change: Callable[[], None] | None = None,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, inbox: Inbox | None = None,
+                 loader: Callable[..., Any] | None = None,
+                 agree: Callable[[BaseException | None], BaseException | None] | None = None
+                 ) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -94,12 +105,15 @@ class Engine:
         self.load_seconds: float | None = None
         self.ttl = ttl
         self.max_batch = max_batch
-        self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code)
+        self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
+                              loader=loader)
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
+        self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
-        self._jobs: queue.Queue[Job | Swap | None] = queue.Queue()
+        self.inbox = inbox or Inbox()
+        self.pipeline.sync = self.inbox.sync
         self._thread = threading.Thread(target=self.run_worker, name="mlx-kit-engine",
                                         daemon=True)
         self._ready = threading.Event()
@@ -128,12 +142,16 @@ class Engine:
 
     def stop(self) -> None:
         """Ask the worker to finish after the queued work."""
-        self._jobs.put(None)
+        self.inbox.put(None)
 
     def submit(self, item: Job | Swap | None) -> None:
         """Queue a request, a swap, or None (stop after the work queued before it); any
         thread. :meth:`generate` and :meth:`swap` use it; so does the engine process."""
-        self._jobs.put(item)
+        self.inbox.put(item)
+
+    def cancel(self, job: Job) -> None:
+        """Ask ``job`` to stop at its next token; any thread (see :meth:`Inbox.cancel`)."""
+        self.inbox.cancel(job)
 
     def memory(self) -> dict[str, int | None]:
         """mlx's allocator: bytes in live arrays now and at peak, and the loaded weights'
@@ -226,7 +244,7 @@ class Engine:
         thread)."""
         try:
             t0 = time.perf_counter()
-            self.slot.install(self.slot.load(self.model_info, replacing=0))
+            self.slot.install(self._load(self.model_info, replacing=0))
             self.load_seconds = time.perf_counter() - t0
             self.state = "ready"
         except Exception as e:  # reported through state/error and /health; requests get it
@@ -243,13 +261,13 @@ class Engine:
         while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self.slot.loaded else None
             item = None  # a served request's prompt must not live on until the next one
-            if self.pipeline.reclaim and not backlog and self._jobs.empty():
+            if self.pipeline.reclaim and not backlog and self.inbox.empty():
                 self.pipeline.reclaim = False
                 from kit.engine import reclaim
 
                 reclaim.give_back()
             try:
-                item = backlog.popleft() if backlog else self._jobs.get(timeout=timeout)
+                item = backlog.popleft() if backlog else self.inbox.get(timeout=timeout)
             except queue.Empty:
                 self._unload()
                 continue
@@ -264,10 +282,10 @@ class Engine:
                 # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
                 # batch when another request arrives.
                 if self._next_is_job() or not self._can_start_alone(item):
-                    backlog.extend(run_batch(self.pipeline, item, self._jobs, self.max_batch))
+                    backlog.extend(run_batch(self.pipeline, item, self.inbox, self.max_batch))
                 elif (joined := serve_alone(self.pipeline, item,
                                             join=self._next_is_job)) is not None:
-                    backlog.extend(run_batch(self.pipeline, None, self._jobs, self.max_batch,
+                    backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
                                              joined=joined))
 
     def _served(self) -> None:
@@ -302,8 +320,7 @@ class Engine:
 
     def _next_is_job(self) -> bool:
         """Whether a request (not a swap or the shutdown) waits at the queue's head."""
-        with self._jobs.mutex:
-            return bool(self._jobs.queue) and isinstance(self._jobs.queue[0], Job)
+        return self.inbox.next_is_job()
 
     # -- model slot transitions --------------------------------------------------------------
 
@@ -323,7 +340,7 @@ class Engine:
         self.state = "loading"
         self._on_change()
         try:
-            self.slot.install(self.slot.load(self.model_info, replacing=0))
+            self.slot.install(self._load(self.model_info, replacing=0))
         except KitError as e:
             self.state = "unloaded"
             self._on_change()
@@ -333,19 +350,39 @@ class Engine:
         self._on_change()
         log.info("reloaded %s in %.2f s", self.model_info.id, time.perf_counter() - t0)
 
+    def _load(self, info: ModelInfo, replacing: int) -> Any:
+        """:meth:`ModelSlot.load` after its checks (fit, split) passed on every rank
+        (``agree``). Raises the checks' error, or the load's."""
+        error, weights = None, 0
+        try:
+            weights = self.slot.check_fit(info, replacing)
+        except Exception as e:
+            error = e
+        error = self._agree(error)
+        if error is not None:
+            raise error
+        return self.slot.load(info, replacing, weights=weights)
+
     def _swap(self, item: Swap) -> None:
         from kit.models.resolve import resolve_model
 
         t0 = time.perf_counter()
         previous = self.model_info.id
         try:
-            info = resolve_model(item.spec, progress=log.info)
+            error = None
+            try:
+                info = resolve_model(item.spec, progress=log.info)
+            except Exception as e:
+                error = e
+            error = self._agree(error)  # every rank found it, or none loads
+            if error is not None:
+                raise error
             if info.id == previous and self.slot.loaded:
                 item.done(SwapResult(info.id, previous, 0.0, False))
                 return
             log.info("swapping %s -> %s", previous, info.id)
-            loaded = self.slot.load(info, replacing=self.slot.weights_bytes
-                                    if self.slot.loaded else 0)
+            loaded = self._load(info, replacing=self.slot.weights_bytes
+                                if self.slot.loaded else 0)
         except Exception as e:
             log.warning("swap to %s failed, %s keeps serving: %s", item.spec, previous, e)
             item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))

@@ -129,6 +129,7 @@ class Pipeline:
         self.sampling = Sampling(slot)
         self.cache = cache
         self.reclaim = False  # a large prompt was prepared: give memory back when idle
+        self.sync: Callable[[], None] = lambda: None  # the engine's Inbox.sync
         self._servable, self._served = servable, served
 
     def admit(self, job: Job) -> bool:

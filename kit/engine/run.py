@@ -28,6 +28,7 @@ class Job:
     request: ChatRequest
     sink: Callable[[Any], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    jid: int = 0  # the pipe's id of it (0 in-process); ranks name the job by it
 
     def post(self, item: Any) -> None:
         """Hand one event, exception or END to the caller (any thread)."""

@@ -65,6 +65,7 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
 
     def check_cancelled(_done: int, _total: int) -> None:
+        pipeline.sync()  # a prefill chunk is a sync point of a distributed engine
         if job.cancelled.is_set():  # the client left during prefill: stop it there
             raise Cancelled
 
@@ -96,6 +97,7 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         run.emit(run.parser.feed(gen.text))
         if run.parser.stopped:
             break
+        pipeline.sync()  # what rank 0 saw since the last token (cancels, arrivals)
         if job.cancelled.is_set():
             finish_reason = "cancelled"
             break

@@ -72,14 +72,17 @@ class ModelSlot:
         weights_bytes: the installed model's weights, bytes (its estimate).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
+        loader: ``(path, trust_remote_code) -> (model, tokenizer)``; None: ``mlx_lm.load``
+            (a distributed engine's ranks pass a sharded load, see :mod:`kit.engine.rank`).
         trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
             ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
             in config.json) run when it loads; off unless ``serve --trust-remote-code``.
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, loader: Any = None) -> None:
         self.info = info
+        self._loader = loader
         self.memory_budget = memory_budget
         self.trust_remote_code = trust_remote_code
         self.model: Any = None
@@ -97,11 +100,13 @@ class ModelSlot:
 
     # -- load / install / release ------------------------------------------------------------
 
-    def load(self, info: ModelInfo, replacing: int) -> Loaded:
+    def load(self, info: ModelInfo, replacing: int, weights: int | None = None) -> Loaded:
         """Check ``info`` fits, load it and warm it up (the slot is unchanged).
 
         Args:
             replacing: bytes of weights that will be freed once this load succeeds.
+            weights: what :meth:`check_fit` returned when the caller ran it already
+                (None: run it here).
 
         Raises:
             ModelDoesNotFitError: the estimate is over the budget.
@@ -111,15 +116,20 @@ class ModelSlot:
         from kit.engine.blas import preload_blas
 
         blas = preload_blas()
-        weights = self.check_fit(info, replacing)
+        if weights is None:
+            weights = self.check_fit(info, replacing)
         t0 = time.perf_counter()
         from mlx_lm import load, stream_generate
 
         trust = self.trust_remote_code
         try:
             # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
-            model, tokenizer = load(str(info.path), tokenizer_config={"trust_remote_code": trust},
-                                    trust_remote_code=trust)
+            if self._loader is not None:
+                model, tokenizer = self._loader(str(info.path), trust)
+            else:
+                model, tokenizer = load(str(info.path),
+                                        tokenizer_config={"trust_remote_code": trust},
+                                        trust_remote_code=trust)
         except Exception as e:
             code = None if trust else remote_code(info.path)
             if code is None:

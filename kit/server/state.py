@@ -172,4 +172,5 @@ class ServerState:
                 "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
-                                      for k in ("temperature", "top_p", "top_k", "min_p")}}
+                                      for k in ("temperature", "top_p", "top_k", "min_p")},
+                **({"distributed": e.distributed} if getattr(e, "distributed", None) else {})}

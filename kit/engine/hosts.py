@@ -1,0 +1,189 @@
+"""Which ranks a distributed engine runs and how ``mlx.launch`` starts them, from
+``serve``'s ``--ranks`` / ``--hosts`` / ``--hostfile`` / ``--backend`` / ``--pipeline``.
+Pure Python (the HTTP process never imports mlx): :func:`plan_world` checks the flags and
+:meth:`WorldPlan.command` writes the ``mlx.launch`` command line.
+
+Host files are ``mlx.launch``'s JSON format (``mlx.distributed_config`` writes them): a
+list of ``{"ssh": NAME, "ips": [IP, ...]}`` or ``{"backend": ..., "envs": [...], "hosts":
+[...]}``; each entry is one rank.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.errors import ConfigError
+
+BACKENDS = ("ring", "jaccl", "mpi", "nccl")
+MAX_RANKS = 64
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether ``host`` (a name or an IP) names this machine: loopback, its host name,
+    or an address of one of its interfaces (``psutil.net_if_addrs``)."""
+    if host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        return False
+    import psutil
+
+    return any(a.address.split("%")[0] == host
+               for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """The ranks to start.
+
+    Attributes:
+        backend: ``ring``, ``jaccl``, ``mpi`` or ``nccl``.
+        hosts: each rank's host (rank order; rank 0 is this machine).
+        hostfile: the user's host file (then ``mlx.launch`` reads it), or None.
+        pipeline: pipeline parallelism (layers split over ranks) instead of tensor
+            parallelism (each layer's heads and MLP split over ranks).
+        timeout: seconds a rank may wait for the others before it gives up.
+    """
+
+    backend: str
+    hosts: tuple[str, ...]
+    hostfile: Path | None
+    pipeline: bool
+    timeout: float
+
+    @property
+    def size(self) -> int:
+        """The world size (ranks)."""
+        return len(self.hosts)
+
+    @property
+    def mode(self) -> str:
+        """``tensor`` or ``pipeline``."""
+        return "pipeline" if self.pipeline else "tensor"
+
+    @property
+    def local(self) -> bool:
+        """Whether every rank runs on this machine (over loopback)."""
+        return all(h == "127.0.0.1" for h in self.hosts)
+
+    def command(self, python: str, port: int, env: dict[str, str]) -> list[str]:
+        """The ``mlx.launch`` command line that starts every rank as ``python -m
+        kit.engine.rank`` (``port``: the ring backend's first port; ``env``: variables
+        every rank gets, remote ones too)."""
+        cmd = [python, "-c", "import sys; from mlx._distributed_utils.launch import main; "
+               "sys.argv[0] = 'mlx.launch'; sys.exit(main())",
+               "--backend", self.backend, "--python", python]
+        if self.hostfile is not None:
+            cmd += ["--hostfile", str(self.hostfile)]
+        else:
+            distinct = list(dict.fromkeys(self.hosts))
+            cmd += ["--hosts", ",".join(distinct),
+                    "-n", str(self.size // len(distinct))]
+        if self.backend == "ring":
+            cmd += ["--starting-port", str(port)]
+        elif self.backend == "nccl":
+            cmd += ["--nccl-port", str(port)]
+        for key, value in env.items():
+            cmd += ["--env", f"{key}={value}"]
+        return [*cmd, "--", "-m", "kit.engine.rank"]
+
+
+def _hostfile_hosts(path: Path) -> tuple[list[str], str]:
+    """Each rank's host in ``path`` (its first IP, else its ssh name) and the backend it
+    names ("" when none).
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or not mlx.launch's format.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--hostfile {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(f"--hostfile {path}: not JSON ({e})") from None
+    backend = ""
+    if isinstance(data, dict):
+        backend = data.get("backend") or ""
+        data = data.get("hosts")
+    if not isinstance(data, list) or not data or not all(
+            isinstance(h, dict) and isinstance(h.get("ssh"), str) for h in data):
+        raise ConfigError(f"--hostfile {path}: expected a list of {{\"ssh\": NAME, \"ips\": "
+                          "[IP, ...]}} entries (or {\"hosts\": [...]})",
+                          hint="mlx.distributed_config writes one")
+    hosts = []
+    for h in data:
+        ips = h.get("ips") if isinstance(h.get("ips"), list) else []
+        hosts.append(ips[0] if ips and isinstance(ips[0], str) else h["ssh"])
+    return hosts, str(backend)
+
+
+def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
+               backend: str | None, pipeline: bool, timeout: float) -> WorldPlan | None:
+    """The ranks ``serve``'s flags ask for; None for a single process (no flag given,
+    or ``--ranks 1`` alone).
+
+    Raises:
+        ConfigError: flags that contradict each other, a rank count that is not
+            possible, rank 0 not on this machine, an unknown backend, a bad host file.
+    """
+    if ranks is None and hosts is None and hostfile is None:
+        if pipeline or backend:
+            raise ConfigError("--pipeline and --backend need --ranks, --hosts or --hostfile")
+        return None
+    if hosts is not None and hostfile is not None:
+        raise ConfigError("give --hosts or --hostfile, not both")
+    if backend is not None and backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: one of {', '.join(BACKENDS)}")
+    path = None
+    if hostfile is not None:
+        path = Path(hostfile).expanduser()
+        listed, file_backend = _hostfile_hosts(path)
+        backend = backend or file_backend or None
+        if ranks is not None and ranks != len(listed):
+            raise ConfigError(f"--ranks {ranks} but {path} lists {len(listed)} ranks",
+                              hint="each host file entry is one rank; drop --ranks")
+        every = listed
+    elif hosts is not None:
+        names = [h.strip() for h in hosts.split(",")]
+        if not names or any(not h for h in names):
+            raise ConfigError(f"--hosts {hosts!r}: a comma-separated list of hosts",
+                              hint="e.g. --hosts 10.0.0.1,10.0.0.2")
+        n = ranks or len(names)
+        if n % len(names):
+            raise ConfigError(f"--ranks {n} is not a multiple of the {len(names)} hosts",
+                              hint="--ranks is the total; each host runs the same count")
+        every = [h for h in names for _ in range(n // len(names))]
+    else:
+        every = ["127.0.0.1"] * ranks
+    if not 1 <= len(every) <= MAX_RANKS:
+        raise ConfigError(f"--ranks {len(every)}: between 1 and {MAX_RANKS}")
+    if len(every) == 1 and hosts is None and hostfile is None and not pipeline:
+        return None
+    backend = backend or "ring"
+    if not is_this_machine(every[0]):
+        raise ConfigError(f"rank 0 would run on {every[0]}, not on this machine: rank 0 "
+                          "answers HTTP here", hint="list this machine first")
+    if backend == "ring" and path is None:
+        for h in dict.fromkeys(every):
+            try:
+                ipaddress.ip_address(h)
+            except ValueError:
+                raise ConfigError(f"--hosts {h}: the ring backend needs IP addresses, not "
+                                  "host names", hint="use IPs, or a --hostfile with "
+                                  "\"ips\" (mlx.distributed_config writes one)") from None
+    every = ["127.0.0.1" if is_this_machine(h) and h in _LOCAL_NAMES else h for h in every]
+    return WorldPlan(backend, tuple(every), path, pipeline, timeout)
+
+
+def python_for_ranks() -> str:
+    """The interpreter every rank runs (the same path on every host: install mlx-kit in
+    the same virtual environment path on each)."""
+    return sys.executable

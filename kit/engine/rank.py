@@ -1,0 +1,150 @@
+"""One rank of a distributed engine: ``python -m kit.engine.rank``, started on every host
+by ``mlx.launch`` (see :mod:`kit.engine.world_process`, the server's side).
+
+Every rank joins the group (:class:`kit.engine.world.World`), loads its shard with
+mlx-lm's ``sharded_load`` and runs the same :class:`kit.engine.engine.Engine` worker loop
+over a :class:`kit.engine.rank_inbox.RankInbox`. Rank 0 also connects to the server
+(a ``multiprocessing.connection`` Unix socket whose authkey is in a file only the user can
+read, both in the directory ``MLX_KIT_CONTROL`` names) and serves the same pipe protocol
+as a single engine process (:mod:`kit.engine.child`): its first message is ``("init",
+model, options, log_level)``, which rank 0 shares with the others.
+
+A rank whose peers are gone (a collective fails, or the watchdog sees none answer for
+``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.world.EXIT_PEER_LOST`; a
+rank that fails on its own (its shard cannot load) exits 1, so the server can tell which
+rank failed first. ``mlx.launch`` then ends the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+def _logging(rank: int) -> None:
+    # the rank in every line: mlx.launch merges every rank's output into one stream
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s rank {rank} "
+                               f"[{socket.gethostname()}] %(name)s: %(message)s")
+
+
+def _fatal(message: str, code: int) -> None:
+    """Log and leave at once: a rank that cannot follow the others must not run any
+    more collectives (a ``finally`` that reports state would pair with the wrong ones)."""
+    log.error("%s", message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)
+
+
+def sharded_loader(world: Any, pipeline: bool) -> Any:
+    """A :class:`kit.engine.slot.ModelSlot` loader: mlx-lm's ``sharded_load`` over the
+    whole group, tensor or pipeline parallel. Its own failure ends this rank (exit 1):
+    the other ranks are inside the same load's collectives by then."""
+    def load(path: str, trust: bool) -> tuple[Any, Any]:
+        from mlx_lm.utils import sharded_load
+
+        group = world.group
+        world.paused = True
+        try:
+            return sharded_load(path, pipeline_group=group if pipeline else None,
+                                tensor_group=None if pipeline else group,
+                                tokenizer_config={"trust_remote_code": trust},
+                                trust_remote_code=trust)
+        except Exception as e:
+            _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
+                   f"{type(e).__name__}: {e}", 1)
+        finally:
+            world.paused = False
+        raise AssertionError  # unreachable
+    return load
+
+
+def _connect(control: Path) -> Any:
+    from multiprocessing.connection import Client
+
+    authkey = (control / "authkey").read_bytes()
+    return Client(str(control / "socket"), family="AF_UNIX", authkey=authkey)
+
+
+def main() -> None:
+    """Run this rank until the server says stop, goes away, or a peer is lost."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
+    # mlx.launch waits on each rank's stdin being writable and spins while it is (about
+    # 13% of a core per rank, measured with idle ranks); with ours closed, the one byte
+    # the server then writes fails with EPIPE and mlx.launch stops watching it.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    from kit.engine.blas import preload_blas
+
+    preload_blas()  # before mlx is imported
+    from kit.engine.world import EXIT_PEER_LOST, World, WorldLost
+
+    backend = os.environ.get("MLX_KIT_BACKEND", "ring")
+    pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
+    timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
+    try:
+        world = World.init(backend, timeout)
+    except RuntimeError as e:
+        _logging(int(os.environ.get("MLX_RANK", "0") or 0))
+        _fatal(f"cannot join the {backend} group: {e}", 1)
+    _logging(world.rank)
+    conn = None
+    try:
+        setup = None
+        if world.rank == 0:
+            conn = _connect(Path(os.environ["MLX_KIT_CONTROL"]))
+            _kind, model, options, level = conn.recv()
+            setup = (model, options, level)
+        model, options, level = world.share(setup)
+        logging.getLogger("mlx_kit").setLevel(level)
+        world.seed()
+        world.start_watchdog()
+        _run(world, conn, model, options, backend, pipeline)
+    except WorldLost as e:
+        _fatal(f"{e}; this rank stops (a peer exited or cannot be reached)", EXIT_PEER_LOST)
+    _fatal_free_exit()
+
+
+def _fatal_free_exit() -> None:
+    logging.shutdown()
+    os._exit(0)  # no interpreter teardown: mlx's group would be torn down under peers
+
+
+def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
+         pipeline: bool) -> None:
+    from kit.engine.child import _PipeServer
+    from kit.engine.engine import Engine
+    from kit.engine.rank_inbox import RankInbox
+
+    def ranks() -> dict[str, Any]:
+        """Every rank's host, pid and memory (collective: at every state change)."""
+        mine = {"rank": world.rank, "host": world.host, "pid": os.getpid(),
+                "memory": engine.memory()}
+        return {"distributed": {"world_size": world.size, "backend": backend,
+                                "mode": "pipeline" if pipeline else "tensor",
+                                "ranks": world.gather(mine)}}
+
+    extra = {"inbox": RankInbox(world), "loader": sharded_loader(world, pipeline),
+             "agree": world.agree}
+    if world.rank == 0:
+        server = _PipeServer(conn, model, extra_state=ranks, **options, **extra)
+        engine = server.engine
+        threading.Thread(target=server.read_commands, name="mlx-kit-engine-pipe",
+                         daemon=True).start()
+    else:
+        engine = Engine(model, on_change=ranks, **options, **extra)
+    engine.run_worker()
+
+
+if __name__ == "__main__":
+    main()

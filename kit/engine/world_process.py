@@ -1,0 +1,272 @@
+"""The server's side of a distributed engine: :class:`DistributedEngine` starts every rank
+with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 exactly as
+:class:`kit.engine.process.EngineProcess` talks to its one engine process.
+
+- Start: a private directory (mode 0700) holds a Unix socket and a random authkey
+  (mode 0600); ``mlx.launch`` runs in a session of its own (so Ctrl-C in the terminal does
+  not reach the ranks; the server stops them through rank 0) and rank 0 connects to the
+  socket. :meth:`DistributedEngine.start` waits for that connection, then the model loads
+  on every rank while ``state`` is ``loading``.
+- What the ranks print goes to the server's log, line by line. ``mlx.launch`` reports
+  every rank's exit ("Node with rank N exited with code C"); the first rank that exited
+  with a status other than :data:`kit.engine.world.EXIT_PEER_LOST` (the status of ranks
+  that lost a peer) is the one that failed, and the error names it and its host.
+- A lost world is not restarted: ``state`` is ``failed``, open requests fail with that
+  error, and ``on_lost(error)`` tells the server to end (a model spread over several
+  machines needs its operator, not a loop of restarts).
+- Stop: ``("stop",)`` to rank 0 ends every rank; if they have not exited after the
+  timeout, the whole ``mlx.launch`` process group is terminated (it is ours: we made it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kit.engine.hosts import WorldPlan, python_for_ranks
+from kit.engine.process import EngineProcess, _Link
+from kit.engine.types import EngineUnavailable
+from kit.errors import ServerError
+from kit.models.resolve import ModelInfo
+
+log = logging.getLogger("mlx_kit.engine")
+ranks_log = logging.getLogger("mlx_kit.ranks")
+
+_CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
+_EXIT_LINE = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
+EXIT_PEER_LOST = 75  # kit.engine.world.EXIT_PEER_LOST (that module imports mlx)
+
+
+class _Launched:
+    """``mlx.launch``'s process, with the part of ``multiprocessing.Process``'s interface
+    :class:`kit.engine.process.EngineProcess` uses (pid, exitcode, join, terminate)."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self) -> None:
+        """SIGTERM to the process group ``mlx.launch`` leads (its local ranks and ssh
+        sessions); then SIGKILL to what is left after 5 s."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.popen.pid, sig)  # start_new_session: pgid == its pid
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(5)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _free_ports(count: int) -> int:
+    """A first port of ``count`` consecutive free TCP ports on loopback (the ring
+    backend listens on one per rank)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        try:
+            for p in range(base, base + count):
+                with socket.socket() as t:
+                    t.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return base
+    raise ServerError("no free ports for the ring backend")
+
+
+class DistributedEngine(EngineProcess):
+    """:class:`kit.engine.interface.EngineLike` over several ranks (``plan``). State,
+    counters, memory and capabilities come from rank 0; ``distributed`` (``/health``)
+    is ``{world_size, backend, mode, ranks: [{rank, host, pid, memory}]}`` once the
+    ranks reported.
+
+    Args:
+        model: what to load first.
+        plan: the ranks (:func:`kit.engine.hosts.plan_world`).
+        on_lost: called once, from a thread, with the error when the world is lost.
+        **options: :class:`kit.engine.engine.Engine`'s keyword arguments.
+    """
+
+    def __init__(self, model: ModelInfo, plan: WorldPlan,
+                 on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+        super().__init__(model, **options)
+        self.plan = plan
+        self.distributed: dict[str, Any] = {
+            "world_size": plan.size, "backend": plan.backend, "mode": plan.mode,
+            "ranks": [{"rank": r, "host": h, "pid": None, "memory": None}
+                      for r, h in enumerate(plan.hosts)]}
+        self._on_lost = on_lost
+        self._exits: list[tuple[int, int | None]] = []  # (rank, code) as mlx.launch said
+        self._errors: dict[int, str] = {}  # each rank's last ERROR line
+        self._output: threading.Thread | None = None
+        self._control: Path | None = None
+        self.lost: str | None = None
+
+    def start(self) -> None:
+        """Start every rank and wait until rank 0 connected (then the model loads).
+
+        Raises:
+            ServerError: the ranks did not come up (the reason, from their output).
+        """
+        control = Path(tempfile.mkdtemp(prefix="mlx-kit-ranks-"))  # 0700
+        self._control = control
+        key = control / "authkey"
+        authkey = secrets.token_bytes(32)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(authkey)
+        from multiprocessing.connection import Listener
+
+        listener = Listener(str(control / "socket"), family="AF_UNIX", authkey=authkey)
+        env = {"MLX_KIT_CONTROL": str(control), "MLX_KIT_BACKEND": self.plan.backend,
+               "MLX_KIT_PIPELINE": "1" if self.plan.pipeline else "0",
+               "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout)}
+        port = _free_ports(self.plan.size) if self.plan.local else 32323
+        cmd = self.plan.command(python_for_ranks(), port, env)
+        log.info("starting %d ranks (%s, %s parallel): %s", self.plan.size,
+                 self.plan.backend, self.plan.mode, " ".join(cmd))
+        popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, **env})
+        launched = _Launched(popen)
+        self._output = threading.Thread(target=self._read_output, args=(popen,),
+                                        name="mlx-kit-ranks-output", daemon=True)
+        self._output.start()
+        conn = self._accept(listener, launched)
+        try:  # every rank closed its stdin by now: see kit/engine/rank.py's main()
+            assert popen.stdin is not None
+            popen.stdin.write(b"\n")
+            popen.stdin.flush()
+        except OSError:
+            pass
+        conn.send(("init", self.model_info, self._options,
+                   logging.getLogger("mlx_kit").getEffectiveLevel()))
+        self._link = link = _Link(conn, launched)
+        threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
+                         daemon=True).start()
+
+    def _accept(self, listener: Any, launched: _Launched) -> Any:
+        """Rank 0's connection; fails when ``mlx.launch`` exits or the ranks take longer
+        than :data:`_CONNECT_TIMEOUT_S`."""
+        got: list[Any] = []
+        done = threading.Event()
+
+        def accept() -> None:
+            try:
+                got.append(listener.accept())
+            except Exception as e:  # closed below, or a peer without the authkey
+                got.append(e)
+            done.set()
+        threading.Thread(target=accept, name="mlx-kit-ranks-accept", daemon=True).start()
+        waited = 0.0
+        while not done.wait(0.2):
+            waited += 0.2
+            if launched.exitcode is not None or waited > _CONNECT_TIMEOUT_S:
+                break
+        listener.close()
+        if got and not isinstance(got[0], BaseException):
+            return got[0]
+        if launched.exitcode is None:
+            launched.terminate()
+        if self._output is not None:
+            self._output.join(5)
+        self._cleanup()
+        raise ServerError(f"the {self.plan.size} ranks did not start: {self._why()}",
+                          hint="see the log for every rank's output")
+
+    def _read_output(self, popen: subprocess.Popen) -> None:
+        """Every line the ranks and mlx.launch print, into the log; exits noted."""
+        assert popen.stdout is not None
+        for raw in popen.stdout:
+            line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
+            if not line:
+                continue
+            ranks_log.info("%s", line)
+            if m := _EXIT_LINE.search(line):
+                code = int(m.group(2)) if m.group(2) is not None else None
+                self._exits.append((int(m.group(1)), code))
+            elif m := _RANK_ERROR.search(line):
+                self._errors[int(m.group(1))] = m.group(2)
+
+    def _why(self) -> str:
+        """Which rank failed first and why, from mlx.launch's exit lines and the ranks'
+        last errors."""
+        failed = [(r, c) for r, c in self._exits if c not in (0, EXIT_PEER_LOST)]
+        if not failed and self._exits:
+            failed = self._exits[:1]
+        if not failed:
+            return "no rank reported why (see the log)"
+        rank, code = failed[0]
+        host = self.plan.hosts[rank] if rank < len(self.plan.hosts) else "?"
+        how = ("was killed" if code is None else
+               f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        why = f"rank {rank} on {host} {how}"
+        if rank in self._errors:
+            why += f": {self._errors[rank]}"
+        return why
+
+    def _cleanup(self) -> None:
+        if self._control is not None:
+            shutil.rmtree(self._control, ignore_errors=True)
+            self._control = None
+
+    def _alive_link(self) -> _Link:
+        """The running world's link; a lost world is not restarted.
+
+        Raises:
+            EngineUnavailable: the server is stopping or the world was lost.
+        """
+        with self._start_lock:
+            if self._stopping:
+                raise EngineUnavailable("the server is shutting down")
+            assert self._link is not None, "start() first"
+            if self._link.process.exitcode is not None or self.lost:
+                raise EngineUnavailable(self.lost or "the distributed engine has stopped")
+            return self._link
+
+    def _gone(self, link: _Link) -> None:
+        # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch
+        link.process.join(15)
+        if self._output is not None:
+            self._output.join(5)
+        self._cleanup()
+        super()._gone(link)
+
+    def _after_death(self, code: int | None, error: Any) -> None:
+        """The world ended without being asked to: failed, named, and the server told."""
+        self.lost = f"the distributed engine stopped: {self._why()}"
+        self.state, self.error = "failed", self.lost
+        log.error("%s", self.lost)
+        if self._on_lost is not None:
+            threading.Thread(target=self._on_lost, args=(self.lost,), daemon=True).start()
