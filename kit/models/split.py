@@ -108,6 +108,12 @@ def parse_hosts(text: str) -> list[str]:
 
 # --- the rules of each family's shard() ------------------------------------------------------
 
+def _int(cfg: dict, name: str) -> int:
+    """``cfg[name]`` when it is a positive int, else 0."""
+    value = cfg.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _dense_layers(module: str, cfg: dict) -> bool:
     """Whether an MoE model also has dense MLP layers (whose ``intermediate_size`` shard()
     divides); dense families always do."""
@@ -126,19 +132,16 @@ def _divided_fields(module: str, cfg: dict) -> list[tuple[str, int]]:
     llama-like (llama, qwen2, qwen3, mistral, ...): heads, KV heads, the MLP width;
     qwen3_moe / glm4_moe: + the experts' width; deepseek_v2/v3 (MLA): heads and the MLP
     widths, no KV heads; gpt_oss: heads, KV heads and the experts' intermediate_size."""
-    heads = cfg.get("num_attention_heads")
     names = ["num_attention_heads"]
     if not module.startswith("deepseek"):
         names.append("num_key_value_heads")
     if _dense_layers(module, cfg):
         names.append("intermediate_size")
     names.append("moe_intermediate_size")
-    out = []
-    for name in names:
-        value = cfg.get(name, heads if name == "num_key_value_heads" else None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            out.append((name, value))
-    return out
+    values = [(n, _int(cfg, n) or (_int(cfg, "num_attention_heads")
+                                    if n == "num_key_value_heads" and n not in cfg else 0))
+              for n in names]
+    return [(n, v) for n, v in values if v]
 
 
 def _check_tensor(module: str, cfg: dict, quant: dict, ranks: int, pipeline_ok: bool) -> None:
@@ -148,8 +151,8 @@ def _check_tensor(module: str, cfg: dict, quant: dict, ranks: int, pipeline_ok: 
     if isinstance(group, int) and group > 0:
         # a quantized sharded-to-all layer is cut along its scales: its input width must
         # hold a whole number of groups per rank
-        heads, hidden = cfg.get("num_attention_heads") or 0, cfg.get("hidden_size") or 0
-        head_dim = cfg.get("head_dim") or (hidden // heads if heads else 0)
+        heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
+        head_dim = _int(cfg, "head_dim") or (hidden // heads if heads else 0)
         widths = [("num_attention_heads x head_dim", heads * head_dim)] + [
             (n, v) for n, v in fields if n.endswith("intermediate_size")]
         fields += [(f"{n} / quantization group_size {group}", w // group)
@@ -228,6 +231,9 @@ def plan_split(folder: Path, ranks: int, pipeline: bool = False,
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
         raise SplitError(f"ranks must be 1 to {MAX_RANKS}, not {ranks!r}")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or context < 0):
+        raise SplitError(f"context must be a token count, not {context!r}")
     from kit.models.resolve import read_context_window
 
     try:
@@ -240,6 +246,8 @@ def plan_split(folder: Path, ranks: int, pipeline: bool = False,
     context = context if context is not None else read_context_window(folder)
     try:
         kv_per_token = kv_bytes_per_token(config)
+        if not isinstance(kv_per_token, int) or kv_per_token < 0:  # e.g. "64" * 2: a str
+            raise TypeError(kv_per_token)
     except (TypeError, ValueError, ZeroDivisionError):
         raise SplitError("config.json's attention sizes (num_hidden_layers, "
                          "num_key_value_heads, head_dim) are not numbers") from None

@@ -354,3 +354,15 @@ def test_starter_splits_over_3_ranks_not_2(hf_home):
     assert e.value.hint == "rank counts that split this model: 3"
     q4 = plan_split(_starter_folder(hf_home, "SmolLM2-135M-Instruct-4bit"), 3)
     assert q4.per_rank[0].weights_bytes < three.per_rank[0].weights_bytes
+
+
+def test_config_sizes_that_are_not_numbers_are_split_errors(tmp_path):
+    folder = llama_like(tmp_path / "m", quantization={"group_size": 64, "bits": 4})
+    config = json.loads((folder / "config.json").read_text())
+    for bad in ({"head_dim": "64"}, {"hidden_size": None}, {"num_hidden_layers": "2"},
+                {"num_key_value_heads": "3"}, {"quantization": "4bit"}):
+        (folder / "config.json").write_text(json.dumps({**config, **bad}))
+        try:
+            plan_split(folder, 3)
+        except SplitError:
+            pass  # refused with a message; anything else (TypeError...) fails the test
