@@ -315,7 +315,8 @@ def test_fit_hosts_runs_one_rank_per_host_and_checks_only_this_machine(hf_home, 
     for args, message in [(["--hosts", "a,,b"], "error: --hosts: '' is not a host name"),
                           (["--hosts", "a,b", "--ranks", "3"],
                            "error: --ranks 3 is not a multiple of the 2 hosts"),
-                          (["--ranks", "65"], "error: ranks must be 1 to 64, not 65")]:
+                          (["--ranks", "65"], "error: ranks must be 1 to 64, not 65"),
+                          (["--pipeline"], "error: --pipeline needs --ranks N or --hosts")]:
         bad = run_kit(home, "fit", STARTER, *args, hf_home=hf_home)
         assert bad.returncode == 1 and bad.stderr.startswith(message), (args, bad.stderr)
     assert run_kit(home, "fit", STARTER, "--ranks", "0", hf_home=hf_home).returncode == 2

@@ -82,7 +82,8 @@ def fit(
     pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
                                   "pipeline mode) instead of tensor parallelism."),
 ) -> None:
-    """Estimate the memory MODEL needs (weights + KV cache) against what is available."""
+    """Estimate the memory MODEL needs (weights + KV cache) against what is available;
+    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks."""
     from kit.models.memory import available_bytes, estimate, human
     from kit.models.resolve import resolve_model
 
@@ -110,6 +111,9 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     from kit.models.resolve import resolve_model
     from kit.models.split import parse_hosts, plan_split
 
+    if ranks is None and hosts is None:
+        raise ConfigError("--pipeline needs --ranks N or --hosts H1,H2",
+                          hint="e.g. --ranks 2 --pipeline")
     host_list = parse_hosts(hosts) if hosts is not None else None
     n = ranks if ranks is not None else len(host_list) if host_list else 1
     if host_list and n % len(host_list):
