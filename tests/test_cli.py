@@ -262,3 +262,61 @@ def test_an_error_naming_a_toml_table_prints_it_not_as_markup(home):
     assert r.returncode == 1
     assert "hint: toy's [vars]: x" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+# --- fit --ranks: how a model splits over mx.distributed ranks ------------------------------
+
+STARTER = "mlx-kit/SmolLM2-135M-Instruct"
+
+
+def _share_rows(stdout: str) -> list[list[str]]:
+    """The per-rank rows of `fit --ranks` (plain text: rank, layers, weights, KV, total)."""
+    rows = [line.split() for line in stdout.splitlines()]
+    return [r for r in rows if r and r[0].isdigit()]
+
+
+def test_fit_ranks_3_prints_each_ranks_share_of_the_starter(hf_home, home):
+    r = run_kit(home, "fit", STARTER, "--ranks", "3", "--ctx", "4096", hf_home=hf_home)
+    assert r.returncode == 0, r.stderr
+    assert f"{STARTER} over 3 ranks: tensor parallel, KV cache for 4096 tokens" in r.stdout
+    rows = _share_rows(r.stdout)
+    # rank, layers (all 30 on every rank), weights 538 MB / 3 + the whole embeddings, KV
+    # 4096 tokens x 30 layers x 1 of 3 KV heads x 64 x 2 (K, V) x 4 bytes
+    assert [row[:2] for row in rows] == [["0", "0-29"], ["1", "0-29"], ["2", "0-29"]]
+    assert all(row[2:4] == ["254.94", "MB"] and row[4:6] == ["62.91", "MB"] for row in rows)
+    assert "ranks 0-2 on this machine: 953.58 MB" in r.stdout and "-> fits" in r.stdout
+    huge = run_kit(home, "fit", STARTER, "--ranks", "3", "--ctx", "100000000",
+                   hf_home=hf_home)
+    assert huge.returncode == 2 and "does NOT fit" in huge.stdout
+    plain = run_kit(home, "fit", STARTER, "--ctx", "2048", hf_home=hf_home)
+    assert plain.returncode == 0 and "weights:" in plain.stdout and "rank" not in plain.stdout
+
+
+def test_fit_ranks_2_names_the_field_and_the_rank_counts_that_work(hf_home, home):
+    r = run_kit(home, "fit", STARTER, "--ranks", "2", hf_home=hf_home)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines()[:2] == [
+        "error: num_attention_heads is 9, not divisible by 2 ranks; 3, 9 ranks divide it",
+        "hint: rank counts that split this model: 3"]
+    pipe = run_kit(home, "fit", STARTER, "--ranks", "3", "--pipeline", hf_home=hf_home)
+    assert pipe.returncode == 1
+    assert "error: mlx-lm has no pipeline mode for model type 'llama'" in pipe.stderr
+    assert "hint: split it by tensor parallelism (drop --pipeline)" in pipe.stderr
+    assert "Traceback" not in r.stderr + pipe.stderr
+
+
+def test_fit_hosts_runs_one_rank_per_host_and_checks_only_this_machine(hf_home, home):
+    r = run_kit(home, "fit", STARTER, "--hosts", "127.0.0.1,mac2,mac3", "--ctx", "4096",
+                hf_home=hf_home)
+    assert r.returncode == 0, r.stderr
+    assert len(_share_rows(r.stdout)) == 3
+    assert "rank 0 on this machine: 317.86 MB" in r.stdout
+    assert "the other hosts' memory is not checked (mac2, mac3)" in r.stdout
+    for args, message in [(["--hosts", "a,,b"], "error: --hosts: '' is not a host name"),
+                          (["--hosts", "a,b", "--ranks", "3"],
+                           "error: --ranks 3 is not a multiple of the 2 hosts"),
+                          (["--ranks", "65"], "error: ranks must be 1 to 64, not 65"),
+                          (["--pipeline"], "error: --pipeline needs --ranks N or --hosts")]:
+        bad = run_kit(home, "fit", STARTER, *args, hf_home=hf_home)
+        assert bad.returncode == 1 and bad.stderr.startswith(message), (args, bad.stderr)
+    assert run_kit(home, "fit", STARTER, "--ranks", "0", hf_home=hf_home).returncode == 2

@@ -74,20 +74,75 @@ def fit(
     model: str = typer.Argument(..., help="Cache id (ORG/NAME) or model folder."),
     ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context tokens (default: "
                                       "the model's context window)."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="Split the model over "
+                                        "N ranks (mx.distributed): print each rank's share."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated hosts the "
+                                        "ranks run on (the first is this machine); without "
+                                        "--ranks, one rank per host."),
+    pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
+                                  "pipeline mode) instead of tensor parallelism."),
 ) -> None:
-    """Estimate the memory MODEL needs (weights + KV cache) against what is available."""
+    """Estimate the memory MODEL needs (weights + KV cache) against what is available;
+    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks."""
     from kit.models.memory import available_bytes, estimate, human
     from kit.models.resolve import resolve_model
 
+    if ranks is None and hosts is None and not pipeline:
+        info = resolve_model(model, progress=lambda line: err_console.print(line))
+        est = estimate(info.path, ctx or info.context_window)
+        avail = available_bytes()
+        console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
+                      f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
+                      f"{est.context} tokens)\n  total:    {human(est.total)}\n"
+                      f"  available now: {human(avail)} -> "
+                      + ("fits" if est.total <= avail else "does NOT fit"))
+        if est.total > avail:
+            raise typer.Exit(2)
+        return
+    _fit_split(model, ctx, ranks, hosts, pipeline)
+
+
+def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,
+               pipeline: bool) -> None:
+    """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
+    placed on this machine fit its memory (other hosts' memory is not checked)."""
+    from kit.errors import ConfigError
+    from kit.models.memory import available_bytes, human
+    from kit.models.resolve import resolve_model
+    from kit.models.split import parse_hosts, plan_split
+
+    if ranks is None and hosts is None:
+        raise ConfigError("--pipeline needs --ranks N or --hosts H1,H2",
+                          hint="e.g. --ranks 2 --pipeline")
+    host_list = parse_hosts(hosts) if hosts is not None else None
+    n = ranks if ranks is not None else len(host_list) if host_list else 1
+    if host_list and n % len(host_list):
+        raise ConfigError(f"--ranks {n} is not a multiple of the {len(host_list)} hosts",
+                          hint="each host runs --ranks / hosts ranks")
     info = resolve_model(model, progress=lambda line: err_console.print(line))
-    est = estimate(info.path, ctx or info.context_window)
+    plan = plan_split(info.path, n, pipeline, ctx or info.context_window)
+    mode = "pipeline (layers split)" if plan.mode == "pipeline" else "tensor parallel"
+    lines = [f"{info.id} over {plan.ranks} rank{'s' if plan.ranks > 1 else ''}: {mode}, "
+             f"KV cache for {plan.context} tokens",
+             f"  {'rank':>4}  {'layers':>9}  {'weights':>9}  {'KV cache':>9}  {'total':>9}"]
+    for s in plan.per_rank:
+        start, end = s.layers
+        layers = f"{start}-{end - 1}" if end > start else "-"
+        lines.append(f"  {s.rank:>4}  {layers:>9}  {human(s.weights_bytes):>9}  "
+                     f"{human(s.kv_bytes):>9}  {human(s.total_bytes):>9}")
+    hosts_n = len(host_list) if host_list else 1
+    here = plan.bytes_on_host(0, hosts_n)
+    per_host = plan.ranks // hosts_n
+    where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
     avail = available_bytes()
-    console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
-                  f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
-                  f"{est.context} tokens)\n  total:    {human(est.total)}\n"
-                  f"  available now: {human(avail)} -> "
-                  + ("fits" if est.total <= avail else "does NOT fit"))
-    if est.total > avail:
+    lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
+                 f"{plan.largest.rank})")
+    lines.append(f"  {where}: {human(here)}; available now: {human(avail)} -> "
+                 + ("fits" if here <= avail else "does NOT fit"))
+    if host_list and len(host_list) > 1:
+        lines.append(f"  the other hosts' memory is not checked ({', '.join(host_list[1:])})")
+    console.print("\n".join(lines), markup=False, highlight=False)
+    if here > avail:
         raise typer.Exit(2)
 
 
