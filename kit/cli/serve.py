@@ -185,6 +185,9 @@ def serve(
         engine = EngineProcess(info, **options)
     else:
         from kit.engine.world_process import DistributedEngine
+        from kit.models.split import plan_split
+
+        plan_split(info.path, world.size, world.pipeline)  # SplitError: before any rank starts
 
         # a lost rank ends the server (SIGTERM to ourselves: uvicorn's graceful shutdown)
         engine = DistributedEngine(info, world, on_lost=lambda _why: os.kill(

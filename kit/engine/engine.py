@@ -80,6 +80,7 @@ class Engine:
         agree: ``error -> error``: what every rank decided about a load's checks (the
             model found, fits, splits); default: this process's own ``error``. A load
             goes ahead only when it returns None, so all ranks load or none does.
+        split: this rank's place in a distributed engine (see :class:`ModelSlot`).
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -93,8 +94,8 @@ class Engine:
                  max_batch: int = 8, on_change: Callable[[], None] | None = None,
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
-                 agree: Callable[[BaseException | None], BaseException | None] | None = None
-                 ) -> None:
+                 agree: Callable[[BaseException | None], BaseException | None] | None = None,
+                 split: tuple[int, int, bool, int] | None = None) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -106,7 +107,7 @@ class Engine:
         self.ttl = ttl
         self.max_batch = max_batch
         self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
-                              loader=loader)
+                              loader=loader, split=split)
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
         self._agree = agree or (lambda error: error)

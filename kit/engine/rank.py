@@ -134,8 +134,10 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
                                 "mode": "pipeline" if pipeline else "tensor",
                                 "ranks": world.gather(mine)}}
 
+    hosts = world.gather(world.host)
     extra = {"inbox": RankInbox(world), "loader": sharded_loader(world, pipeline),
-             "agree": world.agree}
+             "agree": world.agree,
+             "split": (world.rank, world.size, pipeline, hosts.count(world.host))}
     if world.rank == 0:
         server = _PipeServer(conn, model, extra_state=ranks, **options, **extra)
         engine = server.engine

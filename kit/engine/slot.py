@@ -72,6 +72,9 @@ class ModelSlot:
         weights_bytes: the installed model's weights, bytes (its estimate).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
+        split: ``(rank, world size, pipeline, ranks on this host)`` on a distributed
+            engine's ranks: fit checks count this rank's share of the model (and the
+            shares of the ranks beside it on this machine); None: the whole model here.
         loader: ``(path, trust_remote_code) -> (model, tokenizer)``; None: ``mlx_lm.load``
             (a distributed engine's ranks pass a sharded load, see :mod:`kit.engine.rank`).
         trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
@@ -80,9 +83,11 @@ class ModelSlot:
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
-                 trust_remote_code: bool = False, loader: Any = None) -> None:
+                 trust_remote_code: bool = False, loader: Any = None,
+                 split: tuple[int, int, bool, int] | None = None) -> None:
         self.info = info
         self._loader = loader
+        self.split = split
         self.memory_budget = memory_budget
         self.trust_remote_code = trust_remote_code
         self.model: Any = None
@@ -161,21 +166,37 @@ class ModelSlot:
         Raises:
             ModelDoesNotFitError: weights + KV cache for its window exceed the budget.
         """
-        from kit.models.memory import available_bytes, estimate, human
+        from kit.models.memory import Estimate, available_bytes, estimate, human
 
+        here = ""
         try:
-            est = estimate(info.path, info.context_window)
+            if self.split is None:
+                est = estimate(info.path, info.context_window)
+            else:  # SplitError (a ModelError): the model cannot be split this way
+                from kit.models.split import plan_split
+
+                rank, size, pipeline, beside = self.split
+                share = plan_split(info.path, size, pipeline,
+                                   info.context_window).per_rank[rank]
+                est = Estimate(share.weights_bytes, share.kv_bytes // max(1, info.context_window)
+                               if info.context_window else 0, info.context_window)
+                here = f" for rank {rank}'s share of {size}"
+                if beside > 1:  # the ranks on one machine share its memory
+                    est = Estimate(est.weights * beside, est.kv_per_token * beside, est.context)
+                    here = f" for the {beside} ranks on this machine ({size} in all)"
         except (OSError, ValueError, KeyError) as e:
             log.warning("cannot estimate the memory of %s: %s", info.id, e)
             return 0
         budget = self.memory_budget or (available_bytes() + replacing)
         if est.total > budget:
             raise ModelDoesNotFitError(
-                f"{info.id} does not fit: it needs ~{human(est.total)} ({human(est.weights)} "
-                f"weights + {human(est.kv)} KV cache for {est.context} tokens) but the budget "
-                f"is {human(budget)}",
+                f"{info.id} does not fit{here}: it needs ~{human(est.total)} "
+                f"({human(est.weights)} weights + {human(est.kv)} KV cache for {est.context} "
+                f"tokens) but the budget is {human(budget)}",
                 hint="free memory, pick a smaller or more quantized model, or raise "
                      "--memory-budget", needed=est.total, budget=budget)
+        if self.split is not None and self.split[3] > 1:
+            return est.weights // self.split[3]
         return est.weights
 
     def install(self, loaded: Loaded) -> None:

@@ -109,6 +109,8 @@ def test_no_engine_module_reaches_into_another_objects_private_members():
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
                     and not node.attr.startswith("__") and node.attr != "_tokenizer" \
                     and not (isinstance(node.value, ast.Name)
-                             and node.value.id in ("self", "cls")):
+                             and node.value.id in ("self", "cls")) \
+                    and ast.unparse(node) != "os._exit" \
+                    and not ast.unparse(node.value) == "super()":
                 reaches.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
     assert not reaches
