@@ -110,9 +110,22 @@ def main() -> None:
         world.seed()
         world.start_watchdog()
         _run(world, conn, model, options, backend, pipeline)
+        if world.rank == 0:
+            _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
     except WorldLost as e:
         _fatal(f"{e}; this rank stops (a peer exited or cannot be reached)", EXIT_PEER_LOST)
     _fatal_free_exit()
+
+
+def _remove_control(control: Path) -> None:
+    """Remove the server's control directory (its socket and authkey) once rank 0's work
+    ended: the server removes it when it stops the world, but a server that was killed
+    (SIGKILL) cannot, and the authkey must not outlive the world. Only a directory named
+    as the server makes them (``mlx-kit-ranks-*``) is touched."""
+    import shutil
+
+    if control.name.startswith("mlx-kit-ranks-"):
+        shutil.rmtree(control, ignore_errors=True)
 
 
 def _fatal_free_exit() -> None:

@@ -178,6 +178,11 @@ def test_stop_ends_a_detached_3_rank_server_and_every_rank(hf_home, tmp_path):
     procs = [server, *processes(health)]
     try:
         assert len(control_dirs(tmp_path)) == 1
+        status = run_kit(tmp_path, "status", "--url", url)  # the world, one line per rank
+        assert status.returncode == 0, status.stderr
+        assert "world:   3 ranks (ring, tensor parallel)" in status.stdout
+        for r in health["distributed"]["ranks"]:
+            assert f"  rank {r['rank']}: {r['host']} (pid {r['pid']})" in status.stdout
         r = run_kit(clean_env(tmp_path, hf_home, TMPDIR=str(_tmpdir(tmp_path))), "stop",
                     "--url", url, cwd=tmp_path, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -197,6 +202,7 @@ def test_sigkill_of_the_http_server_makes_every_rank_exit_on_its_own(hf_home, tm
         server.kill()
         # rank 0's connection closes; it tells the others at the next sync and all exit
         wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
+        assert control_dirs(tmp_path) == []  # its authkey does not outlive the world
     finally:
         kill_leftovers([server, *procs])
 
