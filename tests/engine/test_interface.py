@@ -12,6 +12,7 @@ import pytest
 from kit.engine.engine import Engine
 from kit.engine.interface import EngineLike
 from kit.engine.process import EngineProcess
+from kit.engine.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 
 INFO = ModelInfo("some/model", Path("/nonexistent"), 4096)
@@ -65,7 +66,7 @@ def test_the_protocol_documents_every_method():
     assert "distributed" in doc and "Pipeline" in doc  # what followers would mirror
 
 
-@pytest.mark.parametrize("cls", [Engine, EngineProcess])
+@pytest.mark.parametrize("cls", [Engine, EngineProcess, DistributedEngine])
 def test_both_engines_satisfy_engine_like_by_names_and_signatures(cls):
     problems = {name: _incompatibilities(proto, getattr(cls, name, None) or proto)
                 for name, proto in _protocol_methods().items()}
