@@ -92,8 +92,8 @@ def main() -> None:
     backend = os.environ.get("MLX_KIT_BACKEND", "ring")
     pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
     timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
-    try:
-        world = World.init(backend, timeout)
+    try:  # mlx.launch's "jaccl-ring" (a host file may name it) is mx's "jaccl"
+        world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout)
     except RuntimeError as e:
         _logging(int(os.environ.get("MLX_RANK", "0") or 0))
         _fatal(f"cannot join the {backend} group: {e}", 1)
