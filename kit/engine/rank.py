@@ -106,7 +106,9 @@ def main() -> None:
             _kind, model, options, level = conn.recv()
             setup = (model, options, level)
         model, options, level = world.share(setup)
-        logging.getLogger("mlx_kit").setLevel(level)
+        # a follower's request lines repeat rank 0's: only its warnings, unless debugging
+        logging.getLogger("mlx_kit").setLevel(
+            level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
         world.seed()
         world.start_watchdog()
         _run(world, conn, model, options, backend, pipeline)
