@@ -4,7 +4,8 @@ In-process, the loop runs on a thread (``Engine.start()``); the server runs it o
 thread of a child process instead (:mod:`kit.engine.process`), so that HTTP never takes
 the GIL from decode.
 
-Design (the seam a distributed engine will replace: :class:`kit.engine.interface.EngineLike`):
+Design (behind :class:`kit.engine.interface.EngineLike`; a distributed engine runs this same
+worker on every rank over a :class:`kit.engine.rank_inbox.RankInbox`):
 - ``Engine.start()`` loads the model on the worker thread; ``state`` tells ``loading``,
   ``ready``, ``unloaded`` (idle past the TTL; reloaded on the next request) or ``failed``.
 - ``Engine.generate(request)`` is an async iterator of events. Requests wait in one FIFO

@@ -1,7 +1,8 @@
 """The engine seam: :class:`EngineLike`, what the server needs from whatever owns the
 model, and :class:`SwapResult`. :class:`kit.engine.engine.Engine` (in-process) and
 :class:`kit.engine.process.EngineProcess` (the same engine in a child process) satisfy
-it; a distributed engine will too (see the Protocol's docstring)."""
+it; so does :class:`kit.engine.world_process.DistributedEngine` (see the Protocol's
+docstring)."""
 
 from __future__ import annotations
 
@@ -44,17 +45,16 @@ class EngineLike(Protocol):
 
     Every method is called from the server's event loop thread unless it says otherwise.
 
-    A distributed engine (one model sharded over several ranks with ``mlx.distributed``;
-    rank 0 serves HTTP and schedules) implements this on rank 0: ``start`` launches or
-    joins the ranks and loads every shard (``state`` is ``ready`` only when all are),
-    ``generate`` queues on rank 0's scheduler, ``swap`` is a barrier over all ranks,
-    ``memory``/``current_memory`` report rank 0 (or the sum), ``pid`` is rank 0's, and a
-    rank lost is ``failed``/``restarting``. The followers run no scheduler and no HTTP:
-    for every step rank 0 broadcasts what it decided, and they mirror the pipeline
-    (:class:`kit.engine.pipeline.Pipeline`): ``prepare`` of the same requests (same
-    tokens, same prompt-cache lookup, so their KV caches match), the same decode step
-    (sequential or batched: which requests, which tokens), ``complete`` (cache insert and
-    next-turn prefill), and the same model-slot transitions (load, unload, swap).
+    :class:`kit.engine.world_process.DistributedEngine` (one model sharded over several
+    ranks with ``mlx.distributed``) implements it on rank 0: ``start`` launches the ranks
+    and returns once rank 0 connected (``state`` is ``ready`` when every shard loaded),
+    ``generate`` queues on rank 0, ``memory``/``current_memory`` report rank 0 (each
+    rank's in its ``distributed`` attribute), ``pid`` is ``mlx.launch``'s, and a rank lost
+    is ``failed`` (not restarted). Every rank runs the same :class:`kit.engine.engine.Engine`
+    worker over a :class:`kit.engine.rank_inbox.RankInbox`, which gives the followers what
+    rank 0's queue saw at the same sync points, so they mirror the pipeline
+    (:class:`kit.engine.pipeline.Pipeline`'s ``prepare``, each decode step, ``complete``)
+    and the model-slot transitions (load, unload, swap), and their KV caches match.
     """
 
     model_info: ModelInfo

@@ -92,8 +92,8 @@ def main() -> None:
     backend = os.environ.get("MLX_KIT_BACKEND", "ring")
     pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
     timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
-    try:
-        world = World.init(backend, timeout)
+    try:  # mlx.launch's "jaccl-ring" (a host file may name it) is mx's "jaccl"
+        world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout)
     except RuntimeError as e:
         _logging(int(os.environ.get("MLX_RANK", "0") or 0))
         _fatal(f"cannot join the {backend} group: {e}", 1)
@@ -106,7 +106,9 @@ def main() -> None:
             _kind, model, options, level = conn.recv()
             setup = (model, options, level)
         model, options, level = world.share(setup)
-        logging.getLogger("mlx_kit").setLevel(level)
+        # a follower's request lines repeat rank 0's: only its warnings, unless debugging
+        logging.getLogger("mlx_kit").setLevel(
+            level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
         world.seed()
         world.start_watchdog()
         _run(world, conn, model, options, backend, pipeline)

@@ -25,12 +25,14 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine.bridge import END
 from kit.engine.inbox import Inbox
 from kit.engine.run import Job, Swap
-from kit.engine.world import World
+
+if TYPE_CHECKING:  # it imports mlx; this module is tested without
+    from kit.engine.world import World
 
 IDLE_TICK_S = 0.2  # most seconds between syncs while there is no work (see the docstring)
 _FIRST_TICK_S = 0.005  # the first idle tick; each next one doubles, up to IDLE_TICK_S

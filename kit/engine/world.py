@@ -68,8 +68,15 @@ class World:
     # -- sharing ---------------------------------------------------------------------------
 
     def _all_sum(self, array: Any) -> Any:
+        # On mlx-lm's generation stream, behind the model's own collectives: the decode
+        # loops evaluate the next step asynchronously (mx.async_eval), and a collective on
+        # another stream would run beside those in flight and mix bytes with them on the
+        # same connections (seen: a pipeline-parallel batch unpickled garbage). On one
+        # stream every rank runs them in the same order; NCCL also needs a GPU stream.
+        from mlx_lm.generate import generation_stream
+
         try:
-            out = mx.distributed.all_sum(array, group=self.group, stream=mx.cpu)
+            out = mx.distributed.all_sum(array, group=self.group, stream=generation_stream)
             mx.eval(out)
         except RuntimeError as e:
             raise WorldLost(f"rank {self.rank} ({self.host}): {e}") from None
@@ -91,7 +98,13 @@ class World:
         if self.rank == root:
             buf = mx.array(memoryview(data), dtype=mx.uint8)
         out = self._all_sum(buf)
-        return pickle.loads(bytes(memoryview(out))) if self.rank != root else obj
+        if self.rank == root:
+            return obj
+        try:
+            return pickle.loads(bytes(memoryview(out)))
+        except Exception as e:  # the ranks' collectives went out of step: nothing is safe
+            raise WorldLost(f"rank {self.rank} ({self.host}): what rank {root} shared "
+                            f"arrived corrupt ({type(e).__name__}: {e})") from None
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank (collective)."""

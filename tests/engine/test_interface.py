@@ -12,6 +12,7 @@ import pytest
 from kit.engine.engine import Engine
 from kit.engine.interface import EngineLike
 from kit.engine.process import EngineProcess
+from kit.engine.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 
 INFO = ModelInfo("some/model", Path("/nonexistent"), 4096)
@@ -65,8 +66,8 @@ def test_the_protocol_documents_every_method():
     assert "distributed" in doc and "Pipeline" in doc  # what followers would mirror
 
 
-@pytest.mark.parametrize("cls", [Engine, EngineProcess])
-def test_both_engines_satisfy_engine_like_by_names_and_signatures(cls):
+@pytest.mark.parametrize("cls", [Engine, EngineProcess, DistributedEngine])
+def test_every_engine_satisfies_engine_like_by_names_and_signatures(cls):
     problems = {name: _incompatibilities(proto, getattr(cls, name, None) or proto)
                 for name, proto in _protocol_methods().items()}
     missing = [name for name in _protocol_methods() if not hasattr(cls, name)]
@@ -74,7 +75,12 @@ def test_both_engines_satisfy_engine_like_by_names_and_signatures(cls):
     assert not {name: p for name, p in problems.items() if p}
     assert isinstance(cls.pid, property)
 
-    engine = cls(INFO)  # not started: no model, no process
+    if cls is DistributedEngine:  # not started: no rank, no process
+        from kit.engine.hosts import plan_world
+
+        engine = cls(INFO, plan_world(3, None, None, None, False, 300))
+    else:
+        engine = cls(INFO)  # not started: no model, no process
     assert isinstance(engine, EngineLike)
     absent = [a for a in EngineLike.__annotations__ if not hasattr(engine, a)]
     assert not absent

@@ -1,0 +1,114 @@
+"""Pipeline parallelism (`serve --ranks 3 --pipeline`): each rank holds a third of the
+layers, and greedy answers equal the single process's, alone and batched.
+
+Llama (the starter) has no pipeline mode in mlx-lm, so the test serves the starter's
+weights as a qwen2 checkpoint: qwen2 is llama with biases on q/k/v, and with those biases
+zero it computes what the starter computes (it answers the same), and mlx-lm can split it
+by layers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import start_server, stop
+
+pytestmark = pytest.mark.model
+
+QUESTIONS = ["What is the capital of France?", "Name a primary color.",
+             "What is 2 plus 2?"]
+
+
+def qwen2_from_starter(starter: Path, out: Path) -> Path:
+    """The starter's weights as a qwen2 checkpoint (zero q/k/v biases, an index file)."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True)
+    for f in starter.iterdir():
+        if f.name not in ("config.json", "model.safetensors", "model.safetensors.index.json")\
+                and not f.name.startswith("."):
+            shutil.copy(f.resolve(), out / f.name)
+    config = json.loads((starter / "config.json").read_text())
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (out / "config.json").write_text(json.dumps(config))
+    weights = load_file(str((starter / "model.safetensors").resolve()))
+    for name in list(weights):
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            weights[name[:-len("weight")] + "bias"] = np.zeros(weights[name].shape[0],
+                                                               dtype=weights[name].dtype)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "mlx"})
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: "model.safetensors" for n in weights}}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen2(hf_home, tmp_path_factory) -> Path:
+    starter = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct"
+                    / "snapshots").iterdir())
+    return qwen2_from_starter(starter, tmp_path_factory.mktemp("q2") / "qwen2-starter")
+
+
+def _ask(root: str, question: str, stream: bool = False) -> str:
+    body = {"model": "local", "messages": [{"role": "user", "content": question}],
+            "temperature": 0, "max_tokens": 12, "stream": stream}
+    if not stream:
+        r = httpx.post(f"{root}/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"]
+    text = []
+    with httpx.stream("POST", f"{root}/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    text.append(choice.get("delta", {}).get("content") or "")
+    return "".join(text)
+
+
+def _answers(root: str) -> dict:
+    alone = {q: _ask(root, q) for q in QUESTIONS}
+    streamed = _ask(root, QUESTIONS[0], stream=True)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        batched = dict(zip(QUESTIONS, pool.map(lambda q: _ask(root, q), QUESTIONS)))
+    return {"alone": alone, "streamed": streamed, "batched": batched}
+
+
+def _ready(server) -> dict:
+    from tests.helpers import wait_until
+
+    return wait_until(lambda: (h := httpx.get(server.root + "/health", timeout=5).json())
+                      ["model_state"] != "loading" and h, timeout=300)
+
+
+def test_pipeline_ranks_answer_as_one_process_alone_streamed_and_batched(qwen2, tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "three").mkdir()
+    single = start_server(tmp_path / "one", None, "--model", str(qwen2))
+    try:
+        assert _ready(single)["model_state"] == "ready"
+        expected = _answers(single.root)
+        whole = httpx.get(single.root + "/health").json()["memory"]["weights_bytes"]
+    finally:
+        stop(single)
+    assert expected["alone"][QUESTIONS[0]] == "The capital of France is Paris."
+
+    ranks = start_server(tmp_path / "three", None, "--model", str(qwen2), "--ranks", "3",
+                         "--pipeline")
+    try:
+        health = _ready(ranks)
+        assert health["model_state"] == "ready", health.get("error")
+        assert _answers(ranks.root) == expected
+        world = httpx.get(ranks.root + "/health").json()["distributed"]
+    finally:
+        stop(ranks)
+    assert (world["world_size"], world["backend"], world["mode"]) == (3, "ring", "pipeline")
+    # each rank holds 10 of the 30 layers (plus the embeddings every rank keeps)
+    shares = [r["memory"]["weights_bytes"] for r in world["ranks"]]
+    assert all(0 < s < whole for s in shares), (shares, whole)
