@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import openai
@@ -148,6 +149,59 @@ def test_killed_rank_0_ends_the_server_naming_rank_0(hf_home, tmp_path):
         os.kill(procs[1].pid, signal.SIGKILL)  # rank 0, the one the server talks to
         assert_world_ended(server, procs, 0)
     finally:
+        kill_leftovers(procs, server)
+
+
+def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
+        hf_home, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", "5")
+    try:
+        client = openai_for(server)
+
+        def ask() -> str:
+            return client.chat.completions.create(
+                model="local", max_tokens=4,
+                messages=[{"role": "user", "content": "Hi"}]).choices[0].message.content
+        assert ask()
+        # Idle for twice --rank-timeout: that time passing ends nothing is what is tested
+        # (nothing to wait on but the clock).
+        time.sleep(10)
+        assert server.proc.poll() is None
+        assert ask()
+        os.kill(procs[3].pid, signal.SIGSTOP)  # rank 2 hangs, its connections open
+        # the others' watchdogs (5 s), then mlx.launch's group is ended (15 s after the
+        # first exit, SIGKILL 5 s later: a stopped rank does not take SIGTERM)
+        code = server.proc.wait(EXIT_S + 30)
+        log = " ".join(server.log_text().split())
+        assert code == 1, log[-3000:]
+        assert "no answer from the other ranks for 5 s (--rank-timeout)" in log
+        assert ("error: the distributed engine stopped: rank 2 on 127.0.0.1 stopped "
+                "answering: the other ranks waited 5 s (--rank-timeout) and gave up") in log
+        wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
+    finally:
+        try:
+            os.kill(procs[3].pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        kill_leftovers(procs, server)
+
+
+def test_a_hung_rank_0_is_ended_and_named(hf_home, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", "5")
+    try:
+        os.kill(procs[1].pid, signal.SIGSTOP)  # rank 0: its connection to us stays open
+        code = server.proc.wait(EXIT_S + 30)
+        log = " ".join(server.log_text().split())
+        assert code == 1, log[-3000:]
+        assert ("error: the distributed engine stopped: rank 0 on 127.0.0.1 stopped "
+                "answering: the other ranks waited 5 s (--rank-timeout) and gave up") in log
+        wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
+        assert control_dirs(tmp_path) == []
+    finally:
+        try:
+            os.kill(procs[1].pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
         kill_leftovers(procs, server)
 
 
