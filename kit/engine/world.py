@@ -68,8 +68,17 @@ class World:
     # -- sharing ---------------------------------------------------------------------------
 
     def _all_sum(self, array: Any) -> Any:
+        # On mlx-lm's generation stream, where the model's own collectives (tensor
+        # parallel all_sums) run: a collective on another stream (mx.cpu) ran beside a
+        # decode step still in flight (stream_generate and BatchGenerator async_eval the
+        # next step) and the two interleaved on the ring's sockets: followers unpickled
+        # garbage and the ranks fell out of step (3 concurrent requests on 3 ranks; a
+        # 3-rank all_sum loop measured 38/300 wrong sums on mx.cpu, 0 on the same stream).
+        # One stream keeps every rank's collectives in the same order.
+        from mlx_lm.generate import generation_stream
+
         try:
-            out = mx.distributed.all_sum(array, group=self.group, stream=mx.cpu)
+            out = mx.distributed.all_sum(array, group=self.group, stream=generation_stream)
             mx.eval(out)
         except RuntimeError as e:
             raise WorldLost(f"rank {self.rank} ({self.host}): {e}") from None
@@ -81,7 +90,7 @@ class World:
         every rank calls it at the same point.
 
         Raises:
-            WorldLost: a peer is gone.
+            WorldLost: a peer is gone, or what arrived is not what rank ``root`` sent.
         """
         data = pickle.dumps(obj) if self.rank == root else b""
         size = self._all_sum(mx.array([len(data)], dtype=mx.int64)).item()
@@ -91,7 +100,13 @@ class World:
         if self.rank == root:
             buf = mx.array(memoryview(data), dtype=mx.uint8)
         out = self._all_sum(buf)
-        return pickle.loads(bytes(memoryview(out))) if self.rank != root else obj
+        if self.rank == root:
+            return obj
+        try:
+            return pickle.loads(bytes(memoryview(out)))
+        except Exception as e:  # not rank 0's bytes: the ranks' collectives are out of step
+            raise WorldLost(f"rank {self.rank} ({self.host}): the ranks are out of step "
+                            f"(rank {root}'s shared object did not arrive intact: {e})") from None
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank (collective)."""
