@@ -19,7 +19,7 @@ from tests.helpers import Server, start_server, stop, wait_until
 #: the flags both servers share; the 3-rank one adds ``--ranks 3``
 COMMON = ("--max-batch", "8", "--temperature", "0")
 #: a hung world fails a test in a minute, not after the default 300 s
-RANKS = ("--ranks", "3", "--rank-timeout", "60")
+RANK_FLAGS = ("--ranks", "3", "--rank-timeout", "60")
 
 
 def ready(server: Server, timeout: float = 240) -> Server:
@@ -31,8 +31,8 @@ def ready(server: Server, timeout: float = 240) -> Server:
 
 
 def start_ranks(home: Path, hf_home: Path, *args: str) -> Server:
-    """A 3-rank server (``COMMON`` + ``RANKS`` + ``args``), its model loaded."""
-    return ready(start_server(home, hf_home, *COMMON, *RANKS, *args))
+    """A 3-rank server (``COMMON`` + ``RANK_FLAGS`` + ``args``), its model loaded."""
+    return ready(start_server(home, hf_home, *COMMON, *RANK_FLAGS, *args))
 
 
 @pytest.fixture(scope="module")

@@ -179,6 +179,7 @@ def streams_at_once(server, prompts: list[str]) -> list[tuple[float, float, str]
     """``prompts`` as concurrent streaming chat requests (one thread each): each one's
     (first content at, last content at, text), in ``prompts``' order."""
     spans: list = [None] * len(prompts)
+    errors: list = []  # error events in the streams (the world out of step, say)
     go = threading.Barrier(len(prompts))
 
     def one(i: int) -> None:
@@ -190,7 +191,10 @@ def streams_at_once(server, prompts: list[str]) -> list[tuple[float, float, str]
                 "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    for c in json.loads(line[6:])["choices"]:
+                    data = json.loads(line[6:])
+                    if "error" in data:
+                        errors.append(data["error"])
+                    for c in data.get("choices", ()):
                         if c["delta"].get("content"):
                             first = first or time.monotonic()
                             last = time.monotonic()
@@ -202,7 +206,7 @@ def streams_at_once(server, prompts: list[str]) -> list[tuple[float, float, str]
         t.start()
     for t in threads:
         t.join(240)
-    assert all(spans), spans
+    assert not errors and all(spans), errors or spans
     return spans
 
 
