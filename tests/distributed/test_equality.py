@@ -227,6 +227,24 @@ def test_concurrent_requests_on_three_ranks_answer_as_each_alone(ranks_server, s
     assert ranks_server.health()["status"] == "ok"
 
 
+def test_sampling_with_a_seed_answers_as_one_process_and_every_rank_draws_the_same(
+        ranks_server, single_server):
+    joke = [{"role": "user", "content": "Tell me a joke."}]
+
+    def sampled(server, **kw):
+        r = openai_for(server).chat.completions.create(
+            model="local", messages=joke, max_tokens=MAX_TOKENS, temperature=1.0, **kw)
+        return r.choices[0].message.content, r.id
+
+    one, _ = sampled(single_server, seed=7)
+    three, rid = sampled(ranks_server, seed=7)
+    assert three == one and three
+    assert rank_texts(ranks_server, rid) == {repr(three)}
+    # no seed: rank 0's draws are not the others' unless their generators agree
+    text, rid = sampled(ranks_server)
+    assert rank_texts(ranks_server, rid) == {repr(text)}
+
+
 # --- the prompt cache on every rank ------------------------------------------------------
 
 def test_a_second_turn_hits_the_prompt_cache_on_every_rank(ranks_server, single_server):
@@ -268,6 +286,37 @@ def test_a_cancelled_stream_leaves_every_rank_serving_the_same_answers(ranks_ser
     h = ranks_server.health()
     assert h["status"] == "ok" and h["model_state"] == "ready"
     assert h["requests_served"] == before + 2  # the cancelled one is counted too
+
+
+def test_a_stream_cancelled_inside_a_batch_leaves_the_others_their_answers(ranks_server):
+    client = openai_for(ranks_server)
+    others = ["Tell me about cats.", "What is 2+2?"]
+    alone = [chat(client, [{"role": "user", "content": p}], False).text for p in others]
+    got: list = [None] * len(others)
+    cancelled: dict = {}
+
+    def cancel() -> None:
+        stream = client.chat.completions.create(
+            model="local", messages=[{"role": "user", "content": "Write a long story."}],
+            max_tokens=64, temperature=0, stream=True)
+        for n, chunk in enumerate(stream, 1):
+            cancelled["id"] = chunk.id
+            if n == 3:
+                break
+        stream.close()
+
+    def one(i: int) -> None:
+        got[i] = chat(client, [{"role": "user", "content": others[i]}], False).text
+
+    threads = [threading.Thread(target=cancel)] + [
+        threading.Thread(target=one, args=(i,)) for i in range(len(others))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert got == alone
+    wait_ranks(ranks_server, cancelled["id"], "cancelled$")  # on every rank
+    assert ranks_server.health()["status"] == "ok"
 
 
 # --- swaps -------------------------------------------------------------------------------
