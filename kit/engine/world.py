@@ -68,11 +68,14 @@ class World:
     # -- sharing ---------------------------------------------------------------------------
 
     def _all_sum(self, array: Any) -> Any:
-        # On mlx-lm's generation stream, behind the model's own collectives: the decode
-        # loops evaluate the next step asynchronously (mx.async_eval), and a collective on
-        # another stream would run beside those in flight and mix bytes with them on the
-        # same connections (seen: a pipeline-parallel batch unpickled garbage). On one
-        # stream every rank runs them in the same order; NCCL also needs a GPU stream.
+        # On mlx-lm's generation stream, where the model's own collectives (tensor
+        # parallel all_sums) run: a collective on another stream (mx.cpu) ran beside a
+        # decode step still in flight (stream_generate and BatchGenerator async_eval the
+        # next step) and the two interleaved on the ring's sockets: followers unpickled
+        # garbage and the ranks fell out of step (3 concurrent requests on 3 ranks; a
+        # 3-rank all_sum loop measured 38/300 wrong sums on mx.cpu, 0 on the same stream).
+        # One stream keeps every rank's collectives in the same order; NCCL needs a GPU
+        # stream too.
         from mlx_lm.generate import generation_stream
 
         try:
@@ -88,7 +91,7 @@ class World:
         every rank calls it at the same point.
 
         Raises:
-            WorldLost: a peer is gone.
+            WorldLost: a peer is gone, or what arrived is not what rank ``root`` sent.
         """
         data = pickle.dumps(obj) if self.rank == root else b""
         size = self._all_sum(mx.array([len(data)], dtype=mx.int64)).item()
@@ -102,9 +105,9 @@ class World:
             return obj
         try:
             return pickle.loads(bytes(memoryview(out)))
-        except Exception as e:  # the ranks' collectives went out of step: nothing is safe
-            raise WorldLost(f"rank {self.rank} ({self.host}): what rank {root} shared "
-                            f"arrived corrupt ({type(e).__name__}: {e})") from None
+        except Exception as e:  # not rank 0's bytes: the ranks' collectives are out of step
+            raise WorldLost(f"rank {self.rank} ({self.host}): the ranks are out of step "
+                            f"(rank {root}'s shared object did not arrive intact: {e})") from None
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank (collective)."""
