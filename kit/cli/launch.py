@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -23,9 +23,21 @@ def launch(
     timeout: float = typer.Option(600.0, "--timeout", min=1,
                                   help="Seconds to wait for the server."),
     trust_remote_code: bool = TRUST_REMOTE_CODE,
+    ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="A server this "
+                                        "command starts spreads the model over N ranks "
+                                        "(as `serve --ranks`)."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="HOST[,HOST...] for the ranks "
+                                        "of a server this command starts (as `serve`)."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", help="An mlx.launch host "
+                                           "file for a server this command starts."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="ring, jaccl, mpi or "
+                                          "nccl, for a server this command starts."),
+    pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism, for a "
+                                  "server this command starts."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent."""
     from kit.daemon import ensure_server
+    from kit.engine.hosts import plan_world
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
@@ -35,18 +47,26 @@ def launch(
     if binary is None:
         raise AgentNotInstalledError(f"{spec.binary} ({spec.description}) is not installed",
                                      hint=spec.install)
+    # checked here, as serve checks them, so bad flags fail before a server starts
+    world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
+    serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
+        ranks, hosts, hostfile, backend, pipeline)
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
                                        on_wait=lambda line: spinner.update(f"server: {line}"),
-                                       serve_args=["--trust-remote-code"]
-                                       if trust_remote_code else None)
+                                       serve_args=serve_args or None)
     health = probe.health or {}
     if trust_remote_code and not started:
         # the flag is the server's: a server already running keeps what it was started with
         err_console.print("warning: --trust-remote-code applies to a server this command "
                           "starts; the running one keeps its own setting (`mlx-kit stop`, "
                           "then launch again with the flag, if a model needs it)")
+    if not started and (differs := _world_differs(world, health.get("distributed"))):
+        err_console.print(f"warning: the running server keeps its layout ({differs}); the "
+                          "--ranks/--hosts/--hostfile/--backend/--pipeline flags apply to a "
+                          "server this command starts (`mlx-kit stop`, then launch again "
+                          "with them)", markup=False)
     if model and not started and model not in (health.get("model"), str(health.get("model"))):
         from kit.daemon import admin_swap
 
@@ -79,3 +99,41 @@ def launch(
         local = models[0] if models else None
     argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
     os.execvpe(binary, argv, {**os.environ, **extra_env})
+
+
+def _world_args(ranks: int | None, hosts: str | None, hostfile: str | None,
+                backend: str | None, pipeline: bool) -> list[str]:
+    """The ``serve`` options for the distributed flags given (the host file made absolute:
+    the server it starts may resolve it from another directory)."""
+    from pathlib import Path
+
+    args: list[str] = []
+    if ranks is not None:
+        args += ["--ranks", str(ranks)]
+    if hosts is not None:
+        args += ["--hosts", hosts]
+    if hostfile is not None:
+        args += ["--hostfile", str(Path(hostfile).expanduser().resolve())]
+    if backend is not None:
+        args += ["--backend", backend]
+    if pipeline:
+        args.append("--pipeline")
+    return args
+
+
+def _world_differs(world: Any, running: dict | None) -> str | None:
+    """How the running server's world (/health's ``distributed``, None for a single
+    process) differs from the one the flags ask for (a ``WorldPlan`` or None), as the
+    text of a warning; None when it is the same or no flag asked for one. Compared:
+    world size, backend and mode (/health names each rank's host by its host name, the
+    flags by address, so hosts are not compared)."""
+    if world is None:
+        return None
+    if not running:
+        return f"one process, not {world.size} {world.backend} ranks"
+    have = (running.get("world_size"), running.get("backend"), running.get("mode"))
+    want = (world.size, world.backend, world.mode)
+    if have == want:
+        return None
+    return (f"{have[0]} {have[1]} ranks, {have[2]} parallel; asked for {want[0]} {want[1]} "
+            f"ranks, {want[2]} parallel")

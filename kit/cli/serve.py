@@ -9,8 +9,8 @@ from enum import Enum
 import logging
 import os
 import secrets
-import signal
 import socket
+import threading
 from pathlib import Path
 from typing import List, Optional
 
@@ -177,6 +177,15 @@ def serve(
         if not log_file:  # in the foreground, also show it plainly
             err_console.print(line)
 
+    lost = threading.Event()
+    web: list[uvicorn.Server] = []
+
+    def end_serving() -> None:
+        """Called (from a thread) when a distributed world is lost."""
+        lost.set()
+        for w in web:
+            w.should_exit = True
+
     info = resolve_model(model, progress=progress)
     options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
@@ -189,9 +198,11 @@ def serve(
 
         plan_split(info.path, world.size, world.pipeline)  # SplitError: before any rank starts
 
-        # a lost rank ends the server (SIGTERM to ourselves: uvicorn's graceful shutdown)
-        engine = DistributedEngine(info, world, on_lost=lambda _why: os.kill(
-            os.getpid(), signal.SIGTERM), **options)
+        # A lost rank ends the server through uvicorn's graceful shutdown (should_exit),
+        # not a SIGTERM to ourselves: uvicorn re-raises a signal it caught once it has
+        # shut down, so the process would die of SIGTERM before it prints the error and
+        # exits 1.
+        engine = DistributedEngine(info, world, on_lost=lambda _why: end_serving(), **options)
         progress(f"starting {world.size} ranks ({world.backend}, {world.mode} parallel)")
     engine.start()
     admin_token = secrets.token_urlsafe(24)
@@ -210,8 +221,12 @@ def serve(
     try:
         app = create_app(state, on_shutdown=shutdown, edge=edge,
                          docs=_is_loopback(host) if docs is None else docs)
-        uvicorn.run(app, host=host, port=port,
-                    log_config=None, log_level=log_level.value, timeout_graceful_shutdown=5)
+        web.append(uvicorn.Server(uvicorn.Config(
+            app, host=host, port=port, log_config=None, log_level=log_level.value,
+            timeout_graceful_shutdown=5)))
+        if lost.is_set():  # lost while the catalog scan ran
+            web[0].should_exit = True
+        web[0].run()
     finally:
         shutdown()
     if getattr(engine, "lost", None):

@@ -46,6 +46,8 @@ def status(url: Optional[str] = URL) -> None:
                   f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps, "
                   f"{h.get('restarts')} engine restarts\n"
                   f"log:     {log or 'the terminal running `mlx-kit serve`'}", markup=False)
+    if isinstance(h.get("distributed"), dict):
+        console.print(_world_lines(h["distributed"]), markup=False)
     if p.ready:
         return
     where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
@@ -60,6 +62,18 @@ def status(url: Optional[str] = URL) -> None:
                       markup=False)
     raise typer.Exit(EXIT_FAILED)
 
+
+def _world_lines(world: dict) -> str:
+    """``status``'s lines for /health's ``distributed``: the world, then one line per rank
+    (its host and pid; memory too once the rank reported it)."""
+    lines = [f"world:   {world.get('world_size')} ranks ({world.get('backend')}, "
+             f"{world.get('mode')} parallel)"]
+    for r in world.get("ranks") or []:
+        memory = r.get("memory") or {}
+        weights = memory.get("weights_bytes")
+        lines.append(f"  rank {r.get('rank')}: {r.get('host')} (pid {r.get('pid')})"
+                     + (f", weights {weights / 2**20:.0f} MiB" if weights else ""))
+    return "\n".join(lines)
 
 
 def stop(url: Optional[str] = URL) -> None:

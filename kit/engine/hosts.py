@@ -168,9 +168,9 @@ def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
     if len(every) == 1 and hosts is None and hostfile is None and not pipeline:
         return None
     backend = backend or "ring"
-    if not is_this_machine(every[0]):
-        raise ConfigError(f"rank 0 would run on {every[0]}, not on this machine: rank 0 "
-                          "answers HTTP here", hint="list this machine first")
+    # loopback names first (localhost is this machine, also for ring); then names before
+    # rank 0's place: `--hosts a,b` is a list ring cannot use, whichever machine a is
+    every = ["127.0.0.1" if h in _LOCAL_NAMES else h for h in every]
     if backend == "ring" and path is None:
         for h in dict.fromkeys(every):
             try:
@@ -179,7 +179,9 @@ def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
                 raise ConfigError(f"--hosts {h}: the ring backend needs IP addresses, not "
                                   "host names", hint="use IPs, or a --hostfile with "
                                   "\"ips\" (mlx.distributed_config writes one)") from None
-    every = ["127.0.0.1" if is_this_machine(h) and h in _LOCAL_NAMES else h for h in every]
+    if not is_this_machine(every[0]):
+        raise ConfigError(f"rank 0 would run on {every[0]}, not on this machine: rank 0 "
+                          "answers HTTP here", hint="list this machine first")
     return WorldPlan(backend, tuple(every), path, pipeline, timeout)
 
 

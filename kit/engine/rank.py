@@ -53,7 +53,6 @@ def sharded_loader(world: Any, pipeline: bool) -> Any:
         from mlx_lm.utils import sharded_load
 
         group = world.group
-        world.paused = True
         try:
             return sharded_load(path, pipeline_group=group if pipeline else None,
                                 tensor_group=None if pipeline else group,
@@ -62,10 +61,26 @@ def sharded_loader(world: Any, pipeline: bool) -> Any:
         except Exception as e:
             _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
                    f"{type(e).__name__}: {e}", 1)
-        finally:
-            world.paused = False
         raise AssertionError  # unreachable
     return load
+
+
+def _pause_watchdog_while_loading(world: Any, slot: Any) -> None:
+    """Pause ``world``'s watchdog for each whole load of ``slot`` (a
+    :class:`kit.engine.slot.ModelSlot`): importing mlx-lm, reading the shard, the warm-up
+    generation and the tokenizer's prompt bound, none of which passes a sync point. On
+    2 busy cores that took over 5 s, and a short --rank-timeout ended a world that was
+    only loading. The loader alone (``sharded_loader``) covers only the read."""
+    load = slot.load
+
+    def paused_load(*args: Any, **kwargs: Any) -> Any:
+        world.paused = True
+        try:
+            return load(*args, **kwargs)
+        finally:
+            world.paused = False
+            world.mark()
+    slot.load = paused_load
 
 
 def _connect(control: Path) -> Any:
@@ -110,11 +125,27 @@ def main() -> None:
         logging.getLogger("mlx_kit").setLevel(
             level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
         world.seed()
+        # Paused until the first load ends (see _pause_watchdog_while_loading): importing
+        # the engine before it passes no sync point either.
+        world.paused = True
         world.start_watchdog()
         _run(world, conn, model, options, backend, pipeline)
+        if world.rank == 0:
+            _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
     except WorldLost as e:
         _fatal(f"{e}; this rank stops (a peer exited or cannot be reached)", EXIT_PEER_LOST)
     _fatal_free_exit()
+
+
+def _remove_control(control: Path) -> None:
+    """Remove the server's control directory (its socket and authkey) once rank 0's work
+    ended: the server removes it when it stops the world, but a server that was killed
+    (SIGKILL) cannot, and the authkey must not outlive the world. Only a directory named
+    as the server makes them (``mlx-kit-ranks-*``) is touched."""
+    import shutil
+
+    if control.name.startswith("mlx-kit-ranks-"):
+        shutil.rmtree(control, ignore_errors=True)
 
 
 def _fatal_free_exit() -> None:
@@ -147,6 +178,7 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
                          daemon=True).start()
     else:
         engine = Engine(model, on_change=ranks, **options, **extra)
+    _pause_watchdog_while_loading(world, engine.slot)
     engine.run_worker()
 
 

@@ -44,6 +44,7 @@ log = logging.getLogger("mlx_kit.engine")
 ranks_log = logging.getLogger("mlx_kit.ranks")
 
 _CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
+_REAP_S = 15.0  # after a rank's exit, how long mlx.launch may take to end the others
 _EXIT_LINE = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
@@ -73,17 +74,32 @@ class _Launched:
 
     def terminate(self) -> None:
         """SIGTERM to the process group ``mlx.launch`` leads (its local ranks and ssh
-        sessions); then SIGKILL to what is left after 5 s."""
+        sessions); then SIGKILL to what is left after 5 s: the group while ``mlx.launch``
+        still runs, and each of its processes seen before the SIGTERM that still runs
+        after it (a stopped rank keeps a SIGTERM pending and outlives ``mlx.launch``;
+        psutil checks each one's start time, so no pid reused since is signalled)."""
+        import psutil
+
+        try:
+            ours = psutil.Process(self.popen.pid).children(recursive=True)
+        except psutil.Error:
+            ours = []
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.popen.pid, sig)  # start_new_session: pgid == its pid
             except ProcessLookupError:
-                return
+                break
             try:
                 self.popen.wait(5)
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        for p in ours:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+            except psutil.Error:
+                pass
 
 
 def _free_ports(count: int) -> int:
@@ -131,6 +147,7 @@ class DistributedEngine(EngineProcess):
         self._errors: dict[int, str] = {}  # each rank's last ERROR line
         self._output: threading.Thread | None = None
         self._control: Path | None = None
+        self._hung: list[int] = []  # ranks still running when we ended mlx.launch's group
         self.lost: str | None = None
 
     def start(self) -> None:
@@ -216,12 +233,35 @@ class DistributedEngine(EngineProcess):
             if m := _EXIT_LINE.search(line):
                 code = int(m.group(2)) if m.group(2) is not None else None
                 self._exits.append((int(m.group(1)), code))
+                if len(self._exits) == 1 and self._link is not None and not self._stopping:
+                    threading.Thread(target=self._reap, args=(self._link.process,),
+                                     name="mlx-kit-ranks-reap", daemon=True).start()
             elif m := _RANK_ERROR.search(line):
                 self._errors[int(m.group(1))] = m.group(2)
 
+    def _reap(self, launched: _Launched) -> None:
+        """A rank exited while serving, so the world is over: ``mlx.launch`` ends the
+        others, but it waits for ever on a rank that hangs (stopped, or stuck where
+        SIGTERM does not reach it), and a hung rank 0 never closes the server's
+        connection. After :data:`_REAP_S` seconds, end ``mlx.launch``'s process group
+        (ours: it was started in a session of its own), noting which ranks still ran."""
+        launched.join(_REAP_S)
+        if launched.exitcode is not None or self._stopping:
+            return
+        exited = {r for r, _ in self._exits}
+        self._hung = [r for r in range(self.plan.size) if r not in exited]
+        log.error("rank(s) %s still running %.0f s after rank %d exited; ending every rank",
+                  ", ".join(map(str, self._hung)), _REAP_S, self._exits[0][0])
+        launched.terminate()
+
     def _why(self) -> str:
         """Which rank failed first and why, from mlx.launch's exit lines and the ranks'
-        last errors."""
+        last errors; a rank that hung (every other one gave up on it) is named as such."""
+        if self._hung and all(c == EXIT_PEER_LOST for r, c in self._exits
+                              if r not in self._hung):
+            names = ", ".join(f"rank {r} on {self.plan.hosts[r]}" for r in self._hung)
+            return (f"{names} stopped answering: the other ranks waited "
+                    f"{self.plan.timeout:.0f} s (--rank-timeout) and gave up")
         failed = [(r, c) for r, c in self._exits if c not in (0, EXIT_PEER_LOST)]
         if not failed and self._exits:
             failed = self._exits[:1]
@@ -256,8 +296,9 @@ class DistributedEngine(EngineProcess):
             return self._link
 
     def _gone(self, link: _Link) -> None:
-        # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch
-        link.process.join(15)
+        # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch (and
+        # for _reap, which ends it when a rank hangs: up to _REAP_S, then 5 s for SIGTERM)
+        link.process.join(_REAP_S + 10)
         if self._output is not None:
             self._output.join(5)
         self._cleanup()
