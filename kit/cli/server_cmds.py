@@ -71,7 +71,9 @@ def _world_lines(world: dict) -> str:
     for r in world.get("ranks") or []:
         memory = r.get("memory") or {}
         weights = memory.get("weights_bytes")
+        name = r.get("hostname")
         lines.append(f"  rank {r.get('rank')}: {r.get('host')} (pid {r.get('pid')})"
+                     + (f", {name}" if name and name != r.get("host") else "")
                      + (f", weights {weights / 2**20:.0f} MiB" if weights else ""))
     return "\n".join(lines)
 

@@ -161,7 +161,9 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
 
     def ranks() -> dict[str, Any]:
         """Every rank's host, pid and memory (collective: at every state change)."""
-        mine = {"rank": world.rank, "host": world.host, "pid": os.getpid(),
+        listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
+        mine = {"rank": world.rank, "host": listed[world.rank] if world.rank < len(listed)
+                else world.host, "hostname": world.host, "pid": os.getpid(),
                 "memory": engine.memory()}
         return {"distributed": {"world_size": world.size, "backend": backend,
                                 "mode": "pipeline" if pipeline else "tensor",

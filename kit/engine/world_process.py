@@ -140,7 +140,7 @@ class DistributedEngine(EngineProcess):
         self.plan = plan
         self.distributed: dict[str, Any] = {
             "world_size": plan.size, "backend": plan.backend, "mode": plan.mode,
-            "ranks": [{"rank": r, "host": h, "pid": None, "memory": None}
+            "ranks": [{"rank": r, "host": h, "hostname": None, "pid": None, "memory": None}
                       for r, h in enumerate(plan.hosts)]}
         self._on_lost = on_lost
         self._exits: list[tuple[int, int | None]] = []  # (rank, code) as mlx.launch said
@@ -168,7 +168,8 @@ class DistributedEngine(EngineProcess):
         listener = Listener(str(control / "socket"), family="AF_UNIX", authkey=authkey)
         env = {"MLX_KIT_CONTROL": str(control), "MLX_KIT_BACKEND": self.plan.backend,
                "MLX_KIT_PIPELINE": "1" if self.plan.pipeline else "0",
-               "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout)}
+               "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout),
+               "MLX_KIT_HOSTS": ",".join(self.plan.hosts)}
         port = _free_ports(self.plan.size) if self.plan.local else 32323
         cmd = self.plan.command(python_for_ranks(), port, env)
         log.info("starting %d ranks (%s, %s parallel): %s", self.plan.size,
@@ -226,18 +227,25 @@ class DistributedEngine(EngineProcess):
         """Every line the ranks and mlx.launch print, into the log; exits noted."""
         assert popen.stdout is not None
         for raw in popen.stdout:
-            line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip()
-            if not line:
-                continue
-            ranks_log.info("%s", line)
-            if m := _EXIT_LINE.search(line):
-                code = int(m.group(2)) if m.group(2) is not None else None
-                self._exits.append((int(m.group(1)), code))
-                if len(self._exits) == 1 and self._link is not None and not self._stopping:
+            line = raw.decode("utf-8", "replace")
+            if line.strip():
+                ranks_log.info("%s", _ANSI.sub("", line).rstrip())
+                if self._note_output(line) and self._link is not None \
+                        and not self._stopping:
                     threading.Thread(target=self._reap, args=(self._link.process,),
                                      name="mlx-kit-ranks-reap", daemon=True).start()
-            elif m := _RANK_ERROR.search(line):
-                self._errors[int(m.group(1))] = m.group(2)
+
+    def _note_output(self, line: str) -> bool:
+        """Note a rank's exit or its last error from one output line; True when it is the
+        first exit (the world is over)."""
+        line = _ANSI.sub("", line).rstrip()
+        if m := _EXIT_LINE.search(line):
+            code = int(m.group(2)) if m.group(2) is not None else None
+            self._exits.append((int(m.group(1)), code))
+            return len(self._exits) == 1
+        if m := _RANK_ERROR.search(line):
+            self._errors[int(m.group(1))] = m.group(2)
+        return False
 
     def _reap(self, launched: _Launched) -> None:
         """A rank exited while serving, so the world is over: ``mlx.launch`` ends the
@@ -262,15 +270,18 @@ class DistributedEngine(EngineProcess):
             names = ", ".join(f"rank {r} on {self.plan.hosts[r]}" for r in self._hung)
             return (f"{names} stopped answering: the other ranks waited "
                     f"{self.plan.timeout:.0f} s (--rank-timeout) and gave up")
-        failed = [(r, c) for r, c in self._exits if c not in (0, EXIT_PEER_LOST)]
-        if not failed and self._exits:
-            failed = self._exits[:1]
+        # mlx.launch terminates the rest (SIGTERM, or "was killed" for a remote rank) only
+        # after a rank failed: those exits, and the peers-lost ones, follow the failure
+        after = (0, EXIT_PEER_LOST, -signal.SIGTERM, None)
+        failed = [(r, c) for r, c in self._exits if c not in after] or self._exits[:1]
         if not failed:
             return "no rank reported why (see the log)"
         rank, code = failed[0]
         host = self.plan.hosts[rank] if rank < len(self.plan.hosts) else "?"
         how = ("was killed" if code is None else
-               f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+               f"was killed by signal {-code}" if code < 0 else
+               "lost its connection to the other ranks" if code == EXIT_PEER_LOST else
+               f"exited with code {code}")
         why = f"rank {rank} on {host} {how}"
         if rank in self._errors:
             why += f": {self._errors[rank]}"

@@ -1,0 +1,47 @@
+"""DistributedEngine's account of a lost world, from mlx.launch's exit lines (model-free:
+the lines are what mlx.launch 0.32 prints; tests/distributed/test_failures.py kills real
+ranks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.engine.hosts import plan_world
+from kit.engine.world_process import DistributedEngine
+from kit.models.resolve import ModelInfo
+
+INFO = ModelInfo(id="m", path=".", context_window=1024)  # type: ignore[arg-type]
+
+
+def _engine(lines: list[str], errors: dict[int, str] | None = None) -> DistributedEngine:
+    engine = DistributedEngine(INFO, plan_world(3, None, None, None, False, 300))
+    for line in lines:
+        engine._note_output(line)
+    engine._errors.update(errors or {})
+    return engine
+
+
+@pytest.mark.parametrize("lines, blamed", [
+    # a follower killed: the others lose their peers (75), mlx.launch terminates the rest
+    (["[WARN] Node with rank 2 exited with code -9", "[WARN] Node with rank 0 exited with "
+      "code 75", "[WARN] Node with rank 1 exited with code 75"],
+     "rank 2 on 127.0.0.1 was killed by signal 9"),
+    # a follower's watchdog gave up first, then mlx.launch's SIGTERM reached rank 0: the
+    # SIGTERM is not the cause (it once was blamed)
+    (["[WARN] Node with rank 2 exited with code 75", "[WARN] Node with rank 0 exited with "
+      "code -15", "[WARN] Node with rank 1 exited with code -15"],
+     "rank 2 on 127.0.0.1 lost its connection to the other ranks"),
+    # a rank terminated from outside before anything failed is the cause
+    (["[WARN] Node with rank 1 exited with code -15", "[WARN] Node with rank 0 exited with "
+      "code 75"], "rank 1 on 127.0.0.1 was killed by signal 15"),
+])
+def test_a_lost_world_names_the_rank_that_failed_first_not_the_ones_ended_after(lines, blamed):
+    assert _engine(lines)._why() == blamed
+
+
+def test_a_rank_that_failed_on_its_own_is_named_with_its_last_error():
+    engine = _engine(["\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m",
+                      "[WARN] Node with rank 0 exited with code -15"],
+                     {1: "rank 1 (mac2): cannot load its shard of /m: FileNotFoundError"})
+    assert engine._why() == ("rank 1 on 127.0.0.1 exited with code 1: rank 1 (mac2): cannot "
+                             "load its shard of /m: FileNotFoundError")
