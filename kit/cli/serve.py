@@ -79,6 +79,32 @@ def _edge_policy(host: str, port: int, allow_host: list[str] | None,
                           hint="e.g. --allow-origin http://localhost:3000") from None
 
 
+def _choose_split(info, world, progress):
+    """The parallelism the model supports: tensor unless ``--pipeline`` was asked for, or
+    pipeline when mlx-lm cannot split this model by tensors (no tensor mode for its type,
+    or a dimension the rank count does not divide) but can by layers.
+
+    Raises:
+        SplitError: neither way works (the tensor split's reason).
+    """
+    from dataclasses import replace
+
+    from kit.models.split import SplitError, plan_split
+
+    try:
+        plan_split(info.path, world.size, world.pipeline)
+        return world
+    except SplitError as e:
+        if world.pipeline:
+            raise
+        try:
+            plan_split(info.path, world.size, True)
+        except SplitError:
+            raise e from None
+        progress(f"{e.message}: splitting {info.id} by layers instead (pipeline parallel)")
+        return replace(world, pipeline=True)
+
+
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Hub repo id in the local cache, or a model folder. "
@@ -194,9 +220,7 @@ def serve(
         engine = EngineProcess(info, **options)
     else:
         from kit.engine.world_process import DistributedEngine
-        from kit.models.split import plan_split
-
-        plan_split(info.path, world.size, world.pipeline)  # SplitError: before any rank starts
+        world = _choose_split(info, world, progress)  # SplitError: before any rank starts
 
         # A lost rank ends the server through uvicorn's graceful shutdown (should_exit),
         # not a SIGTERM to ourselves: uvicorn re-raises a signal it caught once it has

@@ -112,3 +112,20 @@ def test_pipeline_ranks_answer_as_one_process_alone_streamed_and_batched(qwen2, 
     # each rank holds 10 of the 30 layers (plus the embeddings every rank keeps)
     shares = [r["memory"]["weights_bytes"] for r in world["ranks"]]
     assert all(0 < s < whole for s in shares), (shares, whole)
+
+
+def test_a_model_whose_heads_do_not_divide_is_split_by_layers_instead(qwen2, tmp_path):
+    # 9 heads over 2 ranks: no tensor split, but qwen2 has a pipeline mode: serve picks it
+    # and says why, instead of refusing
+    (tmp_path / "two").mkdir()
+    two = start_server(tmp_path / "two", None, "--model", str(qwen2), "--ranks", "2")
+    try:
+        health = _ready(two)
+        assert health["model_state"] == "ready", health.get("error")
+        assert _ask(two.root, QUESTIONS[0]) == "The capital of France is Paris."
+        world = httpx.get(two.root + "/health").json()["distributed"]
+    finally:
+        stop(two)
+    assert (world["world_size"], world["mode"]) == (2, "pipeline")
+    assert ("num_attention_heads is 9, not divisible by 2 ranks; 3, 9 ranks divide it: "
+            "splitting") in two.log.read_text()
