@@ -133,7 +133,8 @@ def _world_differs(world: Any, running: dict | None) -> str | None:
         return f"one process, not {world.size} {world.backend} ranks"
     have = (running.get("world_size"), running.get("backend"), running.get("mode"))
     want = (world.size, world.backend, world.mode)
-    if have == want:
+    if have == want or (not world.pipeline and have[:2] == want[:2]
+                        and have[2] == "pipeline"):  # serve's fallback to a layer split
         return None
     return (f"{have[0]} {have[1]} ranks, {have[2]} parallel; asked for {want[0]} {want[1]} "
             f"ranks, {want[2]} parallel")

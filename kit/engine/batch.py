@@ -86,6 +86,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                 except Exception as e:  # this request fails alone; the batch goes on
                     if not isinstance(e, EngineError):
                         log.exception("%s: could not start", job.request.request_id)
+                        pipeline.fatal(e)
                         e = EngineError(f"generation failed: {e}")
                     job.post(e)
                     job.post(END)
@@ -125,6 +126,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                     finish(r.uid, reason, list(key), cache)
     except Exception as e:
         log.exception("batched generation failed")
+        pipeline.fatal(e)
         for uid in list(active):
             run, _ = active.pop(uid)
             run.job.post(EngineError(f"generation failed: {e}"))

@@ -53,9 +53,10 @@ class _PipeServer:
                     self._conn.send(("reply", message[1], None, error))
 
     def _changed(self) -> None:
+        # the collective part first: a local failure below must not skip it on rank 0 only
+        extra = self._extra() if self._extra is not None else {}
         snapshot = self.engine.snapshot()
-        if self._extra is not None:
-            snapshot.update(self._extra())
+        snapshot.update(extra)
         self.send(("state", snapshot))
 
     def _event_sink(self, jid: int) -> Any:

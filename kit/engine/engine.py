@@ -82,6 +82,9 @@ class Engine:
             model found, fits, splits); default: this process's own ``error``. A load
             goes ahead only when it returns None, so all ranks load or none does.
         split: this rank's place in a distributed engine (see :class:`ModelSlot`).
+        on_fatal: called with an unexpected generation failure before it is reported to
+            the request (a distributed engine's rank exits there: its peers wait inside a
+            collective it will not join); default: nothing, the engine goes on.
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -96,7 +99,8 @@ class Engine:
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
-                 split: tuple[int, int, bool, int] | None = None) -> None:
+                 split: tuple[int, int, bool, int] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -116,6 +120,8 @@ class Engine:
         self._on_change = on_change or (lambda: None)
         self.inbox = inbox or Inbox()
         self.pipeline.sync = self.inbox.sync
+        if on_fatal is not None:
+            self.pipeline.fatal = on_fatal
         self._thread = threading.Thread(target=self.run_worker, name="mlx-kit-engine",
                                         daemon=True)
         self._ready = threading.Event()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from kit.errors import ConfigError
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 MAX_RANKS = 64
+_MAX_HOSTFILE = 1 << 20  # bytes; mlx.distributed_config writes a few hundred per host
+_MAX_HOSTS_TEXT = 64 * 256
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}")  # a name, IPv4 or IPv6
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -51,6 +55,8 @@ class WorldPlan:
         pipeline: pipeline parallelism (layers split over ranks) instead of tensor
             parallelism (each layer's heads and MLP split over ranks).
         timeout: seconds a rank may wait for the others before it gives up.
+        repeat: ranks per host entry (``hosts`` lists each entry that many times in a
+            row, as ``mlx.launch -n`` repeats them).
     """
 
     backend: str
@@ -58,6 +64,7 @@ class WorldPlan:
     hostfile: Path | None
     pipeline: bool
     timeout: float
+    repeat: int = 1
 
     @property
     def size(self) -> int:
@@ -84,9 +91,7 @@ class WorldPlan:
         if self.hostfile is not None:
             cmd += ["--hostfile", str(self.hostfile)]
         else:
-            distinct = list(dict.fromkeys(self.hosts))
-            cmd += ["--hosts", ",".join(distinct),
-                    "-n", str(self.size // len(distinct))]
+            cmd += ["--hosts", ",".join(self.hosts[::self.repeat]), "-n", str(self.repeat)]
         if self.backend == "ring":
             cmd += ["--starting-port", str(port)]
         elif self.backend == "nccl":
@@ -104,12 +109,18 @@ def _hostfile_hosts(path: Path) -> tuple[list[str], str]:
         ConfigError: the file is missing, not JSON, or not mlx.launch's format.
     """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if path.exists() and not path.is_file():  # a FIFO or a device: reading must end
+            raise ConfigError(f"--hostfile {path}: not a file")
+        with open(path, "rb") as f:
+            text = f.read(_MAX_HOSTFILE + 1)
+        if len(text) > _MAX_HOSTFILE:
+            raise ConfigError(f"--hostfile {path}: larger than {_MAX_HOSTFILE // 1024} KiB")
+        data = json.loads(text)
     except OSError as e:
         raise ConfigError(f"--hostfile {path}: {e.strerror}") from None
     except ValueError as e:
         raise ConfigError(f"--hostfile {path}: not JSON ({e})") from None
-    backend = ""
+    backend: object = ""
     if isinstance(data, dict):
         backend = data.get("backend") or ""
         data = data.get("hosts")
@@ -118,11 +129,30 @@ def _hostfile_hosts(path: Path) -> tuple[list[str], str]:
         raise ConfigError(f"--hostfile {path}: expected a list of {{\"ssh\": NAME, \"ips\": "
                           "[IP, ...]}} entries (or {\"hosts\": [...]})",
                           hint="mlx.distributed_config writes one")
+    if len(data) > MAX_RANKS:
+        raise ConfigError(f"--hostfile {path}: {len(data)} ranks, at most {MAX_RANKS}")
     hosts = []
     for h in data:
         ips = h.get("ips") if isinstance(h.get("ips"), list) else []
-        hosts.append(ips[0] if ips and isinstance(ips[0], str) else h["ssh"])
-    return hosts, str(backend)
+        for value in [h["ssh"], *ips]:
+            _check_host(value, f"--hostfile {path}")
+        hosts.append(ips[0] if ips else h["ssh"])
+    if not isinstance(backend, str) or backend not in ("", *BACKENDS, "jaccl-ring"):
+        raise ConfigError(f"--hostfile {path}: backend {str(backend)[:40]!r}: one of "
+                          f"{', '.join(BACKENDS)}, jaccl-ring")
+    return hosts, backend
+
+
+def _check_host(value: object, where: str) -> str:
+    """``value`` when it is a host name or IP address (no option-like or shell text: it
+    reaches ssh's command line).
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if not isinstance(value, str) or not _HOST.fullmatch(value):
+        raise ConfigError(f"{where}: {str(value)[:60]!r} is not a host name or IP address")
+    return value
 
 
 def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
@@ -152,20 +182,34 @@ def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
                               hint="each host file entry is one rank; drop --ranks")
         every = listed
     elif hosts is not None:
-        names = [h.strip() for h in hosts.split(",")]
-        if not names or any(not h for h in names):
-            raise ConfigError(f"--hosts {hosts!r}: a comma-separated list of hosts",
+        names = [h.strip() for h in hosts[:_MAX_HOSTS_TEXT].split(",")]
+        if len(hosts) > _MAX_HOSTS_TEXT or not names or any(not h for h in names):
+            raise ConfigError(f"--hosts {hosts[:60]!r}: a comma-separated list of hosts",
                               hint="e.g. --hosts 10.0.0.1,10.0.0.2")
+        for h in names:
+            _check_host(h, "--hosts")
         n = ranks or len(names)
+        if n > MAX_RANKS:
+            raise ConfigError(f"--ranks {n}: between 1 and {MAX_RANKS}")
         if n % len(names):
             raise ConfigError(f"--ranks {n} is not a multiple of the {len(names)} hosts",
                               hint="--ranks is the total; each host runs the same count")
-        every = [h for h in names for _ in range(n // len(names))]
+        repeat = n // len(names)
+        every = [h for h in names for _ in range(repeat)]
     else:
-        every = ["127.0.0.1"] * ranks
+        if ranks > MAX_RANKS:
+            raise ConfigError(f"--ranks {ranks}: between 1 and {MAX_RANKS}")
+        every, repeat = ["127.0.0.1"] * ranks, ranks
     if not 1 <= len(every) <= MAX_RANKS:
         raise ConfigError(f"--ranks {len(every)}: between 1 and {MAX_RANKS}")
-    if len(every) == 1 and hosts is None and hostfile is None and not pipeline:
+    if path is not None:
+        repeat = 1
+    if len(every) == 1:  # one rank is the single-process server
+        if pipeline:
+            raise ConfigError("--pipeline needs 2 ranks or more")
+        if not is_this_machine(every[0]):
+            raise ConfigError(f"rank 0 would run on {every[0]}, not on this machine: rank 0 "
+                              "answers HTTP here", hint="list this machine first")
         return None
     backend = backend or "ring"
     # loopback names first (localhost is this machine, also for ring); then names before
@@ -182,7 +226,12 @@ def plan_world(ranks: int | None, hosts: str | None, hostfile: str | None,
     if not is_this_machine(every[0]):
         raise ConfigError(f"rank 0 would run on {every[0]}, not on this machine: rank 0 "
                           "answers HTTP here", hint="list this machine first")
-    return WorldPlan(backend, tuple(every), path, pipeline, timeout)
+    if path is None and "127.0.0.1" in every and any(h != "127.0.0.1" for h in every):
+        raise ConfigError("127.0.0.1 (or localhost) cannot be listed beside other hosts: "
+                          "they would look for rank 0 at their own loopback address",
+                          hint="list this machine by its address on the network the hosts "
+                               "share")
+    return WorldPlan(backend, tuple(every), path, pipeline, timeout, repeat)
 
 
 def python_for_ranks() -> str:

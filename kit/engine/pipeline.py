@@ -130,6 +130,7 @@ class Pipeline:
         self.cache = cache
         self.reclaim = False  # a large prompt was prepared: give memory back when idle
         self.sync: Callable[[], None] = lambda: None  # the engine's Inbox.sync
+        self.fatal: Callable[[BaseException], None] = lambda error: None  # Engine's on_fatal
         self._servable, self._served = servable, served
 
     def admit(self, job: Job) -> bool:

@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ log = logging.getLogger("mlx_kit.engine")
 
 def _logging(rank: int) -> None:
     # the rank in every line: mlx.launch merges every rank's output into one stream
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s %(levelname)s rank {rank} "
                                f"[{socket.gethostname()}] %(name)s: %(message)s")
 
@@ -99,6 +100,10 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    # Everything a rank writes goes to stdout: the server reads mlx.launch's own reports
+    # ("Node with rank N exited ...") from its stderr alone, where no text a model wrote
+    # (a log line quoting its output) can pose as one.
+    os.dup2(1, 2)
     from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported
@@ -148,6 +153,42 @@ def _remove_control(control: Path) -> None:
         shutil.rmtree(control, ignore_errors=True)
 
 
+def _check_alike(world: Any) -> None:
+    """End every rank when they differ in what decides their steps: mlx, mlx-lm and
+    mlx-kit versions, the device kind and the prefill chunk size (a GPU rank prefills in
+    larger chunks than a CPU one: their sync points would differ)."""
+    import mlx.core as mx
+    from importlib.metadata import version
+
+    from kit.engine.sampling import prefill_step_size
+
+    from kit import __version__
+
+    mine = (version("mlx"), version("mlx-lm"), __version__,
+            str(mx.default_device()), prefill_step_size())
+    every = world.gather(mine)
+    if any(other != every[0] for other in every):
+        names = "mlx, mlx-lm, mlx-kit, device, prefill chunk"
+        rows = "; ".join(f"rank {r}: {', '.join(map(str, e))}" for r, e in enumerate(every))
+        _fatal(f"the ranks differ ({names}): {rows}; install the same versions on every "
+               "host", 1)
+
+
+def _local_model(world: Any, model: Any) -> Any:
+    """Rank 0's model as this rank finds it: the same folder when it exists here, else
+    the same model id resolved in this host's own cache (another HOME or HF_HOME)."""
+    if world.rank == 0 or Path(str(model.path)).exists():
+        return model
+    from kit.models.resolve import resolve_model
+
+    try:
+        return resolve_model(model.id)
+    except Exception as e:
+        _fatal(f"rank {world.rank} ({world.host}): {model.id} is not on this host "
+               f"({model.path} does not exist; {e})", 1)
+    raise AssertionError  # unreachable
+
+
 def _fatal_free_exit() -> None:
     logging.shutdown()
     os._exit(0)  # no interpreter teardown: mlx's group would be torn down under peers
@@ -165,14 +206,26 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
         mine = {"rank": world.rank, "host": listed[world.rank] if world.rank < len(listed)
                 else world.host, "hostname": world.host, "pid": os.getpid(),
                 "memory": engine.memory()}
+
+        if engine.state != "loading":  # the first load is over, whatever its outcome
+            world.paused = False
+            world.mark()
         return {"distributed": {"world_size": world.size, "backend": backend,
                                 "mode": "pipeline" if pipeline else "tensor",
                                 "ranks": world.gather(mine)}}
 
-    hosts = world.gather(world.host)
+    _check_alike(world)
+    machine = (world.host, uuid.getnode())  # two hosts may share a name
+    machines = world.gather(machine)
+    model = _local_model(world, model)
+
+    def fatal(error: BaseException) -> None:
+        _fatal(f"rank {world.rank} ({world.host}): generation failed: "
+               f"{type(error).__name__}: {error}", 1)
+
     extra = {"inbox": RankInbox(world), "loader": sharded_loader(world, pipeline),
-             "agree": world.agree,
-             "split": (world.rank, world.size, pipeline, hosts.count(world.host))}
+             "agree": world.agree, "on_fatal": fatal,
+             "split": (world.rank, world.size, pipeline, machines.count(machine))}
     if world.rank == 0:
         server = _PipeServer(conn, model, extra_state=ranks, **options, **extra)
         engine = server.engine

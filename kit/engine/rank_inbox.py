@@ -92,6 +92,10 @@ class RankInbox(Inbox):
         timeout ran out), as rank 0 decided it."""
         world, local, payload = self.world, [], None
         if world.rank == 0:
+            # cancels first: one that arrives while the queue is drained then names a job
+            # this update or a later one delivers, never one already dropped as unknown
+            with self._lock:
+                cancels, self._cancels = self._cancels, []
             if wait is not None:
                 world.idle = True
                 try:
@@ -105,8 +109,6 @@ class RankInbox(Inbox):
                     local.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            with self._lock:
-                cancels, self._cancels = self._cancels, []
             timed_out = not local and deadline is not None and time.monotonic() >= deadline
             if local or cancels or timed_out:
                 payload = ([_wire(i) for i in local], cancels, timed_out)
@@ -154,7 +156,7 @@ class RankInbox(Inbox):
         ticks = 0  # every rank counts the same ticks: they sleep the same lengths
         while not self._mirror:
             tick = min(IDLE_TICK_S, _FIRST_TICK_S * 2 ** ticks)
-            ticks += 1
+            ticks = min(ticks + 1, 16)  # 2 ** ticks unbounded overflowed after ~200 s idle
             wait = None
             if self.world.rank == 0:
                 wait = tick if deadline is None else \

@@ -40,6 +40,7 @@ def serve_alone(pipeline: Pipeline, job: Job,
         job.post(e)
     except Exception as e:
         log.exception("generation failed for %s", job.request.request_id)
+        pipeline.fatal(e)
         job.post(EngineError(f"generation failed: {e}"))
     job.post(END)
     return None

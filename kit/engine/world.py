@@ -26,6 +26,7 @@ log = logging.getLogger("mlx_kit.engine")
 #: exit status of a rank that lost a peer or timed out waiting for one; the server tells
 #: the rank that exited first with another status as the one that failed
 EXIT_PEER_LOST = 75
+_MAX_SHARE_BYTES = 1 << 32  # far above a request's body limit
 
 
 class WorldLost(BaseException):
@@ -74,12 +75,17 @@ class World:
         # next step) and the two interleaved on the ring's sockets: followers unpickled
         # garbage and the ranks fell out of step (3 concurrent requests on 3 ranks; a
         # 3-rank all_sum loop measured 38/300 wrong sums on mx.cpu, 0 on the same stream).
-        # One stream keeps every rank's collectives in the same order; NCCL needs a GPU
-        # stream too.
+        # One stream keeps every rank's collectives in the same order.
+        # Within the stream's context and with no stream argument, as the model's own
+        # collectives are issued: the backend then picks the same stream for both (ring
+        # and JACCL: the default CPU stream, which the context makes generation_stream
+        # where it is a CPU stream; NCCL: the GPU one). An explicit GPU stream would fail
+        # on Metal, whose all_sum has no GPU kernel.
         from mlx_lm.generate import generation_stream
 
         try:
-            out = mx.distributed.all_sum(array, group=self.group, stream=generation_stream)
+            with mx.stream(generation_stream):
+                out = mx.distributed.all_sum(array, group=self.group)
             mx.eval(out)
         except RuntimeError as e:
             raise WorldLost(f"rank {self.rank} ({self.host}): {e}") from None
@@ -93,10 +99,13 @@ class World:
         Raises:
             WorldLost: a peer is gone, or what arrived is not what rank ``root`` sent.
         """
-        data = pickle.dumps(obj) if self.rank == root else b""
+        data = pickle.dumps(obj) if self.rank == root and obj is not None else b""
         size = self._all_sum(mx.array([len(data)], dtype=mx.int64)).item()
-        if size == 0:
+        if size == 0:  # nothing to share (the idle ticks): one collective, not two
             return None
+        if not 0 < size <= _MAX_SHARE_BYTES:  # out of step: do not allocate a garbage size
+            raise WorldLost(f"rank {self.rank} ({self.host}): the ranks are out of step "
+                            f"(a shared object of {size} bytes)")
         buf = mx.zeros((size,), dtype=mx.uint8)
         if self.rank == root:
             buf = mx.array(memoryview(data), dtype=mx.uint8)
@@ -122,15 +131,27 @@ class World:
     def agree(self, error: BaseException | None) -> BaseException | None:
         """The first rank's error of a check every rank ran (None: all passed), with the
         rank and host named when it is not rank 0's own; collective."""
-        errors = self.gather(None if error is None else (str(error), self.host))
+        from kit.errors import KitError, ModelError
+
+        mine = None
+        if error is not None:
+            mine = error
+            try:
+                pickle.dumps(error)
+            except Exception:  # sharing it must not fail on this rank alone
+                mine = ModelError(str(error))
+        errors = self.gather(None if mine is None else (mine, self.host))
         for r, e in enumerate(errors):
             if e is None:
                 continue
             if r == self.rank and error is not None:
                 return error
-            from kit.errors import ModelError
-
-            return ModelError(f"rank {r} ({e[1]}): {e[0]}")
+            other, host = e
+            if not isinstance(other, KitError):  # keep the kind (404, 507) and the hint
+                return ModelError(f"rank {r} ({host}): {other}")
+            other.message = f"rank {r} ({host}): {other.message}"
+            other.args = (other.message,)
+            return other
         return None
 
     # -- watchdog --------------------------------------------------------------------------

@@ -45,7 +45,10 @@ ranks_log = logging.getLogger("mlx_kit.ranks")
 
 _CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
 _REAP_S = 15.0  # after a rank's exit, how long mlx.launch may take to end the others
-_EXIT_LINE = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+# mlx.launch's own report on its stderr, where the ranks write nothing (they send their
+# stderr to stdout), so no text a model wrote can pose as one
+_EXIT_LINE = re.compile(
+    r"^\[WARN\] Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
 EXIT_PEER_LOST = 75  # kit.engine.world.EXIT_PEER_LOST (that module imports mlx)
@@ -146,6 +149,7 @@ class DistributedEngine(EngineProcess):
         self._exits: list[tuple[int, int | None]] = []  # (rank, code) as mlx.launch said
         self._errors: dict[int, str] = {}  # each rank's last ERROR line
         self._output: threading.Thread | None = None
+        self._launcher_output: threading.Thread | None = None
         self._control: Path | None = None
         self._hung: list[int] = []  # ranks still running when we ended mlx.launch's group
         self.lost: str | None = None
@@ -170,17 +174,21 @@ class DistributedEngine(EngineProcess):
                "MLX_KIT_PIPELINE": "1" if self.plan.pipeline else "0",
                "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout),
                "MLX_KIT_HOSTS": ",".join(self.plan.hosts)}
-        port = _free_ports(self.plan.size) if self.plan.local else 32323
+        port = _free_ports(self.plan.size)  # free here; other hosts are most likely alike
         cmd = self.plan.command(python_for_ranks(), port, env)
         log.info("starting %d ranks (%s, %s parallel): %s", self.plan.size,
                  self.plan.backend, self.plan.mode, " ".join(cmd))
         popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 stderr=subprocess.PIPE, start_new_session=True,
                                  env={**os.environ, **env})
         launched = _Launched(popen)
-        self._output = threading.Thread(target=self._read_output, args=(popen,),
+        self._output = threading.Thread(target=self._read_output, args=(popen.stdout, False),
                                         name="mlx-kit-ranks-output", daemon=True)
         self._output.start()
+        self._launcher_output = threading.Thread(
+            target=self._read_output, args=(popen.stderr, True),
+            name="mlx-kit-ranks-launcher", daemon=True)
+        self._launcher_output.start()
         conn = self._accept(listener, launched)
         try:  # every rank closed its stdin by now: see kit/engine/rank.py's main()
             assert popen.stdin is not None
@@ -217,32 +225,36 @@ class DistributedEngine(EngineProcess):
             return got[0]
         if launched.exitcode is None:
             launched.terminate()
-        if self._output is not None:
-            self._output.join(5)
+        for reader in (self._output, self._launcher_output):
+            if reader is not None:
+                reader.join(5)
         self._cleanup()
         raise ServerError(f"the {self.plan.size} ranks did not start: {self._why()}",
                           hint="see the log for every rank's output")
 
-    def _read_output(self, popen: subprocess.Popen) -> None:
-        """Every line the ranks and mlx.launch print, into the log; exits noted."""
-        assert popen.stdout is not None
-        for raw in popen.stdout:
+    def _read_output(self, stream: Any, launcher: bool) -> None:
+        """Every line the ranks (stdout) and mlx.launch (stderr: ``launcher``) print, into
+        the log; exits and the ranks' errors noted."""
+        for raw in stream:
             line = raw.decode("utf-8", "replace")
             if line.strip():
                 ranks_log.info("%s", _ANSI.sub("", line).rstrip())
-                if self._note_output(line) and self._link is not None \
+                if self._note_output(line, launcher) and self._link is not None \
                         and not self._stopping:
                     threading.Thread(target=self._reap, args=(self._link.process,),
                                      name="mlx-kit-ranks-reap", daemon=True).start()
 
-    def _note_output(self, line: str) -> bool:
-        """Note a rank's exit or its last error from one output line; True when it is the
-        first exit (the world is over)."""
-        line = _ANSI.sub("", line).rstrip()
-        if m := _EXIT_LINE.search(line):
-            code = int(m.group(2)) if m.group(2) is not None else None
-            self._exits.append((int(m.group(1)), code))
-            return len(self._exits) == 1
+    def _note_output(self, line: str, launcher: bool) -> bool:
+        """Note a rank's exit (``launcher``: a line of mlx.launch's stderr) or its last
+        error from one output line; True when it is the first exit (the world is over)."""
+        line = _ANSI.sub("", line).strip()
+        if launcher:
+            m = _EXIT_LINE.match(line)
+            if m and int(m.group(1)) < self.plan.size:
+                code = int(m.group(2)) if m.group(2) is not None else None
+                self._exits.append((int(m.group(1)), code))
+                return len(self._exits) == 1
+            return False
         if m := _RANK_ERROR.search(line):
             self._errors[int(m.group(1))] = m.group(2)
         return False
@@ -278,7 +290,11 @@ class DistributedEngine(EngineProcess):
             return "no rank reported why (see the log)"
         rank, code = failed[0]
         host = self.plan.hosts[rank] if rank < len(self.plan.hosts) else "?"
-        how = ("was killed" if code is None else
+        how = ("could not be started over ssh (exit 255): check that `ssh "
+               f"{host} true` works without a password" if code == 255 else
+               f"could not start {python_for_ranks()} (exit 127): install mlx-kit in the "
+               "same virtual environment path on every host" if code == 127 else
+               "was killed" if code is None else
                f"was killed by signal {-code}" if code < 0 else
                "lost its connection to the other ranks" if code == EXIT_PEER_LOST else
                f"exited with code {code}")
@@ -310,8 +326,9 @@ class DistributedEngine(EngineProcess):
         # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch (and
         # for _reap, which ends it when a rank hangs: up to _REAP_S, then 5 s for SIGTERM)
         link.process.join(_REAP_S + 10)
-        if self._output is not None:
-            self._output.join(5)
+        for reader in (self._output, self._launcher_output):
+            if reader is not None:
+                reader.join(5)
         self._cleanup()
         super()._gone(link)
 

@@ -39,16 +39,76 @@ def test_ranks_alone_puts_every_rank_on_loopback_over_ring():
     assert plan(ranks=2, timeout=30).timeout == 30
 
 
+def _this_ip() -> str:
+    """An IPv4 address of this machine that is not loopback (skips when it has none)."""
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.skip("this machine has no address but loopback")
+
+
 def test_ranks_with_hosts_is_the_total_each_host_running_its_share_in_order():
-    p = plan(ranks=4, hosts="127.0.0.1,10.0.0.2")
-    assert p.hosts == ("127.0.0.1", "127.0.0.1", "10.0.0.2", "10.0.0.2")
+    me = _this_ip()
+    p = plan(ranks=4, hosts=f"{me},10.0.0.2")
+    assert p.hosts == (me, me, "10.0.0.2", "10.0.0.2")
     assert not p.local
-    assert plan(hosts="127.0.0.1,10.0.0.2").hosts == ("127.0.0.1", "10.0.0.2")
+    assert plan(hosts=f"{me},10.0.0.2").hosts == (me, "10.0.0.2")
 
 
 def test_loopback_names_are_this_machine_even_for_ring():
     assert plan(hosts="localhost", ranks=2).hosts == ("127.0.0.1", "127.0.0.1")
-    assert plan(hosts="localhost,10.0.0.2").hosts == ("127.0.0.1", "10.0.0.2")
+
+
+def test_loopback_beside_other_hosts_is_refused():
+    # the other hosts would be told to reach rank 0 at 127.0.0.1: their own loopback
+    with pytest.raises(ConfigError, match="cannot be listed beside other hosts"):
+        plan(hosts="localhost,10.0.0.2")
+
+
+def test_a_host_listed_twice_apart_keeps_every_rank_in_mlx_launchs_order(launched):
+    # the command once deduplicated the hosts: a,b,a planned 3 ranks and started 2
+    me = _this_ip()
+    p = plan(ranks=6, hosts=f"{me},10.0.0.2,{me}")
+    assert p.hosts == (me, me, "10.0.0.2", "10.0.0.2", me, me)
+    _, hosts, _, _ = launched(p.command(sys.executable, 32323, {}))
+    assert tuple(h.ssh_hostname for h in hosts) == p.hosts
+
+
+@pytest.mark.parametrize("kwargs", [{"ranks": 10 ** 9}, {"ranks": 10 ** 9, "hosts": "127.0.0.1"}])
+def test_a_huge_rank_count_is_refused_before_anything_is_built(kwargs):
+    with pytest.raises(ConfigError, match=f"between 1 and {MAX_RANKS}"):
+        plan(**kwargs)
+
+
+def test_host_names_that_would_reach_ssh_as_options_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="is not a host name or IP address"):
+        plan(hosts="127.0.0.1,-oProxyCommand=x")
+    f = write(tmp_path / "h.json", [{"ssh": "localhost"}, {"ssh": "-oProxyCommand=touch x"}])
+    with pytest.raises(ConfigError, match="is not a host name or IP address"):
+        plan(hostfile=f)
+
+
+def test_a_host_file_that_is_not_a_small_regular_file_is_refused(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a file"):
+        plan(hostfile=str(fifo))  # reading a FIFO would wait for ever
+    big = tmp_path / "big.json"
+    big.write_text("[" + " " * (2 << 20) + "]")
+    with pytest.raises(ConfigError, match="larger than"):
+        plan(hostfile=str(big))
+
+
+def test_one_rank_is_the_single_process_server():
+    assert plan(ranks=1) is None
+    assert plan(hosts="127.0.0.1") is None
+    with pytest.raises(ConfigError, match="--pipeline needs 2 ranks"):
+        plan(ranks=1, pipeline=True)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -165,7 +225,7 @@ def test_the_command_starts_every_rank_as_kit_engine_rank_over_ring(launched):
 
 
 def test_the_command_keeps_rank_order_over_hosts(launched):
-    p = plan(ranks=4, hosts="127.0.0.1,10.0.0.2")
+    p = plan(ranks=4, hosts=f"{_this_ip()},10.0.0.2")
     _, hosts, _, _ = launched(p.command(sys.executable, 32323, {}))
     assert tuple(h.ssh_hostname for h in hosts) == p.hosts
 

@@ -195,3 +195,43 @@ def test_followers_jobs_post_nowhere_and_are_forgotten_when_they_end(size):
         t.join(30)
     assert all(tr == traces[0] for tr in traces)
     assert all(not ib._jobs for ib in inboxes)  # no request outlives its END on any rank
+
+
+def test_an_idle_inbox_keeps_ticking_past_a_thousand_ticks(monkeypatch):
+    # the tick doubled as 5 ms * 2 ** n with n unbounded: at n = 1024 the float overflowed
+    # (OverflowError on every rank after ~200 s idle, ending an idle server)
+    import kit.engine.rank_inbox as rank_inbox
+
+    monkeypatch.setattr(rank_inbox, "IDLE_TICK_S", 1e-5)
+    monkeypatch.setattr(rank_inbox, "_FIRST_TICK_S", 1e-7)
+    inboxes = _worlds(2)
+    got: list = []
+    threads = [threading.Thread(target=lambda ib=ib: got.append(ib.get()), daemon=True)
+               for ib in inboxes]
+    for t in threads:
+        t.start()
+    from tests.helpers import wait_until
+
+    wait_until(lambda: inboxes[1].world.shares > 1200, timeout=60)
+    inboxes[0].put(None)
+    for t in threads:
+        t.join(10)
+    assert got == [None, None]
+
+
+def test_a_cancel_right_after_its_request_is_never_lost():
+    # the pipe thread puts a job and cancels it at once, while rank 0 drains its queue:
+    # however they interleave, every rank sees the job cancelled
+    for attempt in range(30):
+        def feed(inbox: RankInbox, attempt=attempt) -> None:
+            job = Job(_request("x"), lambda item: None, jid=1)
+            time.sleep(random.Random(attempt).uniform(0, 0.01))
+            inbox.put(job)
+            inbox.cancel(job)
+            time.sleep(0.05)
+            inbox.put(None)
+
+        traces = _run(2, feed, steps=100_000)
+        assert traces[0] == traces[1]
+        steps = [e for e in traces[0] if e[0] == "step"]
+        assert steps and steps[-1][2] is True, attempt

@@ -16,7 +16,7 @@ INFO = ModelInfo(id="m", path=".", context_window=1024)  # type: ignore[arg-type
 def _engine(lines: list[str], errors: dict[int, str] | None = None) -> DistributedEngine:
     engine = DistributedEngine(INFO, plan_world(3, None, None, None, False, 300))
     for line in lines:
-        engine._note_output(line)
+        engine._note_output(line, launcher=True)
     engine._errors.update(errors or {})
     return engine
 
@@ -40,8 +40,24 @@ def test_a_lost_world_names_the_rank_that_failed_first_not_the_ones_ended_after(
 
 
 def test_a_rank_that_failed_on_its_own_is_named_with_its_last_error():
-    engine = _engine(["\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m",
+    engine = _engine(["\x1b[33m[WARN] Node with rank 1 exited with code 1 \x1b[0m\n",
                       "[WARN] Node with rank 0 exited with code -15"],
                      {1: "rank 1 (mac2): cannot load its shard of /m: FileNotFoundError"})
     assert engine._why() == ("rank 1 on 127.0.0.1 exited with code 1: rank 1 (mac2): cannot "
                              "load its shard of /m: FileNotFoundError")
+
+
+def test_text_a_model_wrote_cannot_pose_as_a_rank_exit():
+    # a rank's log line quoting a model's output arrives on stdout; mlx.launch's reports
+    # come on its stderr and start the line
+    engine = _engine([])
+    quoted = ("2026-12-01 INFO rank 1 [vm] mlx_kit.engine: could not parse: [WARN] Node "
+              "with rank 1 exited with code 3")
+    assert engine._note_output(quoted, launcher=False) is False
+    assert engine._note_output("see: [WARN] Node with rank 1 exited with code 3",
+                               launcher=True) is False
+    assert engine._note_output("[WARN] Node with rank 7 exited with code 3",
+                               launcher=True) is False  # no rank 7 in a world of 3
+    assert engine._exits == []
+    assert engine._note_output("\x1b[33m[WARN] Node with rank 1 exited with code 3 \x1b[0m",
+                               launcher=True) is True
