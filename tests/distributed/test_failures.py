@@ -31,9 +31,13 @@ from tests.helpers import (Server, clean_env, free_port, openai_for, run_kit, sp
 
 READY_S = 180  # a 3-rank server takes ~15-30 s here (2 cores); slack for a busy machine
 EXIT_S = 30  # how long a server may take to end after it lost a rank
+# short enough to test, long enough that one prefill step on 2 busy cores (~5 s seen while
+# CI ran beside) does not pass for a hung rank
+RANK_TIMEOUT_S = 15
 
 
 # --- helpers -------------------------------------------------------------------------------
+
 
 def _tmpdir(home: Path) -> Path:
     tmp = home / "tmp"
@@ -155,7 +159,7 @@ def test_killed_rank_0_ends_the_server_naming_rank_0(hf_home, tmp_path):
 
 def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
         hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", "5")
+    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", str(RANK_TIMEOUT_S))
     try:
         client = openai_for(server)
 
@@ -164,21 +168,22 @@ def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
                 model="local", max_tokens=4,
                 messages=[{"role": "user", "content": "Hi"}]).choices[0].message.content
         assert ask()
-        # Idle for twice --rank-timeout: that time passing ends nothing is what is tested
+        # Idle past --rank-timeout: that time passing ends nothing is what is tested
         # (nothing to wait on but the clock).
-        time.sleep(10)
+        time.sleep(RANK_TIMEOUT_S + 5)
         assert server.proc.poll() is None
         assert ask()
         os.kill(procs[3].pid, signal.SIGSTOP)  # rank 2 hangs, its connections open
         # the others' watchdogs (5 s), then mlx.launch's group is ended (15 s after the
         # first exit, SIGKILL 5 s later: a stopped rank does not take SIGTERM)
-        code = server.proc.wait(EXIT_S + 30)
+        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + 25)
         log = " ".join(server.log_text().split())
         assert code == 1, log[-3000:]
         assert re.search(r"rank [01] \(\S+\): no answer from the other ranks for \d+ s "
                          r"\(--rank-timeout\); ending", log)  # (checked every 1.25 s)
         assert ("error: the distributed engine stopped: rank 2 on 127.0.0.1 stopped "
-                "answering: the other ranks waited 5 s (--rank-timeout) and gave up") in log
+                f"answering: the other ranks waited {RANK_TIMEOUT_S} s (--rank-timeout) and "
+                "gave up") in log
         wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
     finally:
         try:
@@ -189,14 +194,15 @@ def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
 
 
 def test_a_hung_rank_0_is_ended_and_named(hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", "5")
+    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", str(RANK_TIMEOUT_S))
     try:
         os.kill(procs[1].pid, signal.SIGSTOP)  # rank 0: its connection to us stays open
-        code = server.proc.wait(EXIT_S + 30)
+        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + 25)
         log = " ".join(server.log_text().split())
         assert code == 1, log[-3000:]
         assert ("error: the distributed engine stopped: rank 0 on 127.0.0.1 stopped "
-                "answering: the other ranks waited 5 s (--rank-timeout) and gave up") in log
+                f"answering: the other ranks waited {RANK_TIMEOUT_S} s (--rank-timeout) and "
+                "gave up") in log
         wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
         assert control_dirs(tmp_path) == []
     finally:
