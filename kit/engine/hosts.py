@@ -118,8 +118,8 @@ def _hostfile_hosts(path: Path) -> tuple[list[str], str]:
         data = json.loads(text)
     except OSError as e:
         raise ConfigError(f"--hostfile {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise ConfigError(f"--hostfile {path}: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
+        raise ConfigError(f"--hostfile {path}: not JSON ({str(e)[:200]})") from None
     backend: object = ""
     if isinstance(data, dict):
         backend = data.get("backend") or ""

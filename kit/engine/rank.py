@@ -47,22 +47,52 @@ def _fatal(message: str, code: int) -> None:
 
 
 def sharded_loader(world: Any, pipeline: bool) -> Any:
-    """A :class:`kit.engine.slot.ModelSlot` loader: mlx-lm's ``sharded_load`` over the
-    whole group, tensor or pipeline parallel. Its own failure ends this rank (exit 1):
-    the other ranks are inside the same load's collectives by then."""
+    """A :class:`kit.engine.slot.ModelSlot` loader over the whole group.
+
+    Tensor parallel: mlx-lm's ``load`` (lazily, and strict: every weight the model needs
+    must be in the files; mlx-lm's ``sharded_load`` loads with ``strict=False``, which
+    served a checkpoint missing four layers with random weights), then the model's own
+    ``shard(group)``, as ``sharded_load`` does. Nothing before the shard's evaluation
+    runs a collective, so a failure there (missing weights, an unknown architecture) is
+    agreed among the ranks and fails the load on every rank: the old model keeps serving.
+    Pipeline parallel: ``sharded_load`` (each rank reads only its layers' files).
+    A failure once the ranks are inside the load's collectives ends this rank (exit 1)."""
     def load(path: str, trust: bool) -> tuple[Any, Any]:
-        from mlx_lm.utils import sharded_load
+        import mlx.core as mx
 
         group = world.group
+        if pipeline:
+            from mlx_lm.utils import sharded_load
+
+            try:
+                return sharded_load(path, pipeline_group=group, tensor_group=None,
+                                    tokenizer_config={"trust_remote_code": trust},
+                                    trust_remote_code=trust)
+            except Exception as e:
+                _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
+                       f"{type(e).__name__}: {e}", 1)
+        from mlx_lm import load as mlx_load
+
+        error, model, tokenizer = None, None, None
         try:
-            return sharded_load(path, pipeline_group=group if pipeline else None,
-                                tensor_group=None if pipeline else group,
-                                tokenizer_config={"trust_remote_code": trust},
-                                trust_remote_code=trust)
+            model, tokenizer = mlx_load(path, tokenizer_config={"trust_remote_code": trust},
+                                        lazy=True, trust_remote_code=trust)
+            if not hasattr(model, "shard"):
+                raise ValueError(f"mlx-lm has no tensor parallel mode for "
+                                 f"{type(model).__module__}")
+        except Exception as e:
+            error = e
+        error = world.agree(error)
+        if error is not None:
+            raise error
+        try:
+            model.shard(group)
+            mx.eval(model.parameters())
         except Exception as e:
             _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
                    f"{type(e).__name__}: {e}", 1)
-        raise AssertionError  # unreachable
+        world.share(None)  # every rank holds its shard before any answers
+        return model, tokenizer
     return load
 
 

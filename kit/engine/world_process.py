@@ -30,6 +30,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,9 @@ class DistributedEngine(EngineProcess):
         self._control: Path | None = None
         self._hung: list[int] = []  # ranks still running when we ended mlx.launch's group
         self.lost: str | None = None
+        self._ending = False  # rank 0's connection closed: the world is over
+        self._launcher_code: int | None = None
+        self._said: deque[str] = deque(maxlen=5)  # mlx.launch's last lines of its own
 
     def start(self) -> None:
         """Start every rank and wait until rank 0 connected (then the model loads).
@@ -189,6 +193,8 @@ class DistributedEngine(EngineProcess):
             target=self._read_output, args=(popen.stderr, True),
             name="mlx-kit-ranks-launcher", daemon=True)
         self._launcher_output.start()
+        threading.Thread(target=self._watch_launcher, args=(launched,),
+                         name="mlx-kit-ranks-launcher-watch", daemon=True).start()
         conn = self._accept(listener, launched)
         try:  # every rank closed its stdin by now: see kit/engine/rank.py's main()
             assert popen.stdin is not None
@@ -254,10 +260,24 @@ class DistributedEngine(EngineProcess):
                 code = int(m.group(2)) if m.group(2) is not None else None
                 self._exits.append((int(m.group(1)), code))
                 return len(self._exits) == 1
+            if line:
+                self._said.append(line[:300])
             return False
         if m := _RANK_ERROR.search(line):
             self._errors[int(m.group(1))] = m.group(2)
         return False
+
+    def _watch_launcher(self, launched: _Launched) -> None:
+        """``mlx.launch`` itself exiting (killed, crashed) while its ranks run leaves them
+        orphaned and the world unwatched: end its process group (ours, and its ranks are
+        still in it), so rank 0's connection closes and the world is reported lost."""
+        launched.join()
+        self._launcher_code = launched.exitcode
+        if self._stopping or self._exits:  # a normal stop, or the ranks' exits explain it
+            return
+        log.error("mlx.launch (pid %d) exited with code %s while its ranks ran; ending them",
+                  launched.pid, launched.exitcode)
+        launched.terminate()
 
     def _reap(self, launched: _Launched) -> None:
         """A rank exited while serving, so the world is over: ``mlx.launch`` ends the
@@ -287,6 +307,10 @@ class DistributedEngine(EngineProcess):
         after = (0, EXIT_PEER_LOST, -signal.SIGTERM, None)
         failed = [(r, c) for r, c in self._exits if c not in after] or self._exits[:1]
         if not failed:
+            if self._launcher_code not in (None, 0) and not self._said:
+                return f"mlx.launch exited with code {self._launcher_code}; its ranks were ended"
+            if self._said:  # mlx.launch itself failed (no mpirun, a malformed host file)
+                return f"mlx.launch: {self._said[-1]}"
             return "no rank reported why (see the log)"
         rank, code = failed[0]
         host = self.plan.hosts[rank] if rank < len(self.plan.hosts) else "?"
@@ -318,11 +342,17 @@ class DistributedEngine(EngineProcess):
             if self._stopping:
                 raise EngineUnavailable("the server is shutting down")
             assert self._link is not None, "start() first"
-            if self._link.process.exitcode is not None or self.lost:
-                raise EngineUnavailable(self.lost or "the distributed engine has stopped")
+            if self._link.process.exitcode is not None or self.lost or self._ending:
+                raise EngineUnavailable(self.lost or self.error
+                                        or "the distributed engine has stopped")
             return self._link
 
     def _gone(self, link: _Link) -> None:
+        with self._start_lock:  # no request may start on a world that is ending
+            if not self._stopping:
+                self._ending = True
+                self.state, self.error = "failed", "the distributed engine is stopping: a " \
+                    "rank exited (finding out which)"
         # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch (and
         # for _reap, which ends it when a rank hangs: up to _REAP_S, then 5 s for SIGTERM)
         link.process.join(_REAP_S + 10)

@@ -359,3 +359,34 @@ def test_a_swap_and_back_answers_as_one_process_and_a_failed_swap_keeps_every_ra
     after = chat(openai_for(ranks_server), [{"role": "user", "content": FRANCE}], False)
     assert after.text == PARIS
     assert rank_texts(ranks_server, after.id) == {repr(PARIS)}
+
+
+def test_a_swap_to_a_checkpoint_missing_weights_is_refused_on_every_rank(
+        ranks_server, hf_home, tmp_path):
+    # mlx-lm's sharded_load loads with strict=False: a checkpoint missing four layers was
+    # served with random weights in their place; the ranks now load strictly, agree, and
+    # the old model keeps serving
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    starter = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct-4bit"
+                    / "snapshots").iterdir())
+    broken = tmp_path / "missing-layers"
+    broken.mkdir()
+    for f in starter.iterdir():
+        if not f.name.startswith(".") and not f.name.startswith("model.safetensors"):
+            shutil.copy(f.resolve(), broken / f.name)
+    weights = load_file(str((starter / "model.safetensors").resolve()))
+    kept = {n: w for n, w in weights.items()
+            if not any(f"layers.{i}." in n for i in (3, 4, 5, 6))}
+    save_file(kept, str(broken / "model.safetensors"), metadata={"format": "mlx"})
+    before = ranks_weights(ranks_server)
+    r = ranks_server.swap(str(broken), timeout=240)
+    assert r.status_code >= 400, r.text
+    assert "Missing" in r.json()["error"]["message"]
+    h = ranks_server.health()
+    assert h["status"] == "ok" and h["model"] == F32
+    assert ranks_weights(ranks_server) == before
+    after = chat(openai_for(ranks_server), [{"role": "user", "content": FRANCE}], False)
+    assert after.text == PARIS
