@@ -250,7 +250,10 @@ def serve(
             timeout_graceful_shutdown=5)))
         if lost.is_set():  # lost while the catalog scan ran
             web[0].should_exit = True
-        web[0].run()
+        try:
+            web[0].run()
+        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a clean stop
+            pass                   # (uvicorn.run swallows it the same way)
     finally:
         shutdown()
     if getattr(engine, "lost", None):
