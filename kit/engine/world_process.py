@@ -88,6 +88,8 @@ class _Launched:
             ours = psutil.Process(self.popen.pid).children(recursive=True)
         except psutil.Error:
             ours = []
+        if self.popen.poll() is not None and not self._session_alive():
+            return  # reaped and nothing left in its session: the pid may be anyone's now
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.popen.pid, sig)  # start_new_session: pgid == its pid
@@ -104,6 +106,20 @@ class _Launched:
                     p.kill()
             except psutil.Error:
                 pass
+
+
+    def _session_alive(self) -> bool:
+        """Whether a process is still in the session ``mlx.launch`` was started in (its
+        ranks, once it is gone): while one is, the group id cannot be anyone else's."""
+        import psutil
+
+        for pid in psutil.pids():
+            try:
+                if os.getsid(pid) == self.popen.pid:
+                    return True
+            except OSError:
+                continue
+        return False
 
 
 def _free_ports(count: int) -> int:
