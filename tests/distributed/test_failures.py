@@ -318,3 +318,20 @@ def test_a_world_that_cannot_start_is_refused_before_the_model_or_any_rank(
     assert "Traceback" not in r.stderr
     assert not (tmp_path / ".cache" / "huggingface").exists()  # refused before the model
     assert _no_rank_of(tmp_path) == []
+
+
+def test_a_killed_mlx_launch_ends_its_orphaned_ranks_and_the_server(hf_home, tmp_path):
+    # kill -9 of mlx.launch itself left every rank running under init and /health saying
+    # ok; the server now ends the ranks left in mlx.launch's session and reports it
+    server, procs = start_world(tmp_path, hf_home)
+    try:
+        launcher = server.health()["engine_pid"]
+        os.kill(launcher, signal.SIGKILL)
+        code = server.proc.wait(EXIT_S)
+        log = " ".join(server.log_text().split())
+        assert code == 1, log[-3000:]
+        assert ("error: the distributed engine stopped: mlx.launch exited with code -9; its "
+                "ranks were ended") in log
+        wait_until(lambda: not alive(procs), timeout=15, what="every rank to exit")
+    finally:
+        kill_leftovers(procs, server)
