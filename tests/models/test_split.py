@@ -124,7 +124,8 @@ def test_intermediate_size_not_divisible_is_refused(tmp_path):
 
 def test_quantized_layers_need_whole_groups_per_rank(tmp_path):
     # 192 columns = 3 groups of 64: 2 ranks divide 192 but not the groups mlx cuts along
-    folder = llama_like(tmp_path / "m", hidden=256, heads=4, kv_heads=2, inter=192,
+    # (small: the model-free lane's guard counts any weights file over 1 MB as a model)
+    folder = llama_like(tmp_path / "m", hidden=128, heads=4, kv_heads=2, inter=192, layers=1,
                         quantization={"group_size": 64, "bits": 4})
     with pytest.raises(SplitError, match="intermediate_size / quantization group_size 64 is 3,"
                                          " not divisible by 2 ranks"):
