@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import ConfigError
+from kit.models.split import MAX_RANKS
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
-MAX_RANKS = 64
+#: exit status of a rank that lost a peer or timed out waiting for one (kit/engine/world.py);
+#: the server names the rank that exited first with another status as the one that failed
+EXIT_PEER_LOST = 75
 _MAX_HOSTFILE = 1 << 20  # bytes; mlx.distributed_config writes a few hundred per host
 _MAX_HOSTS_TEXT = 64 * 256
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}")  # a name, IPv4 or IPv6

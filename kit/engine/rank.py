@@ -10,7 +10,7 @@ as a single engine process (:mod:`kit.engine.child`): its first message is ``("i
 model, options, log_level)``, which rank 0 shares with the others.
 
 A rank whose peers are gone (a collective fails, or the watchdog sees none answer for
-``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.world.EXIT_PEER_LOST`; a
+``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.hosts.EXIT_PEER_LOST`; a
 rank that fails on its own (its shard cannot load) exits 1, so the server can tell which
 rank failed first. ``mlx.launch`` then ends the others.
 """
@@ -230,11 +230,12 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
     from kit.engine.engine import Engine
     from kit.engine.rank_inbox import RankInbox
 
+    listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
+    host = listed[world.rank] if world.rank < len(listed) else world.host
+
     def ranks() -> dict[str, Any]:
         """Every rank's host, pid and memory (collective: at every state change)."""
-        listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
-        mine = {"rank": world.rank, "host": listed[world.rank] if world.rank < len(listed)
-                else world.host, "hostname": world.host, "pid": os.getpid(),
+        mine = {"rank": world.rank, "host": host, "hostname": world.host, "pid": os.getpid(),
                 "memory": engine.memory()}
 
         if engine.state != "loading":  # the first load is over, whatever its outcome

@@ -21,11 +21,10 @@ from typing import Any
 
 import mlx.core as mx
 
+from kit.engine.hosts import EXIT_PEER_LOST  # the ranks import it from here
+
 log = logging.getLogger("mlx_kit.engine")
 
-#: exit status of a rank that lost a peer or timed out waiting for one; the server tells
-#: the rank that exited first with another status as the one that failed
-EXIT_PEER_LOST = 75
 _MAX_SHARE_BYTES = 1 << 32  # far above a request's body limit
 
 

@@ -9,7 +9,7 @@ with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 ex
   on every rank while ``state`` is ``loading``.
 - What the ranks print goes to the server's log, line by line. ``mlx.launch`` reports
   every rank's exit ("Node with rank N exited with code C"); the first rank that exited
-  with a status other than :data:`kit.engine.world.EXIT_PEER_LOST` (the status of ranks
+  with a status other than :data:`kit.engine.hosts.EXIT_PEER_LOST` (the status of ranks
   that lost a peer) is the one that failed, and the error names it and its host.
 - A lost world is not restarted: ``state`` is ``failed``, open requests fail with that
   error, and ``on_lost(error)`` tells the server to end (a model spread over several
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.engine.hosts import WorldPlan, python_for_ranks
+from kit.engine.hosts import EXIT_PEER_LOST, WorldPlan, python_for_ranks
 from kit.engine.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
 from kit.errors import ServerError
@@ -52,7 +52,6 @@ _EXIT_LINE = re.compile(
     r"^\[WARN\] Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
-EXIT_PEER_LOST = 75  # kit.engine.world.EXIT_PEER_LOST (that module imports mlx)
 
 
 class _Launched:
@@ -247,9 +246,7 @@ class DistributedEngine(EngineProcess):
             return got[0]
         if launched.exitcode is None:
             launched.terminate()
-        for reader in (self._output, self._launcher_output):
-            if reader is not None:
-                reader.join(5)
+        self._join_readers()
         self._cleanup()
         raise ServerError(f"the {self.plan.size} ranks did not start: {self._why()}",
                           hint="see the log for every rank's output")
@@ -343,6 +340,13 @@ class DistributedEngine(EngineProcess):
             why += f": {self._errors[rank]}"
         return why
 
+    def _join_readers(self) -> None:
+        """Wait (5 s each) for the rank output readers: the exit lines they note come
+        after the ranks' ends."""
+        for reader in (self._output, self._launcher_output):
+            if reader is not None:
+                reader.join(5)
+
     def _cleanup(self) -> None:
         if self._control is not None:
             shutil.rmtree(self._control, ignore_errors=True)
@@ -372,9 +376,7 @@ class DistributedEngine(EngineProcess):
         # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch (and
         # for _reap, which ends it when a rank hangs: up to _REAP_S, then 5 s for SIGTERM)
         link.process.join(_REAP_S + 10)
-        for reader in (self._output, self._launcher_output):
-            if reader is not None:
-                reader.join(5)
+        self._join_readers()
         self._cleanup()
         super()._gone(link)
 
