@@ -42,9 +42,9 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def max_bytes() -> int:
-    """:data:`MAX_BYTES`, or the hidden ``MLX_KIT_LOG_MAX_BYTES`` (at least 1024)."""
+    """:data:`MAX_BYTES`, or the hidden ``MLX_KIT_LOG_MAX_BYTES`` (at least 512)."""
     try:
-        return max(1024, int(os.environ[MAX_BYTES_ENV]))
+        return max(512, int(os.environ[MAX_BYTES_ENV]))
     except (KeyError, ValueError):
         return MAX_BYTES
 
