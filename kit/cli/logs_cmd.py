@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -83,14 +84,15 @@ def logs(
     except OSError as e:
         raise ServerError(f"cannot read {path}: {e.strerror}") from None
     out = sys.stdout
-    if text:
-        out.write(text + "\n")
-    out.flush()
-    if not follow:
-        return
     try:
-        for chunk in follow_file(path, start=start):
-            out.write(chunk)
-            out.flush()
+        if text:
+            out.write(text + "\n")
+        out.flush()
+        if follow:
+            for chunk in follow_file(path, start=start):
+                out.write(chunk)
+                out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how -f ends: not an error
         pass
+    except BrokenPipeError:  # `mlx-kit logs -f | head`: the reader is done, so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
