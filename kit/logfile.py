@@ -142,6 +142,8 @@ def setup_server(level: str, log_file: Path | None) -> None:
     logging.getLogger("uvicorn.access").addFilter(HealthPolls())
     if log_file is not None:
         os.environ[LOG_FILE_ENV] = str(log_file)
+    else:  # not one inherited from whatever started us
+        os.environ.pop(LOG_FILE_ENV, None)
 
 
 def setup_engine(level: int) -> None:
