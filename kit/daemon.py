@@ -73,17 +73,33 @@ RUN_SEPARATOR = "\n--- "
 
 
 def tail(path: Path, lines: int = 20) -> str:
-    """The last ``lines`` lines of the log's latest run ('' if unreadable)."""
+    """The last ``lines`` lines of the log's latest run ('' if unreadable). Reads only the
+    file's end (``wait_ready`` calls it 4 times a second; a log grows to 10 MiB)."""
+    from kit.logfile import last_lines
+
     try:
-        text = path.read_text(errors="replace")
+        found = last_lines(path, lines)
     except OSError:
         return ""
-    return "\n".join(text.rsplit(RUN_SEPARATOR, 1)[-1].splitlines()[-lines:])
+    starts = [i for i, line in enumerate(found) if line.startswith(RUN_SEPARATOR[1:])]
+    if starts:
+        found = found[starts[-1]:]
+        found[0] = found[0][len(RUN_SEPARATOR) - 1:]
+    return "\n".join(found)
+
+
+def running_server_info(url: ServerURL) -> dict | None:
+    """The pid file's content for ``url``'s port when it names a live mlx-kit server
+    process of this user (same pid, start time and command line), else None. Asks no
+    HTTP: a server still loading its model counts."""
+    info = read_pid_file(url)
+    return info if info and _process_matches(info) is not None else None
 
 
 def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = None
                    ) -> tuple[subprocess.Popen, Path]:
-    """Start ``mlx-kit serve`` in its own session, logging to the log file."""
+    """Start ``mlx-kit serve`` in its own session, logging to the log file (its stdout
+    and stderr too, until ``serve`` takes the file over: kit/logfile.py rotates it)."""
     log = log_file(url)
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),

@@ -14,7 +14,7 @@ import traceback
 import typer
 
 from kit import __version__
-from kit.cli import harness, launch, models_cmds, serve, server_cmds
+from kit.cli import harness, launch, logs_cmd, models_cmds, serve, server_cmds
 from kit.cli.console import err_console
 from kit.errors import KitError
 
@@ -30,6 +30,7 @@ app.command("launch", context_settings={"allow_extra_args": True,
                                         "ignore_unknown_options": True})(launch.launch)
 app.command("status")(server_cmds.status)
 app.command("stop")(server_cmds.stop)
+app.command("logs")(logs_cmd.logs)
 app.command("models")(models_cmds.models)
 app.command("swap")(models_cmds.swap)
 app.command("fit")(models_cmds.fit)

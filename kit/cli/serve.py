@@ -163,10 +163,15 @@ def serve(
                                   "split over ranks) instead of tensor parallelism."),
     rank_timeout: float = typer.Option(300, "--rank-timeout", min=5, help="Seconds a rank "
                                        "waits for the others before the server ends."),
-    log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
-    log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
-                                       case_sensitive=False,
-                                       help="debug also logs each generated text."),
+    log_file: Optional[str] = typer.Option(
+        None, "--log-file", help="Log to FILE (and the engine's output too) instead of "
+        "stderr; rotated at 10 MiB, 3 backups kept (FILE.1 to FILE.3). `mlx-kit logs` "
+        "reads it."),
+    log_level: LogLevel = typer.Option(
+        LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL", case_sensitive=False,
+        help="debug also writes the whole text of every answer the model generates to the "
+             "log (the log file, for a detached server), so what prompts and answers "
+             "contained ends up on disk."),
 ) -> None:
     """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
     if not _is_loopback(host) and not api_key:
@@ -182,10 +187,13 @@ def serve(
     budget = parse_size(memory_budget) if memory_budget else None
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mlx_kit").setLevel(log_level.value.upper())
+    from kit.logfile import setup_server
+
+    setup_server(log_level.value, Path(log_file) if log_file else None)
     log = logging.getLogger("mlx_kit.serve")
+    if log_file and log_level is LogLevel.debug:
+        log.warning("log level debug: the text of every generated answer is written to %s",
+                    log_file)
 
     import uvicorn
 
