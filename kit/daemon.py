@@ -106,7 +106,8 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
 
     Args:
         proc: the process we started (its exit ends the wait early), or None.
-        on_wait: called with the log's last line while waiting (for a progress display).
+        on_wait: called while waiting with "</health status>[, <phase>]: <the log's last
+            mlx_kit line>" (the line alone before /health answers), for a progress display.
 
     Raises:
         ServerError: the process died, the server says ``failed`` (the model failed to
@@ -129,9 +130,14 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         if time.monotonic() > deadline:
             raise ServerError(f"the server was not ready after {timeout:.0f} s:\n{tail(log)}",
                               hint=f"full log: {log}; raise --timeout for big models")
-        # Show what the server says about itself (conversion, loading), not access logs.
+        # Show what the server says about itself (conversion, loading), not access logs,
+        # after its state from /health (and its load phase, when it reports one): a log
+        # line alone may read "serving" while the model still loads.
         ours = [ln for ln in tail(log, 50).splitlines() if " mlx_kit." in ln]
-        on_wait(ours[-1].split(": ", 1)[-1][:100] if ours else "starting")
+        line = ours[-1].split(": ", 1)[-1][:100] if ours else "starting"
+        h = p.health or {}
+        state = (h.get("status") or "starting") + (f", {h['phase']}" if h.get("phase") else "")
+        on_wait(f"{state}: {line}" if p.kind == "ours" else line)
         time.sleep(0.25)
 
 
