@@ -179,12 +179,12 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     mode = "pipeline (layers split)" if plan.mode == "pipeline" else "tensor parallel"
     lines = [f"{info.id} over {plan.ranks} rank{'s' if plan.ranks > 1 else ''}: {mode}, "
              f"KV cache for {plan.context} tokens",
-             f"  {'rank':>4}  {'layers':>9}  {'weights':>9}  {'KV cache':>9}  {'total':>9}"]
+             f"  {'rank':>4}  {'layers':>9}  {'weights':>10}  {'KV cache':>10}  {'total':>10}"]
     for s in plan.per_rank:
         start, end = s.layers
         layers = f"{start}-{end - 1}" if end > start else "-"
-        lines.append(f"  {s.rank:>4}  {layers:>9}  {human(s.weights_bytes):>9}  "
-                     f"{human(s.kv_bytes):>9}  {human(s.total_bytes):>9}")
+        lines.append(f"  {s.rank:>4}  {layers:>9}  {human(s.weights_bytes):>10}  "
+                     f"{human(s.kv_bytes):>10}  {human(s.total_bytes):>10}")
     hosts_n = len(host_list) if host_list else 1
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
