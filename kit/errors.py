@@ -5,7 +5,7 @@
     ├── ModelError                a model cannot be found, converted or loaded
     │   ├── ModelNotFoundError    an id that names no model we can serve
     │   ├── InvalidModelSpec      a name or folder that cannot be a model (models/resolve.py)
-    │   └── ModelDoesNotFitError  its weights + KV cache exceed the memory budget (exit 5)
+    │   └── ModelDoesNotFitError  weights + KV cache exceed the memory budget (exit 5)
     ├── EngineError               generation failed inside the engine
     │   ├── InvalidRequest        the request cannot run as given (a neutral ``field``)
     │   ├── ModelUnavailable      the request names a model that is not the loaded one

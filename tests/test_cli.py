@@ -161,14 +161,15 @@ def test_install_of_an_unknown_agent_is_a_clean_error(home, monkeypatch):
 def test_status_with_no_server_exits_3(home):
     url = f"http://127.0.0.1:{free_port()}"
     r = run_kit(home, "status", "--url", url)
-    assert f"no server at {url}" in r.stdout
+    assert r.stdout == f"no mlx-kit server is running on {url}\n"
+    assert "start one with `mlx-kit serve`" in r.stderr
     assert r.returncode == 3
 
 
 def test_status_reads_the_url_from_the_env(home):
     url = f"http://127.0.0.1:{free_port()}"
     r = run_kit(home, "status", MLX_KIT_URL=url + "/v1")
-    assert f"no server at {url}" in r.stdout
+    assert f"no mlx-kit server is running on {url}" in r.stdout
 
 
 def test_status_against_another_http_server_says_not_mlx_kit(home, other_http_server):

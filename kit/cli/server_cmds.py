@@ -42,7 +42,9 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
         if as_json:
             emit_json({"url": u.v1, "running": False})
         else:
-            console.print(f"no server at {u.root}")
+            console.print(f"no mlx-kit server is running on {u.root}", markup=False)
+            err_console.print("hint: start one with `mlx-kit serve` (or `mlx-kit launch "
+                              "AGENT`), or pass --url", markup=False)
         raise typer.Exit(EXIT_NO_SERVER)
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
@@ -55,8 +57,9 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
             return
         raise typer.Exit(EXIT_FAILED if h.get("status") == "failed" else EXIT_NOT_READY)
     phase = f", {h['phase']}" if h.get("phase") else ""  # issue 16's load phase, if any
-    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model {h.get('model_state')}{phase})"
-                  f"\npid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
+    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model "
+                  f"{h.get('model_state')}{phase})\n"
+                  f"pid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
                   f"local -> {h.get('model')} (context window {h.get('context_window')})\n"
                   f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps, "
                   f"{h.get('restarts')} engine restarts\n"
