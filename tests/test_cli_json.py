@@ -208,3 +208,29 @@ def test_status_models_swap_json_use_the_servers_field_names(server, tmp_path):
     text = run_kit(env, "swap", "local", "--url", server.root)
     assert text.stdout == f"local -> {health['model']} (already loaded)\n"
     assert httpx.get(server.root + "/health").json()["swaps"] == health["swaps"]
+
+
+def test_launch_progress_never_says_serving_before_ready(hf_home, tmp_path, monkeypatch):
+    """Regression: launch's spinner showed the server's "serving X as 'local'" log line
+    while the model still loaded. Its text now starts with /health's status (and load
+    phase) once /health answers, and the server logs "starting ... (loading the model)"."""
+    from kit.daemon import ensure_server, log_file, stop_server
+    from kit.urls import parse_url
+
+    for name in list(os.environ):
+        if name.startswith(("XDG_", "MLX_KIT_", "HF_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    url = parse_url(f"http://127.0.0.1:{free_port()}")
+    seen: list[str] = []
+    try:
+        probe, started = ensure_server(url, None, 120, on_wait=seen.append)
+        assert started and probe.ready
+    finally:
+        stop_server(url)
+    assert seen, "the wait showed no progress"
+    assert not any("serving" in line for line in seen), seen
+    answered = [line for line in seen if line.startswith(("loading", "restarting"))]
+    assert all(": " in line for line in answered)  # "<status>[, <phase>]: <log line>"
+    assert "(loading the model)" in log_file(url).read_text()

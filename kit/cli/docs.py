@@ -38,8 +38,8 @@ reading the text. Usage errors (2) are click's: the message names the bad flag.
 
 ## Output for scripts: `--json`
 
-Commands that report (`status`, `stop`, `models`, `fit`, `swap`, `harness list`, `harness
-status`, `harness show`, `harness install`, `harness remove`) take `--json`:
+Commands that report (`status`, `stop`, `models`, `fit`, `swap`, `pull`, `harness list`,
+`harness status`, `harness show`, `harness install`, `harness remove`) take `--json`:
 
 - stdout then holds exactly one JSON object, and nothing else (no colour, no progress
   lines: progress and warnings go to stderr);
@@ -51,7 +51,9 @@ status`, `harness show`, `harness install`, `harness remove`) take `--json`:
 - an error is also a JSON object on stdout, `{"error": {"message", "hint", "exit_code",
   "type"}}`, with the same `error:`/`hint:` lines on stderr as without `--json`, and the
   exit code of the table above;
-- each command's `--help` below gives its JSON shape.
+- each command's `--help` below gives its JSON shape;
+- a usage error (exit 2: a bad flag, a missing argument) is found before `--json` is read:
+  it prints click's usage text on stderr and nothing on stdout.
 
 `launch` has no `--json`: it becomes the agent, whose output is its own.
 

@@ -211,13 +211,22 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
         raise typer.Exit(ExitCode.DOES_NOT_FIT)
 
 
-def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub.")) -> None:
-    """Download a model into the Hugging Face cache (resumable)."""
+def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub."),
+         as_json: bool = JSON) -> None:
+    """Download a model into the Hugging Face cache (resumable). Progress goes to stderr.
+
+    \b
+    --json: the model as `models --json` lists it ({"id", "path", "loadable",
+    "reason", ...}).
+    """
     from kit.models.catalog import describe
     from kit.models.pull import pull as do_pull
 
-    path = do_pull(repo_id, progress=lambda line: err_console.print(line))
+    path = do_pull(repo_id, progress=lambda line: err_console.print(line, markup=False))
     entry = describe(repo_id, path)
-    console.print(f"{repo_id}: {path}", markup=False)
+    if as_json:
+        emit_json(entry.to_json())
+    else:
+        console.print(f"{repo_id}: {path}", markup=False)
     if not entry.loadable:
         err_console.print(f"[yellow]warning:[/] mlx-kit cannot serve it: {entry.reason}")
