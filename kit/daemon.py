@@ -22,7 +22,7 @@ import psutil
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
-from kit.errors import PortInUseError, ServerError
+from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -199,7 +199,8 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
 
     Raises:
         ServerError: no admin token (the server was not started by this user here), or
-            the server refused the swap (its message, e.g. not found / does not fit).
+            the server refused the swap (its message, e.g. not found).
+        ModelDoesNotFitError: the server refused it for memory (HTTP 507).
     """
     info = read_pid_file(url)
     if not info or not info.get("admin_token"):
@@ -217,6 +218,10 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
         body = {}
     if r.status_code != 200:
         message = (body.get("error") or {}).get("message") or f"HTTP {r.status_code}"
+        if r.status_code == 507:  # insufficient_memory: the CLI's "does not fit" exit code
+            raise ModelDoesNotFitError(f"swap to {model} failed: {message}",
+                                       hint="a smaller or more quantized model, or a larger "
+                                            "--memory-budget (`mlx-kit fit MODEL` estimates)")
         raise ServerError(f"swap to {model} failed: {message}")
     return body
 

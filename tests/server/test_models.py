@@ -120,6 +120,8 @@ def test_a_model_that_does_not_fit_is_refused_with_numbers(hf_home, tmp_path):
         err = r.json()["error"]
         assert err["code"] == "insufficient_memory"
         assert "513.13 MiB" in err["message"] and "KV cache" in err["message"]  # the numbers
+        cli = run_kit(clean_env(s.home, hf_home), "swap", F32, "--url", s.root)
+        assert cli.returncode == 5 and "513.13 MiB" in cli.stderr  # 5: does not fit
         ok = chat(s)
         assert ok.status_code == 200 and ok.json()["model"] == Q4
     finally:
