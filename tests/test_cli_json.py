@@ -80,6 +80,17 @@ def test_harness_remove_all_json_names_the_refused_agent(home, dead_url):
     assert profile.exists()
 
 
+def test_a_refused_dry_run_json_is_one_error_document(home, dead_url):
+    target = home / ".pi" / "agent" / "extensions" / "mlx-kit.ts"
+    target.parent.mkdir(parents=True)
+    target.write_text("// the user's own extension\n")
+    r = run_kit(home, "harness", "install", "pi", "--dry-run", "--json", "--url", dead_url)
+    assert r.returncode == 1
+    error = as_json(r)["error"]  # json.loads fails on two documents
+    assert str(target) in error["message"] and error["exit_code"] == 1
+    assert target.read_text() == "// the user's own extension\n"
+
+
 def test_fit_json_is_in_bytes(home, tmp_path):
     folder = llama_like(tmp_path / "tiny")
     r = run_kit(home, "fit", str(folder), "--json", "--ctx", "1000")

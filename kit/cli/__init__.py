@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> None:
 
     click runs in non-standalone mode so that usage errors (2), ``--help`` (0), Ctrl-C
     (130) and our errors are all turned into exit codes here."""
-    from kit.cli.output import emit_json, error_json, json_mode
+    from kit.cli.output import emit_json, error_json, json_mode, reset
 
+    reset()
     try:
         # typer 0.29 vendors click: its usage errors are typer.TyperException subclasses
         # (exit_code 2 and a show()); Ctrl-C comes back as typer's Exit(130)

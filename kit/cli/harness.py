@@ -41,10 +41,10 @@ def install(
     u = parse_url(base_url or url)
     if dry_run:
         plan = hi.plan(spec, u, force=force)
-        if as_json:
-            emit_json(plan_json(plan))
+        if as_json:  # a refusal is the one JSON document: the error (as the real run's)
             for step in plan.refusals():
                 raise step.error(step.why, hint=step.hint)
+            emit_json(plan_json(plan))
             return
         print_plan(plan)
         return

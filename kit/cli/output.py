@@ -32,6 +32,12 @@ def json_mode() -> bool:
     return _state["json"]
 
 
+def reset() -> None:
+    """Forget an earlier command's ``--json`` (``main`` may run more than once in a
+    process, e.g. in tests)."""
+    _state["json"] = False
+
+
 def emit_json(value: Any) -> None:
     """Write ``value`` as one indented JSON document (and a newline) on stdout: plain
     ``json``, no rich markup or highlighting, so that ``| jq`` always parses it."""
