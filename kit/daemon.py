@@ -22,7 +22,7 @@ import psutil
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
-from kit.errors import PortInUseError, ServerError
+from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -122,7 +122,8 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
 
     Args:
         proc: the process we started (its exit ends the wait early), or None.
-        on_wait: called with the log's last line while waiting (for a progress display).
+        on_wait: called while waiting with "</health status>[, <phase>]: <the log's last
+            mlx_kit line>" (the line alone before /health answers), for a progress display.
 
     Raises:
         ServerError: the process died, the server says ``failed`` (the model failed to
@@ -145,9 +146,14 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         if time.monotonic() > deadline:
             raise ServerError(f"the server was not ready after {timeout:.0f} s:\n{tail(log)}",
                               hint=f"full log: {log}; raise --timeout for big models")
-        # Show what the server says about itself (conversion, loading), not access logs.
+        # Show what the server says about itself (conversion, loading), not access logs,
+        # after its state from /health (and its load phase, when it reports one): a log
+        # line alone may read "serving" while the model still loads.
         ours = [ln for ln in tail(log, 50).splitlines() if " mlx_kit." in ln]
-        on_wait(ours[-1].split(": ", 1)[-1][:100] if ours else "starting")
+        line = ours[-1].split(": ", 1)[-1][:100] if ours else "starting"
+        h = p.health or {}
+        state = (h.get("status") or "starting") + (f", {h['phase']}" if h.get("phase") else "")
+        on_wait(f"{state}: {line}" if p.kind == "ours" else line)
         time.sleep(0.25)
 
 
@@ -209,7 +215,8 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
 
     Raises:
         ServerError: no admin token (the server was not started by this user here), or
-            the server refused the swap (its message, e.g. not found / does not fit).
+            the server refused the swap (its message, e.g. not found).
+        ModelDoesNotFitError: the server refused it for memory (HTTP 507).
     """
     info = read_pid_file(url)
     if not info or not info.get("admin_token"):
@@ -227,6 +234,10 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
         body = {}
     if r.status_code != 200:
         message = (body.get("error") or {}).get("message") or f"HTTP {r.status_code}"
+        if r.status_code == 507:  # insufficient_memory: the CLI's "does not fit" exit code
+            raise ModelDoesNotFitError(f"swap to {model} failed: {message}",
+                                       hint="a smaller or more quantized model, or a larger "
+                                            "--memory-budget (`mlx-kit fit MODEL` estimates)")
         raise ServerError(f"swap to {model} failed: {message}")
     return body
 

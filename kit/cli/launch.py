@@ -35,7 +35,12 @@ def launch(
     pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism, for a "
                                   "server this command starts."),
 ) -> None:
-    """Run AGENT against the local server; arguments after `--` go to the agent."""
+    """Run AGENT against the local server; arguments after `--` go to the agent.
+
+    It starts a server if none runs (or reuses it), configures AGENT for it and then
+    becomes AGENT: its stdout is the agent's, so launch has no --json (use `mlx-kit status
+    --json` for the server it used). Agents: see `mlx-kit harness list`.
+    """
     from kit.daemon import ensure_server
     from kit.engine.hosts import plan_world
     from kit.harness import install as hi
@@ -54,7 +59,7 @@ def launch(
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
-                                       on_wait=lambda line: spinner.update(f"server: {line}"),
+                                       on_wait=lambda line: spinner.update(f"server {line}"),
                                        serve_args=serve_args or None)
     health = probe.health or {}
     if trust_remote_code and not started:

@@ -117,8 +117,8 @@ def serve(
     ttl: float = typer.Option(0, "--ttl", min=0, help="Unload the model after this many idle "
                               "seconds; the next request reloads it (0: never)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Most memory a "
-                                                "model may need, e.g. 8GB (default: what is "
-                                                "available)."),
+                                                "model may need, e.g. 8GiB (binary) or 8GB "
+                                                "(10^9 bytes) (default: what is available)."),
     swap_on_request: bool = typer.Option(False, "--swap-on-request", help="A request naming "
                                          "another cached model swaps to it (default: 404)."),
     alias: Optional[List[str]] = typer.Option(None, "--alias", help="PATTERN=TARGET: serve "
@@ -173,7 +173,7 @@ def serve(
              "log (the log file, for a detached server), so what prompts and answers "
              "contained ends up on disk."),
 ) -> None:
-    """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
+    """Run the OpenAI- and Anthropic-compatible server in the foreground (Ctrl-C stops it)."""
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
@@ -239,7 +239,9 @@ def serve(
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
-    log.info("serving %s as 'local' on %s/v1", info.id, url.root)
+    # not "serving": the engine is still loading (and maybe warming) the model; /health
+    # says when it is ready
+    log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
                         swap_on_request=swap_on_request, default_temperature=temperature,
                         default_top_p=top_p)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,20 +71,31 @@ def estimate(folder: Path, context: int) -> Estimate:
 
 
 def parse_size(text: str) -> int:
-    """``"8GB"``, ``"512MiB"``, ``"1e9"`` -> bytes.
+    """A size as flags take it -> bytes. Units mean what they say: ``GB``/``MB``/``KB``
+    (and ``G``/``M``/``K``) are powers of 1000, ``GiB``/``MiB``/``KiB`` powers of 1024
+    (pydantic's ``ByteSize``, case-insensitive); a plain number (``1e9``) is bytes.
+    ``"8GB"`` -> 8_000_000_000, ``"8GiB"`` -> 8_589_934_592, ``"512MiB"`` -> 536_870_912.
 
     Raises:
         ConfigError: not a size.
     """
-    m = re.fullmatch(r"\s*([0-9.e+]+)\s*([kmgt]?i?b?)?\s*", text.lower())
-    if not m:
-        raise ConfigError(f"not a size: {text!r}", hint="e.g. 8GB, 512MiB")
-    unit = (m.group(2) or "").rstrip("b").rstrip("i")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    hint = "e.g. 8GiB or 512MiB (binary), 8GB (10^9 bytes)"
     try:
-        return int(float(m.group(1)) * scale)
+        number = float(text)
     except ValueError:
-        raise ConfigError(f"not a size: {text!r}") from None
+        try:
+            size = int(TypeAdapter(ByteSize).validate_python(text.strip()))
+        except ValidationError:
+            raise ConfigError(f"not a size: {text!r}", hint=hint) from None
+    else:
+        if not math.isfinite(number):
+            raise ConfigError(f"not a size: {text!r}", hint=hint)
+        size = int(number)
+    if size < 0:
+        raise ConfigError(f"not a size: {text!r}", hint="a size is at least 0 bytes")
+    return size
 
 
 def available_bytes() -> int:
@@ -94,8 +104,10 @@ def available_bytes() -> int:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    """Bytes as people read memory sizes, in binary units: ``"512 B"``, ``"7.45 GiB"``,
+    ``"243.00 MiB"`` (2 decimals; pydantic's ``ByteSize.human_readable`` keeps only 1)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
+        n /= 1024
+    return f"{n:.2f} TiB"
