@@ -41,8 +41,9 @@ CACHE_FAMILIES = {"mlx_kit_prompt_cache_hits", "mlx_kit_prompt_cache_misses",
 
 class StandInEngine:
     """Scripted EngineLike: every request gets ``Started`` (7 prompt tokens, 3 cached),
-    then ``words`` text deltas, then ``Finished``; ``gate`` (when set) holds each request
-    before its ``Started``, as a busy engine queue would."""
+    then ``words`` text deltas, then ``Finished``; ``gate`` (an ``asyncio.Event`` or a
+    ``threading.Event``, when set) holds each request before its ``Started`` until it is
+    set, as a busy engine queue would."""
 
     def __init__(self, words: int = 4, prompt_cache: dict | None = None) -> None:
         self.model_info = ModelInfo("stand-in/model", Path("/nonexistent"), 2048)
@@ -64,8 +65,10 @@ class StandInEngine:
         return self.memory()
 
     async def generate(self, request):
-        if self.gate is not None:
+        if isinstance(self.gate, asyncio.Event):
             await self.gate.wait()
+        while self.gate is not None and not self.gate.is_set():  # a threading.Event
+            await asyncio.sleep(0.01)
         yield Started(self.model_info.id, 7, 3)
         for i in range(self.words):
             await asyncio.sleep(0)
@@ -74,10 +77,12 @@ class StandInEngine:
         yield Finished("stop", Usage(7, self.words, cached_tokens=3), self.model_info.id)
 
 
-def make_app(engine=None, **state):
+def make_app(engine=None, port: int = 8090, **state):
+    """An app on ``engine`` (default a :class:`StandInEngine`) that lists no other model
+    (no scan of any model cache), for Host ``testserver`` or loopback on ``port``."""
     engine = engine or StandInEngine()
     st = ServerState(engine, catalog_cache=CatalogCache(scanner=lambda: []), **state)
-    return create_app(st, edge=EdgePolicy.build("127.0.0.1", 8090, ["testserver"]))
+    return create_app(st, edge=EdgePolicy.build("127.0.0.1", port, ["testserver"]))
 
 
 def families(text: str) -> dict:

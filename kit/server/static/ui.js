@@ -216,7 +216,8 @@ async function chat(ev) {
     for (;;) {
       const {value, done} = await reader.read();
       if (done) break;
-      buffer += decoder.decode(value, {stream: true});
+      // sse-starlette ends lines with \r\n; the SSE spec allows \r, \n or both
+      buffer = (buffer + decoder.decode(value, {stream: true})).replace(/\r\n?/g, "\n");
       let cut;
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const frame = buffer.slice(0, cut);
