@@ -198,3 +198,20 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_shows_the_server(browser,
         screenshot(page, tmp_path, "status-page-key")
     # the refused polls before the key was given: Chromium logs each failed fetch
     assert [p for p in problems if "401" not in p] == []
+
+
+def test_page_files_load_nothing_from_elsewhere():
+    """Offline and no CDN: no URL in the page's files leaves this server (the SVG
+    namespace is a name, not a fetch), and no inline script the CSP would refuse."""
+    import re
+
+    from kit.server.ui import FILES, STATIC
+
+    for name in ["ui.html", *FILES]:
+        text = (STATIC / name).read_text()
+        urls = set(re.findall(r"(?:https?:)?//[\w.-]+\.\w+[^\s\"')]*", text))
+        assert urls <= {"http://www.w3.org/2000/svg"}, (name, urls)
+        assert "@import" not in text
+    html = (STATIC / "ui.html").read_text()
+    assert re.findall(r"<script[^>]*>", html) == ['<script src="/ui/static/ui.js" defer>']
+    assert not re.search(r"\s(?:style|on\w+)=", html)  # inline styles and handlers
