@@ -315,3 +315,14 @@ def test_a_real_server_reports_tokens_memory_and_model(server):
     model = server.health()["model"]
     assert value(text, "mlx_kit_model_info", model=model, state="ready") == 1
     assert value(text, "mlx_kit_time_to_first_token_seconds_count") >= 1
+
+
+def test_docs_list_exactly_the_metrics_served():
+    import re
+
+    from tests.helpers import REPO
+
+    text = (REPO / "docs" / "server.md").read_text()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    listed = {re.sub(r"_total$", "", n) for n in re.findall(r"`(mlx_kit_\w+)", section)}
+    assert listed == DOCUMENTED | CACHE_FAMILIES
