@@ -6,6 +6,7 @@ feeds them and :class:`~kit.server.metrics.Metrics` from every generating route
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
@@ -110,6 +111,9 @@ class Activity:
         self._gauges()
         try:
             started, events = await starting
+        except asyncio.CancelledError:  # the client left while it was queued
+            self._end(key, entry, "cancelled", None)
+            raise
         except BaseException:
             self._end(key, entry, "error", None)
             raise
@@ -151,8 +155,8 @@ class Activity:
             tpot = (now - entry.first_output) / (generated - 1)
         self.metrics.ended(entry.protocol, outcome, generated=generated, ttft_s=ttft,
                            tpot_s=tpot)
-        if outcome == "error" and entry.state == "queued":
-            return  # refused before it ran: no timing to plot
+        if entry.state == "queued":
+            return  # refused or left before it ran: no timing to plot
         self.samples.append({
             "t": time.time(), "protocol": entry.protocol, "agent": entry.agent,
             "outcome": outcome, "prompt_tokens": entry.prompt_tokens,

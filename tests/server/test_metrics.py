@@ -326,3 +326,29 @@ def test_docs_list_exactly_the_metrics_served():
     section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     listed = {re.sub(r"_total$", "", n) for n in re.findall(r"`(mlx_kit_\w+)", section)}
     assert listed == DOCUMENTED | CACHE_FAMILIES
+
+
+def test_a_request_that_leaves_while_queued_is_counted_cancelled_not_plotted():
+    activity = Activity(Metrics())
+
+    async def run() -> None:
+        never = asyncio.Event()
+
+        async def starting():
+            await never.wait()  # the engine never gets to it
+
+        task = asyncio.create_task(activity.watch({}, "/v1/chat/completions", "c1", "m",
+                                                  False, starting()))
+        while not activity.live:
+            await asyncio.sleep(0)
+        assert activity.snapshot()["live"][0]["state"] == "queued"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    snap = activity.snapshot()
+    assert snap["live_total"] == 0 and snap["samples"] == []
+    text = generate_latest(activity.metrics.registry).decode()
+    assert value(text, "mlx_kit_generations_total", outcome="cancelled") == 1
+    assert value(text, "mlx_kit_queue_depth") == 0
