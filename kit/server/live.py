@@ -22,7 +22,7 @@ from kit.server.metrics import Metrics
 #: thousands of queued requests.
 MAX_LIVE_LISTED = 50
 #: Recent generations kept as samples for the charts (about the last minutes of a busy
-#: server; one sample is ~100 bytes).
+#: server; one sample is ~120 bytes of JSON).
 MAX_SAMPLES = 600
 #: Samples older than this many seconds are dropped from the page's answer.
 SAMPLE_WINDOW_S = 15 * 60
@@ -157,11 +157,9 @@ class Activity:
                            tpot_s=tpot)
         if entry.state == "queued":
             return  # refused or left before it ran: no timing to plot
-        self.samples.append({
-            "t": time.time(), "protocol": entry.protocol, "agent": entry.agent,
-            "outcome": outcome, "prompt_tokens": entry.prompt_tokens,
-            "cached_tokens": entry.cached_tokens, "generated_tokens": generated,
-            "ttft_s": None if ttft is None else round(ttft, 4),
+        self.samples.append({  # what the charts need (the page polls them every second)
+            "t": round(time.time(), 2), "protocol": entry.protocol, "outcome": outcome,
+            "generated_tokens": generated, "ttft_s": None if ttft is None else round(ttft, 4),
             "tokens_per_s": round(1 / tpot, 2) if tpot else None})
 
     def _gauges(self) -> None:

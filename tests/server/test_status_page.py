@@ -128,6 +128,7 @@ def test_chat_box_streams_an_answer_from_local(server, browser, tmp_path):
     assert text.strip() and not text.startswith("error:")
     assert server.health()["requests_served"] == before + 1
     expect(page.locator("#served")).to_have_text(str(before + 1), timeout=TIMEOUT_MS)
+    expect(page.locator("#live-empty")).to_be_visible(timeout=TIMEOUT_MS)  # it ended
     screenshot(page, tmp_path, "status-page-chat")
     assert problems == []
 
