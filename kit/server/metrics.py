@@ -7,9 +7,10 @@ Two kinds of numbers:
   output token as the client sees them, and the queue depth and batch size the server
   sees (requests waiting for the engine's ``Started`` / generating now).
 * **Read at scrape time** from the engine (:class:`EngineCollector`): memory, swaps,
-  restarts, reloads, unloads, the loaded model, and the prompt cache's hits when the engine
-  reports them (the ``prompt_cache`` key of ``/health``: ``memory_hits``, ``disk_hits``,
-  ``misses``, ``memory_bytes``, ``disk_bytes``; absent keys are left out).
+  restarts, reloads, unloads, the loaded model, and when the engine reports them the prompt
+  cache's hits (the ``prompt_cache`` key of ``/health``: ``memory_hits``, ``disk_hits``,
+  ``misses``, ``memory_bytes``, ``disk_bytes``) and memory admission's counters and ceiling
+  (``admission``); absent keys are left out.
 
 A registry of its own per app, never prometheus_client's global one: tests start several
 apps in one process, and a global registry refuses a second metric of the same name.
@@ -138,6 +139,31 @@ class EngineCollector(Collector):
         info.add_metric([str(self.state.model_id), str(engine.state)], 1)
         yield info
         yield from prompt_cache_metrics(getattr(engine, "prompt_cache", None))
+        yield from admission_metrics(getattr(engine, "admission", None))
+
+
+def admission_metrics(snapshot: Any) -> Iterator[Metric]:
+    """Memory admission's numbers from the engine's ``admission`` snapshot (``/health``:
+    ``clamped``, ``rejected``, ``deferred``, ``reserved_bytes``, ``ceiling_bytes``); nothing
+    for None or keys it lacks."""
+    snap = _dict(snapshot)
+    outcomes = CounterMetricFamily(PREFIX + "admission", "requests memory admission "
+                                   "clamped (max_tokens lowered), deferred (waited for room) "
+                                   "or rejected", labels=["outcome"])
+    found = False
+    for key in ("clamped", "deferred", "rejected"):
+        if _number(snap.get(key)):
+            outcomes.add_metric([key], snap[key])
+            found = True
+    if found:
+        yield outcomes
+    if _number(snap.get("ceiling_bytes")):
+        yield GaugeMetricFamily(PREFIX + "memory_ceiling_bytes", "the most memory the "
+                                "engine lets weights, KV caches and prompt caches use",
+                                value=snap["ceiling_bytes"])
+    if _number(snap.get("reserved_bytes")):
+        yield GaugeMetricFamily(PREFIX + "memory_reserved_bytes", "bytes running requests "
+                                "reserved for their KV caches", value=snap["reserved_bytes"])
 
 
 def prompt_cache_metrics(snapshot: Any) -> Iterator[Metric]:

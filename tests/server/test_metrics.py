@@ -37,6 +37,11 @@ DOCUMENTED = {
     "mlx_kit_model_info"}
 CACHE_FAMILIES = {"mlx_kit_prompt_cache_hits", "mlx_kit_prompt_cache_misses",
                   "mlx_kit_prompt_cache_bytes"}
+ADMISSION_FAMILIES = {"mlx_kit_admission", "mlx_kit_memory_ceiling_bytes",
+                      "mlx_kit_memory_reserved_bytes"}
+#: the engine's admission snapshot as issue 16's memory admission reports it (/health)
+ADMISSION = {"clamped": 2, "rejected": 1, "deferred": 0, "reserved_bytes": 4096,
+             "ceiling_bytes": 8_000_000_000, "ceiling_source": "--memory-budget"}
 
 
 class StandInEngine:
@@ -45,13 +50,16 @@ class StandInEngine:
     ``threading.Event``, when set) holds each request before its ``Started`` until it is
     set, as a busy engine queue would."""
 
-    def __init__(self, words: int = 4, prompt_cache: dict | None = None) -> None:
+    def __init__(self, words: int = 4, prompt_cache: dict | None = None,
+                 admission: dict | None = None) -> None:
         self.model_info = ModelInfo("stand-in/model", Path("/nonexistent"), 2048)
         self.state, self.error, self.ttl, self.load_seconds = "ready", None, None, 0.1
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.words, self.gate = words, None
         if prompt_cache is not None:
             self.prompt_cache = prompt_cache
+        if admission is not None:
+            self.admission = admission
 
     pid = 1
 
@@ -102,13 +110,13 @@ CHAT = {"model": "local", "messages": [{"role": "user", "content": "hi"}], "max_
 
 def test_metric_names_are_prefixed_with_units_and_documented():
     client = TestClient(make_app(StandInEngine(prompt_cache={
-        "memory_hits": 2, "disk_hits": 1, "misses": 5, "memory_bytes": 10, "disk_bytes": 20})),
-        client=LOOPBACK)
+        "memory_hits": 2, "disk_hits": 1, "misses": 5, "memory_bytes": 10, "disk_bytes": 20},
+        admission=ADMISSION)), client=LOOPBACK)
     client.post("/v1/chat/completions", json=CHAT)
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     got = families(r.text)
-    assert set(got) == DOCUMENTED | CACHE_FAMILIES
+    assert set(got) == DOCUMENTED | CACHE_FAMILIES | ADMISSION_FAMILIES
     for name, family in got.items():
         assert name.startswith("mlx_kit_")
         if family.type == "counter":
@@ -170,6 +178,17 @@ def test_prompt_cache_metrics_absent_until_the_engine_reports_them():
     assert value(text, "mlx_kit_prompt_cache_misses_total") == 1
     assert value(text, "mlx_kit_prompt_cache_bytes", tier="memory") == 1024
     assert value(text, "mlx_kit_prompt_cache_bytes", tier="disk") is None
+
+
+def test_admission_metrics_absent_until_the_engine_reports_them():
+    plain = families(TestClient(make_app(), client=LOOPBACK).get("/metrics").text)
+    assert not ADMISSION_FAMILIES & set(plain)
+    client = TestClient(make_app(StandInEngine(admission=ADMISSION)), client=LOOPBACK)
+    text = client.get("/metrics").text
+    assert value(text, "mlx_kit_admission_total", outcome="clamped") == 2
+    assert value(text, "mlx_kit_admission_total", outcome="rejected") == 1
+    assert value(text, "mlx_kit_memory_ceiling_bytes") == 8_000_000_000
+    assert value(text, "mlx_kit_memory_reserved_bytes") == 4096
 
 
 def test_two_apps_in_one_process_count_separately():
@@ -325,7 +344,7 @@ def test_docs_list_exactly_the_metrics_served():
     text = (REPO / "docs" / "server.md").read_text()
     section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     listed = {re.sub(r"_total$", "", n) for n in re.findall(r"`(mlx_kit_\w+)", section)}
-    assert listed == DOCUMENTED | CACHE_FAMILIES
+    assert listed == DOCUMENTED | CACHE_FAMILIES | ADMISSION_FAMILIES
 
 
 def test_a_request_that_leaves_while_queued_is_counted_cancelled_not_plotted():

@@ -78,7 +78,7 @@ function setState(label, cls) {
 
 function render(d) {
   const h = d.health;
-  setState(h.model_state, h.status === "ok" ? (h.model_state === "ready" ? "ok" : h.model_state) : h.model_state);
+  setState(h.model_state, h.model_state === "ready" ? "ok" : h.model_state);
   text("model", h.model);
   text("version", "v" + h.version);
   text("updated", "updated " + new Date(d.now * 1000).toLocaleTimeString());
@@ -113,8 +113,8 @@ function cacheRate(pc, totals) {
 
 function renderMemory(h, system) {
   const m = h.memory || {};
-  const admission = h.admission || {};
-  const budget = admission.budget_bytes || null;
+  const admission = h.admission || {};  // the engine's memory ceiling, when it reports one
+  const budget = admission.ceiling_bytes || null;
   const total = budget || system.total_bytes;
   const weights = m.weights_bytes || 0;
   const active = Math.max((m.active_bytes || 0) - weights, 0);
@@ -122,7 +122,8 @@ function renderMemory(h, system) {
   $("mem-active").style.width = Math.min(100, 100 * active / total) + "%";
   text("mem-text", "weights " + bytes(m.weights_bytes) + ", active " + bytes(m.active_bytes) +
        ", peak " + bytes(m.peak_bytes) + " of " + bytes(total) +
-       (budget ? " (budget)" : " (this machine; " + bytes(system.available_bytes) + " available)"));
+       (budget ? " (ceiling: " + (admission.ceiling_source || "budget") + ")"
+               : " (this machine; " + bytes(system.available_bytes) + " available)"));
 }
 
 function renderLive(live, total) {
