@@ -331,9 +331,17 @@ def test_a_real_server_reports_tokens_memory_and_model(server):
     text = httpx.get(server.root + "/metrics", timeout=10).text
     assert value(text, "mlx_kit_generated_tokens_total") == before + generated
     assert value(text, "mlx_kit_engine_memory_bytes", kind="weights") > 10_000_000
-    model = server.health()["model"]
-    assert value(text, "mlx_kit_model_info", model=model, state="ready") == 1
+    health = server.health()
+    assert value(text, "mlx_kit_model_info", model=health["model"], state="ready") == 1
     assert value(text, "mlx_kit_time_to_first_token_seconds_count") >= 1
+    assert value(text, "mlx_kit_requests_served_total") == health["requests_served"]
+    cache = health.get("prompt_cache")  # once the engine reports it (issue 16)
+    if isinstance(cache, dict):
+        for key, tier in (("memory_hits", "memory"), ("disk_hits", "disk")):
+            if key in cache:
+                assert value(text, "mlx_kit_prompt_cache_hits_total", tier=tier) == cache[key]
+        if "misses" in cache:
+            assert value(text, "mlx_kit_prompt_cache_misses_total") == cache["misses"]
 
 
 def test_docs_list_exactly_the_metrics_served():
