@@ -104,7 +104,13 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
                     supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
     req.model, req.request_id = real, new_id(id_prefix)
-    started, events = await start(state, req)
+    activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
+    if activity is None:
+        started, events = await start(state, req)
+    else:
+        started, events = await activity.watch(
+            request.headers, request.url.path, req.request_id, real or state.model_id,
+            bool(getattr(body, "stream", False)), start(state, req))
     return req, started, events
 
 
