@@ -108,15 +108,20 @@ class EngineLogFile(logging.handlers.WatchedFileHandler):
             self.std.follow(self.stream)
 
 
+#: Paths polled on a timer, left out of the access log: ``/health`` (``launch`` polls it 4
+#: times a second while a server starts; ``status`` and agents' checks too), the status
+#: page's ``/ui/data`` (once a second per open tab) and ``/metrics`` (each scrape).
+POLLED_PATHS = frozenset({"/health", "/ui/data", "/metrics"})
+
+
 class HealthPolls(logging.Filter):
-    """Drops uvicorn's access-log lines of ``/health`` (``launch`` polls it 4 times a
-    second while a server starts; ``status`` and agents' checks too); every other request
+    """Drops uvicorn's access-log lines of :data:`POLLED_PATHS`; every other request
     stays. Reads the record's args, ``(client, method, path, http_version, status)``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            return args[2].split("?", 1)[0] != "/health"
+            return args[2].split("?", 1)[0] not in POLLED_PATHS
         return True
 
 

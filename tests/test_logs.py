@@ -219,11 +219,14 @@ def test_health_polls_stay_out_of_the_log_but_requests_do_not(detached):
     root = f"http://127.0.0.1:{port}"
     for _ in range(5):
         assert httpx.get(root + "/health", timeout=10).status_code == 200
+    for path in ("/ui/data", "/metrics"):  # the status page's and a scraper's polls
+        assert httpx.get(root + path, timeout=10).status_code == 200
     assert chat(root).status_code == 200
     wait_until(lambda: "POST /v1/chat/completions HTTP/1.1\" 200" in log.read_text(),
                timeout=30, what="the chat request's access line")
     text = log.read_text()
     assert "/health" not in text  # ensure_server polled it while the model loaded, too
+    assert "/ui/data" not in text and "/metrics" not in text
     r = run_kit(home, "logs", "--port", str(port), "-n", "400")
     assert r.returncode == 0, r.stderr
     assert "POST /v1/chat/completions" in r.stdout and "/health" not in r.stdout
