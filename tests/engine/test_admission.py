@@ -224,3 +224,35 @@ def test_fit_on_linux_does_not_import_mlx(tmp_path):
                        text=True, timeout=120)
     assert "ceiling:  available memory" in r.stdout, r.stdout + r.stderr
     assert r.stdout.strip().endswith("no mlx")
+
+
+def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch):
+    """The device query is mocked to a 16 GB Mac's values (no Mac here); the model is a
+    stand-in folder whose safetensors header names 12 GB of weights."""
+    from kit.engine.slot import ModelSlot
+    from kit.errors import ModelDoesNotFitError
+    from kit.models.resolve import ModelInfo
+
+    monkeypatch.setattr(memory, "_metal_device_info", lambda: dict(MAC_16GB))
+    monkeypatch.setattr(memory, "available_bytes", lambda: 64 << 30)  # not what counts
+    folder = _stand_in_model(tmp_path / "m")
+    slot = ModelSlot(ModelInfo("m", folder, 8192))
+    assert slot.check_fit(slot.info, replacing=0) == WEIGHTS
+    assert slot._checked == (Ceiling(12_713_115_648, "metal"), KV)
+    big = tmp_path / "big"
+    _stand_in_model(big)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [3 << 30],
+                               "data_offsets": [0, 12 << 30]}}).encode()
+    (big / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ModelDoesNotFitError) as e:
+        slot.check_fit(ModelInfo("big", big, 8192), replacing=0)
+    assert "the ceiling is Metal working set 12.71 GB" in e.value.message
+
+
+def test_prompt_cache_bytes_is_refused_across_ranks_before_any_starts():
+    from kit.engine.world_process import DistributedEngine
+    from kit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        DistributedEngine(None, None, prompt_cache_bytes=1 << 30)  # type: ignore[arg-type]
+    assert "--prompt-cache-bytes" in e.value.message and "--prompt-cache-size" in e.value.hint
