@@ -256,3 +256,14 @@ def test_prompt_cache_bytes_is_refused_across_ranks_before_any_starts():
     with pytest.raises(ConfigError) as e:
         DistributedEngine(None, None, prompt_cache_bytes=1 << 30)  # type: ignore[arg-type]
     assert "--prompt-cache-bytes" in e.value.message and "--prompt-cache-size" in e.value.hint
+
+
+def test_launch_forwards_the_memory_flags_and_checks_them_before_starting_a_server():
+    from kit.cli.launch import _memory_args
+    from kit.errors import ConfigError
+
+    assert _memory_args("8GB", "512MiB") == ["--memory-budget", "8GB",
+                                             "--prompt-cache-bytes", "512MiB"]
+    assert _memory_args(None, None) == []
+    with pytest.raises(ConfigError):
+        _memory_args(None, "lots")
