@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kit.engine.admission import Admission, Room
+from kit.engine.admission import Admission, Deferred, Room
 from kit.engine.bridge import END
 from kit.engine.prompt import Prompts
 from kit.engine.run import Job, Run
@@ -214,11 +214,16 @@ class Pipeline:
             self.slot.output_format, self.prompts.tail_text(prompt), stops=params.stop,
             tools=req.tools, in_tool_call=req.force_tool is not None and bool(forced),
             tokenizer=tok)
+        waited = self.admission.deferred
         try:  # the last step that may refuse it: nothing after it can fail (no leak)
             n_max, asked = self.admission.admit(job, req.request_id, len(prompt), n_max,
                                                 self.room())
         except InvalidRequest:
-            self.changed()  # /health's rejected counter
+            self.changed()  # /health's counters, at once (no request is served)
+            raise
+        except Deferred:
+            if self.admission.deferred > waited:  # counted once per request
+                self.changed()
             raise
         job.post(Started(key, len(prompt), cached, n_max, asked))
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
