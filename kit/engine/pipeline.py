@@ -153,8 +153,9 @@ class Pipeline:
     Attributes:
         admission: memory admission (:mod:`kit.engine.admission`): every request
             reserves its KV cache from :meth:`prepare` to :meth:`complete`.
-        changed: called when admission refused a request (its counters changed with no
-            request served); the engine sets it to its ``on_change``.
+        changed: called when admission refused or first deferred a request (its
+            counters changed with no request served); the engine sets it to its
+            ``on_change``.
     """
 
     #: The share of the memory left after the weights that the in-memory prompt caches
