@@ -34,6 +34,12 @@ def launch(
                                           "nccl, for a server this command starts."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism, for a "
                                   "server this command starts."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory "
+                                                "ceiling, e.g. 8GB, for a server this "
+                                                "command starts (as `serve`)."),
+    prompt_cache_bytes: Optional[str] = typer.Option(None, "--prompt-cache-bytes",
+                                                     help="Prompt caches' byte bound for a "
+                                                     "server this command starts."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent.
 
@@ -55,7 +61,8 @@ def launch(
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
-        ranks, hosts, hostfile, backend, pipeline)
+        ranks, hosts, hostfile, backend, pipeline) + _memory_args(memory_budget,
+                                                                  prompt_cache_bytes)
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
@@ -104,6 +111,20 @@ def launch(
         local = models[0] if models else None
     argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
     os.execvpe(binary, argv, {**os.environ, **extra_env})
+
+
+def _memory_args(memory_budget: str | None, prompt_cache_bytes: str | None) -> list[str]:
+    """The ``serve`` memory options given, each checked first (ConfigError: not a size),
+    so a bad one fails before a server starts."""
+    from kit.models.memory import parse_size
+
+    args: list[str] = []
+    for flag, value in (("--memory-budget", memory_budget),
+                        ("--prompt-cache-bytes", prompt_cache_bytes)):
+        if value is not None:
+            parse_size(value)
+            args += [flag, value]
+    return args
 
 
 def _world_args(ranks: int | None, hosts: str | None, hostfile: str | None,

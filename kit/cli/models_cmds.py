@@ -120,38 +120,54 @@ def fit(
                                         "--ranks, one rank per host."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
                                   "pipeline mode) instead of tensor parallelism."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Check "
+                                                "against this ceiling, e.g. 8GiB, as "
+                                                "serve --memory-budget does."),
     as_json: bool = JSON,
 ) -> None:
-    """Estimate the memory MODEL needs (weights + KV cache) against what is available;
+    """Estimate the memory MODEL needs (weights + KV cache) against the memory ceiling
+    (--memory-budget; else on a Mac, Metal's GPU working set; else what is available now);
     with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks.
 
-    Exit 0 when it fits, 5 when it does not. Sizes are binary (1 GiB = 2^30 bytes).
+    Exit 0 when it loads, 5 when it does not. Sizes are binary (1 GiB = 2^30 bytes).
 
     \b
     --json: {"model", "context_window", "weights_bytes", "kv_bytes",
-    "kv_bytes_per_token", "total_bytes", "available_bytes", "fits"}; with --ranks or
-    --hosts also "ranks", "mode", "per_rank" [{"rank", "layers", "weights_bytes",
-    "kv_bytes", "total_bytes"}] and "this_machine_bytes" (what "fits" compares).
+    "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
+    "context_that_fits", "fits"}; with --ranks or --hosts also "ranks", "mode",
+    "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}] and
+    "this_machine_bytes" (what "fits" compares).
     """
-    from kit.models.memory import available_bytes, estimate, human
+    from kit.models.memory import (context_that_fits, estimate, fit_context, human,
+                                   memory_ceiling, parse_size)
     from kit.models.resolve import resolve_model
 
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window)
-        avail = available_bytes()
+        ceiling = memory_ceiling(parse_size(memory_budget) if memory_budget else None)
+        room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
+        # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
+        # (memory admission caps longer requests); --ctx N asks about N tokens exactly
+        needed = est.context if ctx or room is None else fit_context(est.context)
+        loads = room is None and est.total <= ceiling.bytes or room is not None and \
+            room >= needed
         if as_json:
             emit_json({"model": info.id, "context_window": est.context,
                        "weights_bytes": est.weights, "kv_bytes": est.kv,
                        "kv_bytes_per_token": est.kv_per_token, "total_bytes": est.total,
-                       "available_bytes": avail, "fits": est.total <= avail})
+                       "ceiling_bytes": ceiling.bytes, "ceiling_source": ceiling.source,
+                       "context_that_fits": room, "fits": loads})
         else:
+            verdict = ("fits" if est.total <= ceiling.bytes else
+                       f"fits {room} tokens of context (requests past it are capped)"
+                       if loads else "does NOT fit")
             console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
                           f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
                           f"{est.context} tokens)\n  total:    {human(est.total)}\n"
-                          f"  available now: {human(avail)} -> "
-                          + ("fits" if est.total <= avail else "does NOT fit"), markup=False)
-        if est.total > avail:
+                          f"  ceiling:  {ceiling.label} -> {verdict}",
+                          markup=False, highlight=False)
+        if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
     _fit_split(model, ctx, ranks, hosts, pipeline, as_json)
@@ -162,7 +178,7 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
     placed on this machine fit its memory (other hosts' memory is not checked)."""
     from kit.errors import ConfigError
-    from kit.models.memory import available_bytes, human
+    from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
     from kit.models.split import parse_hosts, plan_split
 
@@ -189,10 +205,11 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
     where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
-    avail = available_bytes()
+    ceiling = memory_ceiling()
+    avail = ceiling.bytes
     lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
                  f"{plan.largest.rank})")
-    lines.append(f"  {where}: {human(here)}; available now: {human(avail)} -> "
+    lines.append(f"  {where}: {human(here)}; ceiling: {ceiling.label} -> "
                  + ("fits" if here <= avail else "does NOT fit"))
     if host_list and len(host_list) > 1:
         lines.append(f"  the other hosts' memory is not checked ({', '.join(host_list[1:])})")

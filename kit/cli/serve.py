@@ -129,6 +129,10 @@ def serve(
                                   "together (continuous batching); 1: one at a time."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
+    prompt_cache_bytes: Optional[str] = typer.Option(
+        None, "--prompt-cache-bytes", help="Most memory the prompt caches hold together, "
+        "e.g. 2GB; least recently used evicted first (default: a quarter of the memory "
+        "ceiling left after the weights)."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", min=0, max=2, envvar="MLX_KIT_TEMPERATURE",
         help="Sampling temperature for requests that set none (default: the model's "
@@ -221,7 +225,9 @@ def serve(
             w.should_exit = True
 
     info = resolve_model(model, progress=progress)
-    options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
+    options = dict(prompt_cache_size=prompt_cache_size,
+                   prompt_cache_bytes=parse_size(prompt_cache_bytes)
+                   if prompt_cache_bytes else None, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
                    trust_remote_code=trust_remote_code)
     if world is None:

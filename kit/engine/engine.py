@@ -64,6 +64,9 @@ class Engine:
     Args:
         model: what to load first (see :func:`kit.models.resolve.resolve_model`).
         prompt_cache_size: how many prompt caches (KV of earlier requests) to keep.
+        prompt_cache_bytes: most bytes they may hold together, least recently used
+            evicted first (None: a quarter of the memory ceiling left after the weights,
+            computed at each load).
         ttl: unload the model after this many idle seconds (None: never).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
@@ -94,7 +97,7 @@ class Engine:
     """
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
-                 ttl: float | None = None, memory_budget: int | None = None,
+                 prompt_cache_bytes: int | None = None, ttl: float | None = None, memory_budget: int | None = None,
                  max_batch: int = 8, on_change: Callable[[], None] | None = None,
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
@@ -113,8 +116,10 @@ class Engine:
         self.max_batch = max_batch
         self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
                               loader=loader, split=split)
-        self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
+        self.pipeline = Pipeline(self.slot,
+                                 PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
+        self.pipeline.changed = lambda: self._on_change()
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -180,7 +185,13 @@ class Engine:
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "memory": self.memory(),
-                "capabilities": self.capabilities()}
+                "capabilities": self.capabilities(), "admission": self.admission}
+
+    @property
+    def admission(self) -> dict[str, Any]:
+        """Memory admission's counters (``clamped``, ``rejected``, ``deferred``), the
+        ceiling and the in-memory prompt caches (:meth:`Pipeline.memory_snapshot`)."""
+        return self.pipeline.memory_snapshot()
 
     # -- API -------------------------------------------------------------------------------
 

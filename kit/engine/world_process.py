@@ -38,7 +38,7 @@ from typing import Any
 from kit.engine.hosts import EXIT_PEER_LOST, WorldPlan, python_for_ranks
 from kit.engine.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
-from kit.errors import ServerError
+from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -155,6 +155,11 @@ class DistributedEngine(EngineProcess):
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+        if options.get("prompt_cache_bytes") is not None:
+            # each rank's share of a KV cache has its own size, so a byte bound would
+            # evict different caches on different ranks, whose prompts then diverge
+            raise ConfigError("--prompt-cache-bytes is not supported with --ranks/--hosts",
+                              hint="bound the prompt caches by count (--prompt-cache-size)")
         super().__init__(model, **options)
         self.plan = plan
         self.distributed: dict[str, Any] = {

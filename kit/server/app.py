@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from kit import __version__
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
 from kit.server import gemini
+from kit.server.adapter import MAX_TOKENS_HEADER
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
 from kit.server.guard import EdgeGuard, EdgePolicy
@@ -65,7 +66,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     if explicit:
         app.add_middleware(CORSMiddleware, allow_origins=explicit,
                            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
-                           allow_headers=["*"], max_age=600)
+                           allow_headers=["*"], max_age=600,
+                           expose_headers=[MAX_TOKENS_HEADER])  # a memory clamp, readable
     app.add_middleware(EdgeGuard, policy=edge)
     protocols = (openai_chat, openai_completions, anthropic, openai_responses, gemini, admin)
     app.add_middleware(RequestCounter, metrics=metrics, routes=lambda: [

@@ -173,4 +173,5 @@ class ServerState:
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")},
+                **({"admission": e.admission} if getattr(e, "admission", None) else {}),
                 **({"distributed": e.distributed} if getattr(e, "distributed", None) else {})}
