@@ -11,6 +11,7 @@ What the doc's text is taken as (the doc's own intro says so to its writers):
 - ``-x``/``--xx`` alone: an option of some mlx-kit command;
 - ``NAME_LIKE_THIS`` (or ``NAME=value``): an environment variable the code (or the library
   that reads it: huggingface_hub, platformdirs) names;
+- ``snake_case_words``: an error code, field or key: a string literal of kit/;
 - ``~/...``, ``$VAR/...``: a folder or file the code computes (kit.paths, the server's log
   file, the hub cache; on Linux and macOS), or ``<placeholders>`` under one;
 - a message: inline code starting with ``error:``/``hint:``, inline code of 3 words or more,
@@ -90,6 +91,8 @@ def _classify(span: str, heading: bool) -> str | None:
         return "env"
     if span.startswith(("~/", "$")) and "/" in span:
         return "path"
+    if re.fullmatch(r"[a-z]+(?:_[a-z]+)+", span):
+        return "name"
     words = len(span.split())
     if span.startswith(_OTHER_PROGRAMS) or _HEADER.match(span):
         return "env" if span.startswith("export ") else None
@@ -363,6 +366,36 @@ def test_every_path_is_under_a_folder_the_code_computes(items, path_roots):
     assert _of(items, "path")
     bad = _failures(_of(items, "path"), lambda span: check_path(span, home, roots))
     assert not bad, "\n".join(bad)
+
+
+def test_every_code_field_or_key_is_a_string_of_the_code(items):
+    _templates, constants = source_strings()
+    assert _of(items, "name")
+    bad = _failures(_of(items, "name"), lambda name: None if name in constants
+                    else f"{name!r} is no string literal of kit/")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_states_status_tells_apart_are_the_engines_and_health_ok():
+    """The states the doc lists for `mlx-kit status` are the engine's (kit/engine/process.py
+    sets them) and /health's ``ok``; none is missing from the doc."""
+    text = DOC.read_text()
+    para = text[text.index("`mlx-kit status` tells the states apart"):].split("\n\n")[0]
+    named = set(re.findall(r"`([a-z]+)`", para))
+    tree = ast.parse((ROOT / "kit" / "engine" / "process.py").read_text())
+    states = set()
+    for node in ast.walk(tree):  # self.state = "x" / self.state, self.error = "x", ...
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Constant, ast.Tuple)):
+            target = node.targets[0]
+            first_t = target.elts[0] if isinstance(target, ast.Tuple) else target
+            first_v = node.value.elts[0] if isinstance(node.value, ast.Tuple) else node.value
+            if isinstance(first_t, ast.Attribute) and first_t.attr == "state" \
+                    and isinstance(first_v, ast.Constant):
+                states.add(first_v.value)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "_restart_locked":
+            states.add(node.args[0].value)
+    assert states >= {"loading", "restarting", "failed", "stopped"}, states
+    assert named == states | {"ok"}, f"the doc names {sorted(named)}, the code {sorted(states)}"
 
 
 def test_the_doc_is_linked_from_the_readme_and_the_server_doc():
