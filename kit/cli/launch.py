@@ -34,6 +34,12 @@ def launch(
                                           "nccl, for a server this command starts."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism, for a "
                                   "server this command starts."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="The prompt cache's disk folder, for a server this "
+        "command starts (as `serve`)."),
+    prompt_cache_disk: Optional[str] = typer.Option(
+        None, "--prompt-cache-disk", help="The prompt cache's disk bound (0: none), for a "
+        "server this command starts (as `serve`)."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent."""
     from kit.daemon import ensure_server
@@ -50,7 +56,8 @@ def launch(
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
-        ranks, hosts, hostfile, backend, pipeline)
+        ranks, hosts, hostfile, backend, pipeline) + _cache_args(prompt_cache_dir,
+                                                                 prompt_cache_disk)
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
@@ -99,6 +106,26 @@ def launch(
         local = models[0] if models else None
     argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
     os.execvpe(binary, argv, {**os.environ, **extra_env})
+
+
+def _cache_args(folder: str | None, disk: str | None) -> list[str]:
+    """The ``serve`` options of the prompt cache's disk tier (the folder made absolute, as
+    the host file is; the size checked here, so a bad one fails before a server starts).
+
+    Raises:
+        ConfigError: ``disk`` is not a size.
+    """
+    from pathlib import Path
+
+    from kit.cli.options import disk_size
+
+    args: list[str] = []
+    if folder is not None:
+        args += ["--prompt-cache-dir", str(Path(folder).expanduser().resolve())]
+    if disk is not None:
+        disk_size(disk)
+        args += ["--prompt-cache-disk", disk]
+    return args
 
 
 def _world_args(ranks: int | None, hosts: str | None, hostfile: str | None,

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE
+from kit.cli.options import TRUST_REMOTE_CODE, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -129,6 +129,12 @@ def serve(
                                   "together (continuous batching); 1: one at a time."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier (default: "
+        "prompt-cache/ in mlx-kit's cache dir)."),
+    prompt_cache_disk: str = typer.Option(
+        "10GiB", "--prompt-cache-disk", help="Most disk the prompt cache keeps KV caches "
+        "of long prompts in, e.g. 10GiB, so they survive restarts and swaps (0: none)."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", min=0, max=2, envvar="MLX_KIT_TEMPERATURE",
         help="Sampling temperature for requests that set none (default: the model's "
@@ -180,6 +186,7 @@ def serve(
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
+    disk_bytes = disk_size(prompt_cache_disk)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
     logging.basicConfig(level=logging.INFO,
@@ -215,7 +222,8 @@ def serve(
     info = resolve_model(model, progress=progress)
     options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, prompt_cache_dir=prompt_cache_dir,
+                   prompt_cache_disk_bytes=disk_bytes)
     if world is None:
         engine = EngineProcess(info, **options)
     else:

@@ -56,6 +56,9 @@ from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
+_FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
+                # EngineProcess.stop waits)
+
 
 class Engine:
     """Owns one loaded model and serves chat requests and swaps from one queue; satisfies
@@ -85,6 +88,9 @@ class Engine:
         on_fatal: called with an unexpected generation failure before it is reported to
             the request (a distributed engine's rank exits there: its peers wait inside a
             collective it will not join); default: nothing, the engine goes on.
+        prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
+        prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
+            :mod:`kit.engine.disk_cache`.
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -100,7 +106,9 @@ class Engine:
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
                  split: tuple[int, int, bool, int] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 prompt_cache_dir: str | None = None,
+                 prompt_cache_disk_bytes: int = 0) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -115,6 +123,8 @@ class Engine:
                               loader=loader, split=split)
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
+        if prompt_cache_disk_bytes > 0:
+            self._attach_disk(prompt_cache_dir, prompt_cache_disk_bytes)
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -180,7 +190,21 @@ class Engine:
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "memory": self.memory(),
-                "capabilities": self.capabilities()}
+                "capabilities": self.capabilities(), "prompt_cache": self.prompt_cache}
+
+    @property
+    def prompt_cache(self) -> dict[str, int]:
+        """The prompt cache's counters (:meth:`PromptCachePolicy.stats`), for ``/health``."""
+        return self.pipeline.cache.stats()
+
+    def _attach_disk(self, folder: str | None, max_bytes: int) -> None:
+        from pathlib import Path
+
+        from kit.engine.disk_cache import DiskCache
+        from kit.paths import prompt_cache_dir
+
+        disk = DiskCache(Path(folder) if folder else prompt_cache_dir(), max_bytes)
+        self.pipeline.cache.attach_disk(disk, lambda: disk.identity(self.slot))
 
     # -- API -------------------------------------------------------------------------------
 
@@ -274,12 +298,17 @@ class Engine:
                 from kit.engine import reclaim
 
                 reclaim.give_back()
+            if self.pipeline.cache.pending() and not backlog and self.inbox.empty():
+                self.pipeline.cache.write_pending()  # idle: after the answers, not before
+                self._on_change()
+                continue
             try:
                 item = backlog.popleft() if backlog else self.inbox.get(timeout=timeout)
             except queue.Empty:
                 self._unload()
                 continue
             if item is None:
+                self.pipeline.cache.flush(_FLUSH_S)
                 return
             if isinstance(item, Swap):
                 self._swap(item)

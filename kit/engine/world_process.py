@@ -155,6 +155,11 @@ class DistributedEngine(EngineProcess):
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+        if options.get("prompt_cache_disk_bytes"):
+            # each rank holds only its shard of the KV; which file every rank would load
+            # is not agreed yet (future work), so the tier is off here (docs/distributed.md)
+            log.info("the prompt cache's disk tier is off for a distributed engine")
+            options["prompt_cache_disk_bytes"] = 0
         super().__init__(model, **options)
         self.plan = plan
         self.distributed: dict[str, Any] = {
