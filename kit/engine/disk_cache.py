@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ class DiskCache:
         self.writes = 0
         self.bytes = self.entries = 0
         self._index: dict[str, dict[str, Entry]] = {}  # identity -> file name -> Entry
-        self._identity_for: tuple[Any, str] | None = None
+        self._identity_for: tuple[Any, str, str] | None = None  # (model ref, path, id)
         try:
             self._remove_stale_tmp()
             self._scan()
@@ -136,18 +137,21 @@ class DiskCache:
         """:func:`model_identity` of the model loaded in ``slot`` (a ModelSlot), computed
         once per loaded model object; None when nothing is loaded or the folder cannot be
         read (then the disk tier sits this model out)."""
-        if slot.model is None:
+        model = slot.model
+        if model is None:
             return None
-        key = (slot.model, str(slot.info.path))
-        if self._identity_for is not None and self._identity_for[0] == key:
-            return self._identity_for[1]
+        path = str(slot.info.path)
+        known = self._identity_for
+        # a weak reference: the old model must not outlive its release because of us
+        if known is not None and known[0]() is model and known[1] == path:
+            return known[2]
         try:
             ident = model_identity(slot.info.path, getattr(slot, "kv_bits", None),
                                    getattr(slot, "kv_group_size", 64))
         except OSError as e:
             log.warning("no disk prompt cache for %s: %s", slot.info.id, e)
             return None
-        self._identity_for = (key, ident)
+        self._identity_for = (weakref.ref(model), path, ident)
         return ident
 
     # -- find / load -----------------------------------------------------------------------

@@ -76,8 +76,8 @@ class PromptCachePolicy:
 
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
         source = "memory_hits" if cache is not None else "misses"
-        if self._disk is not None and (got := self._from_disk(key, prompt, cache, rest,
-                                                               new_cache)) is not None:
+        if self._disk is not None and (got := self._disk_lookup(key, prompt, cache, rest,
+                                                                 new_cache)) is not None:
             (cache, rest), source = got, "disk_hits"
         self.hits[source] += 1
         if cache is None:
@@ -148,7 +148,10 @@ class PromptCachePolicy:
 
         if self._pending:
             ident, tokens, cache = self._pending.pop()
-            self._disk.save(ident, tokens, cache, can_trim_prompt_cache(cache))
+            try:
+                self._disk.save(ident, tokens, cache, can_trim_prompt_cache(cache))
+            except Exception:  # never the worker's end: the cache is just not kept
+                log.exception("cannot write a prompt cache to disk")
 
     def flush(self, seconds: float) -> None:
         """Write what is queued for at most about ``seconds`` (a graceful stop)."""
@@ -185,6 +188,16 @@ class PromptCachePolicy:
         self._pending.append((ident, list(tokens), cache))
         while len(self._pending) > _PENDING_MAX:
             self._pending.popleft()
+
+    def _disk_lookup(self, key: str, prompt: list[int], cache: Any, rest: list[int],
+                     new_cache: Callable[[], Any]) -> tuple[Any, list[int]] | None:
+        """:meth:`_from_disk`; a failure there is logged and is a miss: the disk tier
+        must never fail a request."""
+        try:
+            return self._from_disk(key, prompt, cache, rest, new_cache)
+        except Exception:
+            log.exception("the prompt cache's disk tier failed; using memory's answer")
+            return None
 
     def _from_disk(self, key: str, prompt: list[int], cache: Any, rest: list[int],
                    new_cache: Callable[[], Any]) -> tuple[Any, list[int]] | None:
