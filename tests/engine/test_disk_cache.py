@@ -192,3 +192,77 @@ def test_model_identity_changes_with_config_weights_and_kv_settings(tmp_path):
     assert changed != base
     (tmp_path / "model.safetensors").write_bytes(b"w" * 11)
     assert model_identity(tmp_path, None, 64) != changed
+
+
+# -- the disk tier behind PromptCachePolicy (no model: KVCache stand-ins) -------------------
+
+def policy_on(folder: Path, ident: str = IDENT):
+    from kit.engine.pipeline import PromptCachePolicy
+
+    policy = PromptCachePolicy(size=4)
+    policy.attach_disk(DiskCache(folder, 1 << 30), lambda: ident)
+    return policy
+
+
+def test_a_new_policy_on_the_same_folder_starts_a_long_prompt_from_disk(tmp_path):
+    # a restart: the first process keeps the cache in memory and writes it when idle
+    first = policy_on(tmp_path)
+    first.insert("m", tokens(300), kv_cache(300))
+    assert first.pending()
+    first.write_pending()
+    assert not first.pending() and first.stats()["disk_writes"] == 1
+    second = policy_on(tmp_path)
+    cache, rest = second.fetch("m", tokens(300) + [7, 8], lambda: kv_cache(0))
+    assert rest == [7, 8] and cache[0].offset == 300
+    stats = second.stats()
+    assert (stats["disk_hits"], stats["memory_hits"], stats["misses"]) == (1, 0, 0)
+    assert stats["memory_entries"] == 1  # the loaded cache is kept in memory too
+    _, rest = second.fetch("m", tokens(300) + [9], lambda: kv_cache(0))
+    assert rest == [9] and second.stats()["memory_hits"] == 1
+
+
+def test_clear_drops_memory_only_so_a_swap_back_hits_the_disk(tmp_path):
+    policy = policy_on(tmp_path)
+    policy.insert("m", tokens(300), kv_cache(300))
+    policy.clear()  # the swap away happened before the worker was idle
+    policy.write_pending()  # the queued write survives it
+    cache, rest = policy.fetch("m", tokens(300), lambda: kv_cache(0))
+    assert rest == [299] and cache[0].offset == 299  # exact: the last token is fed again
+    assert policy.stats()["disk_hits"] == 1
+
+
+def test_short_prompts_are_never_queued_for_the_disk(tmp_path):
+    policy = policy_on(tmp_path)
+    policy.insert("m", tokens(MIN_TOKENS - 1), kv_cache(MIN_TOKENS - 1))
+    assert not policy.pending()
+    policy.flush(1.0)
+    assert files(tmp_path) == []
+
+
+def test_a_queued_write_extended_by_a_newer_one_is_dropped_and_the_queue_is_bounded(
+        tmp_path):
+    policy = policy_on(tmp_path)
+    policy.insert("m", tokens(300), kv_cache(300))
+    policy.insert("m", tokens(320), kv_cache(320))  # the next turn of the same prompt
+    policy.insert("m", tokens(300, 5000), kv_cache(300))
+    policy.insert("m", tokens(300, 9000), kv_cache(300))
+    policy.flush(30.0)
+    assert policy.stats()["disk_writes"] == 2  # the newest two; 300 was extended by 320
+    disk = DiskCache(tmp_path, 1 << 30)
+    assert disk.find(IDENT, tokens(300, 9000), LAYERS, True) is not None
+    assert disk.find(IDENT, tokens(300, 5000), LAYERS, True) is not None
+    assert disk.find(IDENT, tokens(320), LAYERS, True) is None
+
+
+def test_a_broken_disk_tier_is_a_miss_never_an_error(tmp_path, caplog):
+    from kit.engine.pipeline import PromptCachePolicy
+
+    class Broken(DiskCache):
+        def find(self, *args, **kwargs):
+            raise RuntimeError("disk on fire")
+
+    policy = PromptCachePolicy(size=4)
+    policy.attach_disk(Broken(tmp_path, 1 << 30), lambda: IDENT)
+    cache, rest = policy.fetch("m", tokens(300), lambda: kv_cache(0))
+    assert rest == tokens(300) and cache[0].offset == 0
+    assert "disk tier failed" in caplog.text
