@@ -90,7 +90,7 @@ class Engine:
             collective it will not join); default: nothing, the engine goes on.
         prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
         prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
-            :mod:`kit.engine.disk_cache`.
+            :mod:`kit.engine.disk_tier`.
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -124,7 +124,10 @@ class Engine:
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
         if prompt_cache_disk_bytes > 0:
-            self._attach_disk(prompt_cache_dir, prompt_cache_disk_bytes)
+            from kit.engine.disk_tier import DiskTier
+
+            self.pipeline.cache.attach_disk(DiskTier.for_slot(
+                prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -196,15 +199,6 @@ class Engine:
     def prompt_cache(self) -> dict[str, int]:
         """The prompt cache's counters (:meth:`PromptCachePolicy.stats`), for ``/health``."""
         return self.pipeline.cache.stats()
-
-    def _attach_disk(self, folder: str | None, max_bytes: int) -> None:
-        from pathlib import Path
-
-        from kit.engine.disk_cache import DiskCache
-        from kit.paths import prompt_cache_dir
-
-        disk = DiskCache(Path(folder) if folder else prompt_cache_dir(), max_bytes)
-        self.pipeline.cache.attach_disk(disk, lambda: disk.identity(self.slot))
 
     # -- API -------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +24,6 @@ from kit.engine.slot import ModelSlot
 from kit.engine.types import Finished, Started, Usage
 
 log = logging.getLogger("mlx_kit.engine")
-
-_PENDING_MAX = 2  # caches queued for the disk tier (each holds its KV memory until written)
 
 
 def reusable_prefix(resend: list[int], tokens: list[int], n_prompt: int) -> int | None:
@@ -51,10 +48,10 @@ class PromptCachePolicy:
     an exact hit re-feeds the last prompt token (its logits are not cached), and a
     finished turn's cache is fitted to what the next turn resends (:meth:`next_turn`).
 
-    With a disk tier (:meth:`attach_disk`), a prompt that memory serves less of than a
-    file on disk starts from that file (:mod:`kit.engine.disk_cache`), and every kept
-    cache of :data:`~kit.engine.disk_cache.MIN_TOKENS` or more is queued for the disk,
-    written when the worker is idle (:meth:`write_pending`).
+    With a disk tier (:meth:`attach_disk`, :mod:`kit.engine.disk_tier`), a prompt that
+    memory serves less of than a file on disk starts from that file, and every kept cache
+    of 256 tokens or more is queued for the disk, written when the worker is idle
+    (:meth:`write_pending`).
 
     Args:
         size: how many caches to keep.
@@ -63,9 +60,7 @@ class PromptCachePolicy:
     def __init__(self, size: int) -> None:
         self.size = size
         self._lru: Any = None  # made on first use: importing mlx-lm imports mlx
-        self._disk: Any = None  # kit.engine.disk_cache.DiskCache, see attach_disk
-        self._identity: Callable[[], str | None] = lambda: None
-        self._pending: deque[tuple[str, list[int], Any]] = deque()
+        self._disk: Any = None  # kit.engine.disk_tier.DiskTier, see attach_disk
         self.hits = {"memory_hits": 0, "disk_hits": 0, "misses": 0}
 
     def fetch(self, key: str, prompt: list[int],
@@ -76,8 +71,8 @@ class PromptCachePolicy:
 
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
         source = "memory_hits" if cache is not None else "misses"
-        if self._disk is not None and (got := self._disk_lookup(key, prompt, cache, rest,
-                                                                 new_cache)) is not None:
+        if self._disk is not None and (got := self._disk.lookup(
+                key, prompt, cache, rest, new_cache, self._store())) is not None:
             (cache, rest), source = got, "disk_hits"
         self.hits[source] += 1
         if cache is None:
@@ -92,7 +87,7 @@ class PromptCachePolicy:
         queue it for the disk tier)."""
         self._store().insert_cache(key, tokens, cache)
         if self._disk is not None:
-            self._queue_write(tokens, cache)
+            self._disk.queue(tokens, cache)
 
     def _store(self) -> Any:
         """mlx-lm's ``LRUPromptCache``, made on first use."""
@@ -131,107 +126,34 @@ class PromptCachePolicy:
         tier and the writes queued for it stay (each knows its model's identity)."""
         self._lru = None
 
-    # -- the disk tier -------------------------------------------------------------------
+    # -- the disk tier (kit/engine/disk_tier.py) ------------------------------------------
 
-    def attach_disk(self, disk: Any, identity: Callable[[], str | None]) -> None:
-        """Back this cache with ``disk`` (a :class:`kit.engine.disk_cache.DiskCache`);
-        ``identity()``: the loaded model's identity (None: no disk for it)."""
-        self._disk, self._identity = disk, identity
+    def attach_disk(self, tier: Any) -> None:
+        """Back this cache with ``tier`` (a :class:`kit.engine.disk_tier.DiskTier`)."""
+        self._disk = tier
 
     def pending(self) -> bool:
         """Whether caches wait to be written to disk."""
-        return bool(self._pending)
+        return self._disk is not None and self._disk.pending()
 
     def write_pending(self) -> None:
-        """Write the newest queued cache to disk (the worker calls it when idle)."""
-        from mlx_lm.models.cache import can_trim_prompt_cache
-
-        if self._pending:
-            ident, tokens, cache = self._pending.pop()
-            try:
-                self._disk.save(ident, tokens, cache, can_trim_prompt_cache(cache))
-            except Exception:  # never the worker's end: the cache is just not kept
-                log.exception("cannot write a prompt cache to disk")
+        """Write the newest cache queued for the disk (the worker calls it when idle)."""
+        self._disk.write_one()
 
     def flush(self, seconds: float) -> None:
-        """Write what is queued for at most about ``seconds`` (a graceful stop)."""
-        end = time.monotonic() + seconds
-        while self._pending and time.monotonic() < end:
-            self.write_pending()
-        self._pending.clear()
+        """Write what is queued for the disk for at most about ``seconds`` (a stop)."""
+        if self._disk is not None:
+            self._disk.flush(seconds)
 
     def stats(self) -> dict[str, int]:
         """Counters for ``/health``: memory_hits, disk_hits, misses (prompts since start),
-        memory_bytes / memory_entries (the in-memory LRU), disk_bytes / disk_entries (the
-        files) and disk_writes (files written since start; all disk ones 0 without a
-        disk tier)."""
-        lru, disk = self._lru, self._disk
+        memory_bytes / memory_entries (the in-memory LRU), and the disk tier's
+        disk_bytes / disk_entries (its files) and disk_writes (since start), 0 without one."""
+        lru = self._lru
+        disk = self._disk.stats() if self._disk is not None else {
+            "disk_bytes": 0, "disk_entries": 0, "disk_writes": 0}
         return {**self.hits, "memory_bytes": lru.nbytes if lru is not None else 0,
-                "memory_entries": len(lru) if lru is not None else 0,
-                "disk_bytes": disk.bytes if disk else 0,
-                "disk_entries": disk.entries if disk else 0,
-                "disk_writes": disk.writes if disk else 0}
-
-    def _queue_write(self, tokens: list[int], cache: Any) -> None:
-        """Queue ``cache`` for the disk when it is long enough; a queued cache whose
-        tokens this one extends is dropped (this one serves its prompts), and only the
-        newest :data:`_PENDING_MAX` are kept (each holds KV memory until written)."""
-        from kit.engine.disk_cache import MIN_TOKENS
-
-        ident = self._identity()
-        if ident is None or len(tokens) < MIN_TOKENS:
-            return
-        self._pending = deque(
-            p for p in self._pending
-            if not (p[0] == ident and len(p[1]) <= len(tokens)
-                    and tokens[:len(p[1])] == p[1]))
-        self._pending.append((ident, list(tokens), cache))
-        while len(self._pending) > _PENDING_MAX:
-            self._pending.popleft()
-
-    def _disk_lookup(self, key: str, prompt: list[int], cache: Any, rest: list[int],
-                     new_cache: Callable[[], Any]) -> tuple[Any, list[int]] | None:
-        """:meth:`_from_disk`; a failure there is logged and is a miss: the disk tier
-        must never fail a request."""
-        try:
-            return self._from_disk(key, prompt, cache, rest, new_cache)
-        except Exception:
-            log.exception("the prompt cache's disk tier failed; using memory's answer")
-            return None
-
-    def _from_disk(self, key: str, prompt: list[int], cache: Any, rest: list[int],
-                   new_cache: Callable[[], Any]) -> tuple[Any, list[int]] | None:
-        """A longer prefix of ``prompt`` than memory's answer (``cache``, ``rest``) from
-        disk: loaded, kept in memory too, and trimmed to the prompt as a memory hit would
-        be; None when disk has nothing better."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
-        have = len(prompt) - len(rest) if cache is not None else 0
-        if have >= len(prompt) - 1:  # memory has it all: no disk read
-            return None
-        ident = self._identity()
-        if ident is None:
-            return None
-        fresh = new_cache()
-        classes = tuple(type(c).__name__ for c in fresh)
-        found = self._disk.find(ident, prompt, classes, can_trim_prompt_cache(fresh))
-        if found is None or found.common <= have:
-            return None
-        loaded = self._disk.load(ident, found.entry, classes)
-        if loaded is None:
-            return None
-        stored = found.entry.tokens.tolist()
-        self._store().insert_cache(key, stored, loaded)
-        again, left = self._store().fetch_nearest_cache(key, prompt)  # a copy of it
-        if again is not None and len(prompt) - len(left) >= min(found.common,
-                                                                len(prompt) - 1):
-            return again, left
-        # memory's bound did not keep it: it is ours alone, use it as it is
-        if found.common == len(stored):
-            return loaded, prompt[len(stored):]
-        keep = min(len(prompt) - 1, found.common)
-        trim_prompt_cache(loaded, len(stored) - keep)
-        return loaded, prompt[keep:]
+                "memory_entries": len(lru) if lru is not None else 0, **disk}
 
 
 class Pipeline:
