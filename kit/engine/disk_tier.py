@@ -107,7 +107,7 @@ class DiskTier:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         have = len(prompt) - len(rest) if cache is not None else 0
-        if have >= len(prompt) - 1:  # memory has it all: no disk read
+        if have >= len(prompt) - 1 or len(prompt) < MIN_TOKENS:  # nothing to gain: no read
             return None
         ident = self._identity()
         if ident is None:
