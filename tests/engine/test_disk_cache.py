@@ -271,3 +271,24 @@ def test_a_broken_disk_tier_is_a_miss_never_an_error(tmp_path, caplog):
     cache, rest = policy.fetch("m", tokens(300), lambda: kv_cache(0))
     assert rest == tokens(300) and cache[0].offset == 0
     assert "disk tier failed" in caplog.text
+
+
+def test_a_reloaded_models_identity_is_computed_again_without_comparing_the_models(tmp_path):
+    # Regression: the identity was remembered by (model, path) and compared with ==,
+    # which for mlx modules compares their arrays: the first request after a TTL reload
+    # or a swap back failed with a 500 ("Only length-1 arrays can be converted").
+    from types import SimpleNamespace
+
+    import mlx.nn as nn
+
+    (tmp_path / "config.json").write_text("{}")
+    disk = DiskCache(tmp_path / "cache", 1 << 30)
+    slot = SimpleNamespace(model=nn.Linear(4, 4), info=SimpleNamespace(path=tmp_path, id="m"))
+    first = disk.identity(slot)
+    assert disk.identity(slot) == first
+    (tmp_path / "config.json").write_text('{"changed": true}')
+    assert disk.identity(slot) == first  # the loaded model is the one it was made from
+    slot.model = nn.Linear(4, 4)  # reloaded: the files are read again
+    assert disk.identity(slot) != first
+    slot.model = None
+    assert disk.identity(slot) is None
