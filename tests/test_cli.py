@@ -321,3 +321,21 @@ def test_fit_hosts_runs_one_rank_per_host_and_checks_only_this_machine(hf_home, 
         bad = run_kit(home, "fit", STARTER, *args, hf_home=hf_home)
         assert bad.returncode == 1 and bad.stderr.startswith(message), (args, bad.stderr)
     assert run_kit(home, "fit", STARTER, "--ranks", "0", hf_home=hf_home).returncode == 2
+
+
+def test_serve_refuses_a_bad_prompt_cache_disk_size_naming_the_flag(home):
+    r = run_kit(home, "serve", "--prompt-cache-disk", "lots")
+    assert r.returncode == 1
+    assert "--prompt-cache-disk: not a size: 'lots'" in flat(r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_launch_passes_the_prompt_cache_flags_to_the_server_it_starts(tmp_path):
+    from kit.cli.launch import _cache_args
+
+    assert _cache_args(None, None) == []
+    args = _cache_args(str(tmp_path / "x" / ".." / "cache"), "2GiB")
+    assert args == ["--prompt-cache-dir", str(tmp_path / "cache"), "--prompt-cache-disk",
+                    "2GiB"]
+    with pytest.raises(ConfigError, match="--prompt-cache-disk"):
+        _cache_args(None, "12x")

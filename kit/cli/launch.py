@@ -40,6 +40,12 @@ def launch(
     prompt_cache_bytes: Optional[str] = typer.Option(None, "--prompt-cache-bytes",
                                                      help="Prompt caches' byte bound for a "
                                                      "server this command starts."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="The prompt cache's disk folder, for a server this "
+        "command starts (as `serve`)."),
+    prompt_cache_disk: Optional[str] = typer.Option(
+        None, "--prompt-cache-disk", help="The prompt cache's disk bound (0: none), for a "
+        "server this command starts (as `serve`)."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent.
 
@@ -62,7 +68,8 @@ def launch(
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
         ranks, hosts, hostfile, backend, pipeline) + _memory_args(memory_budget,
-                                                                  prompt_cache_bytes)
+                                                                  prompt_cache_bytes) \
+        + _cache_args(prompt_cache_dir, prompt_cache_disk)
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
@@ -124,6 +131,26 @@ def _memory_args(memory_budget: str | None, prompt_cache_bytes: str | None) -> l
         if value is not None:
             parse_size(value)
             args += [flag, value]
+    return args
+
+
+def _cache_args(folder: str | None, disk: str | None) -> list[str]:
+    """The ``serve`` options of the prompt cache's disk tier (the folder made absolute, as
+    the host file is; the size checked here, so a bad one fails before a server starts).
+
+    Raises:
+        ConfigError: ``disk`` is not a size.
+    """
+    from pathlib import Path
+
+    from kit.cli.options import disk_size
+
+    args: list[str] = []
+    if folder is not None:
+        args += ["--prompt-cache-dir", str(Path(folder).expanduser().resolve())]
+    if disk is not None:
+        disk_size(disk)
+        args += ["--prompt-cache-disk", disk]
     return args
 
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE
+from kit.cli.options import TRUST_REMOTE_CODE, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -133,6 +133,12 @@ def serve(
         None, "--prompt-cache-bytes", help="Most memory the prompt caches hold together, "
         "e.g. 2GB; least recently used evicted first (default: a quarter of the memory "
         "ceiling left after the weights)."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier (default: "
+        "prompt-cache/ in mlx-kit's cache dir)."),
+    prompt_cache_disk: str = typer.Option(
+        "10GiB", "--prompt-cache-disk", help="Most disk the prompt cache keeps KV caches "
+        "of long prompts in, e.g. 10GiB, so they survive restarts and swaps (0: none)."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", min=0, max=2, envvar="MLX_KIT_TEMPERATURE",
         help="Sampling temperature for requests that set none (default: the model's "
@@ -189,6 +195,7 @@ def serve(
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
+    disk_bytes = disk_size(prompt_cache_disk)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
     from kit.logfile import setup_server
@@ -229,7 +236,8 @@ def serve(
                    prompt_cache_bytes=parse_size(prompt_cache_bytes)
                    if prompt_cache_bytes else None, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, prompt_cache_dir=prompt_cache_dir,
+                   prompt_cache_disk_bytes=disk_bytes)
     if world is None:
         engine = EngineProcess(info, **options)
     else:

@@ -56,6 +56,9 @@ from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
+_FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
+                # EngineProcess.stop waits)
+
 
 class Engine:
     """Owns one loaded model and serves chat requests and swaps from one queue; satisfies
@@ -88,6 +91,9 @@ class Engine:
         on_fatal: called with an unexpected generation failure before it is reported to
             the request (a distributed engine's rank exits there: its peers wait inside a
             collective it will not join); default: nothing, the engine goes on.
+        prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
+        prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
+            :mod:`kit.engine.disk_tier`.
 
     Attributes:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
@@ -103,7 +109,9 @@ class Engine:
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
                  split: tuple[int, int, bool, int] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 prompt_cache_dir: str | None = None,
+                 prompt_cache_disk_bytes: int = 0) -> None:
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -120,6 +128,11 @@ class Engine:
                                  PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
         self.pipeline.changed = lambda: self._on_change()
+        if prompt_cache_disk_bytes > 0:
+            from kit.engine.disk_tier import DiskTier
+
+            self.pipeline.cache.attach_disk(DiskTier.for_slot(
+                prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -185,13 +198,19 @@ class Engine:
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "memory": self.memory(),
-                "capabilities": self.capabilities(), "admission": self.admission}
+                "capabilities": self.capabilities(), "admission": self.admission,
+                "prompt_cache": self.prompt_cache}
 
     @property
     def admission(self) -> dict[str, Any]:
         """Memory admission's counters (``clamped``, ``rejected``, ``deferred``), the
         ceiling and the in-memory prompt caches (:meth:`Pipeline.memory_snapshot`)."""
         return self.pipeline.memory_snapshot()
+
+    @property
+    def prompt_cache(self) -> dict[str, int]:
+        """The prompt cache's counters (:meth:`PromptCachePolicy.stats`), for ``/health``."""
+        return self.pipeline.cache.stats()
 
     # -- API -------------------------------------------------------------------------------
 
@@ -285,12 +304,17 @@ class Engine:
                 from kit.engine import reclaim
 
                 reclaim.give_back()
+            if self.pipeline.cache.pending() and not backlog and self.inbox.empty():
+                self.pipeline.cache.write_pending()  # idle: after the answers, not before
+                self._on_change()
+                continue
             try:
                 item = backlog.popleft() if backlog else self.inbox.get(timeout=timeout)
             except queue.Empty:
                 self._unload()
                 continue
             if item is None:
+                self.pipeline.cache.flush(_FLUSH_S)
                 return
             if isinstance(item, Swap):
                 self._swap(item)

@@ -49,6 +49,11 @@ class PromptCachePolicy:
     an exact hit re-feeds the last prompt token (its logits are not cached), and a
     finished turn's cache is fitted to what the next turn resends (:meth:`next_turn`).
 
+    With a disk tier (:meth:`attach_disk`, :mod:`kit.engine.disk_tier`), a prompt that
+    memory serves less of than a file on disk starts from that file, and every kept cache
+    of 256 tokens or more is queued for the disk, written when the worker is idle
+    (:meth:`write_pending`).
+
     Args:
         size: how many caches to keep.
         max_bytes: most bytes the kept caches may hold together (least recently used
@@ -61,6 +66,8 @@ class PromptCachePolicy:
         self.max_bytes = max_bytes
         self.default_bytes: Callable[[], int | None] = lambda: None  # None: no byte bound
         self._lru: Any = None  # made on first use: importing mlx-lm imports mlx
+        self._disk: Any = None  # kit.engine.disk_tier.DiskTier, see attach_disk
+        self.hits = {"memory_hits": 0, "disk_hits": 0, "misses": 0}
 
     def fetch(self, key: str, prompt: list[int],
               new_cache: Callable[[], Any]) -> tuple[Any, list[int]]:
@@ -69,6 +76,11 @@ class PromptCachePolicy:
         from mlx_lm.models.cache import trim_prompt_cache
 
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
+        source = "memory_hits" if cache is not None else "misses"
+        if self._disk is not None and (got := self._disk.lookup(
+                key, prompt, cache, rest, new_cache, self._store())) is not None:
+            (cache, rest), source = got, "disk_hits"
+        self.hits[source] += 1
         if cache is None:
             return new_cache(), prompt
         if not rest:  # exact hit: re-feed the last prompt token to get fresh logits
@@ -77,8 +89,11 @@ class PromptCachePolicy:
         return cache, rest
 
     def insert(self, key: str, tokens: list[int], cache: Any) -> None:
-        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key``."""
+        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key`` (and
+        queue it for the disk tier)."""
         self._store().insert_cache(key, tokens, cache)
+        if self._disk is not None:
+            self._disk.queue(tokens, cache)
 
     def _store(self) -> Any:
         """mlx-lm's ``LRUPromptCache``, made on first use."""
@@ -136,8 +151,38 @@ class PromptCachePolicy:
         return resend
 
     def clear(self) -> None:
-        """Drop every cache (the model they belong to is going away)."""
+        """Drop every cache in memory (the model they belong to is going away); the disk
+        tier and the writes queued for it stay (each knows its model's identity)."""
         self._lru = None
+
+    # -- the disk tier (kit/engine/disk_tier.py) ------------------------------------------
+
+    def attach_disk(self, tier: Any) -> None:
+        """Back this cache with ``tier`` (a :class:`kit.engine.disk_tier.DiskTier`)."""
+        self._disk = tier
+
+    def pending(self) -> bool:
+        """Whether caches wait to be written to disk."""
+        return self._disk is not None and self._disk.pending()
+
+    def write_pending(self) -> None:
+        """Write the newest cache queued for the disk (the worker calls it when idle)."""
+        self._disk.write_one()
+
+    def flush(self, seconds: float) -> None:
+        """Write what is queued for the disk for at most about ``seconds`` (a stop)."""
+        if self._disk is not None:
+            self._disk.flush(seconds)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for ``/health``: memory_hits, disk_hits, misses (prompts since start),
+        memory_bytes / memory_entries (the in-memory LRU), and the disk tier's
+        disk_bytes / disk_entries (its files) and disk_writes (since start), 0 without one."""
+        lru = self._lru
+        disk = self._disk.stats() if self._disk is not None else {
+            "disk_bytes": 0, "disk_entries": 0, "disk_writes": 0}
+        return {**self.hits, "memory_bytes": lru.nbytes if lru is not None else 0,
+                "memory_entries": len(lru) if lru is not None else 0, **disk}
 
 
 class Pipeline:

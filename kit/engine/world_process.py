@@ -160,6 +160,11 @@ class DistributedEngine(EngineProcess):
             # evict different caches on different ranks, whose prompts then diverge
             raise ConfigError("--prompt-cache-bytes is not supported with --ranks/--hosts",
                               hint="bound the prompt caches by count (--prompt-cache-size)")
+        if options.get("prompt_cache_disk_bytes"):
+            # each rank holds only its shard of the KV; which file every rank would load
+            # is not agreed yet (future work), so the tier is off here (docs/distributed.md)
+            log.info("the prompt cache's disk tier is off for a distributed engine")
+            options["prompt_cache_disk_bytes"] = 0
         super().__init__(model, **options)
         self.plan = plan
         self.distributed: dict[str, Any] = {
