@@ -2,7 +2,7 @@
 
 Side by side in one run, on the starter (SmolLM2-135M-Instruct, dense f32), greedy:
 
-1. Agent replay after a restart: pi 0.73.1's and Claude Code 2.1.197's recorded first
+1. Agent replay after a restart: pi 0.73.1's and Claude Code 2.1.332's recorded first
    requests (tests/data/*-request.json, streamed as the agents send them). A server with
    an empty cache folder answers both (cold), stops (its caches were written to disk once
    it was idle), a new server on the same folder answers them again (disk-warm).
@@ -35,7 +35,7 @@ from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 PI = json.loads((DATA / "pi-0.73.1-request.json").read_text())
-CLAUDE = json.loads((DATA / "claude-code-2.1.197-request.json").read_text())
+CLAUDE = json.loads((DATA / "claude-code-2.1.332-request.json").read_text())
 Q4 = "mlx-kit/SmolLM2-135M-Instruct-4bit"
 
 
@@ -121,7 +121,7 @@ def claude_turn(server: Server, max_tokens: int) -> tuple[float, str, int, int]:
     return ttft or float("nan"), text, usage.get("input_tokens", 0) + cached, cached
 
 
-TURNS = {"pi 0.73.1": pi_turn, "Claude Code 2.1.197": claude_turn}
+TURNS = {"pi 0.73.1": pi_turn, "Claude Code 2.1.332": claude_turn}
 
 
 def main() -> None:
