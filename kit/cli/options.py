@@ -1,5 +1,7 @@
 """Options shared by several commands."""
 
+from enum import Enum
+
 import typer
 
 from kit.urls import DEFAULT_URL, URL_ENV
@@ -12,3 +14,18 @@ TRUST_REMOTE_CODE = typer.Option(
     help="Let a model run Python code shipped in its folder when it loads (a tokenizer named "
          "by auto_map, e.g. Kimi's; an architecture named by model_file). Off by default: "
          "that code runs with your user's rights, so pass it only for models you trust.")
+
+
+class WarmUp(str, Enum):
+    """``--warmup``'s choices (see kit/engine/warmup.py)."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+WARMUP = typer.Option(
+    WarmUp.auto, "--warmup", case_sensitive=False,
+    help="Run the shapes of a first request and the first batches before the server says "
+         "ready, so mlx compiles their kernels then (kept per machine in the kernel cache). "
+         "auto: only where mlx runs on CUDA; on; off (not even one tiny generation).")

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE
+from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -105,6 +105,15 @@ def _choose_split(info, world, progress):
         return replace(world, pipeline=True)
 
 
+def _say_ready(engine, model_id: str, root: str, progress) -> None:
+    """On a thread: one startup line once the first load is over (ready or failed; a
+    failure was logged by the engine already)."""
+    if engine.wait_ready():
+        took = engine.load_seconds
+        progress(f"ready: serving {model_id} as 'local' on {root}/v1"
+                 + (f" (loaded in {took:.1f} s)" if took is not None else ""))
+
+
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Hub repo id in the local cache, or a model folder. "
@@ -163,6 +172,7 @@ def serve(
                                   "split over ranks) instead of tensor parallelism."),
     rank_timeout: float = typer.Option(300, "--rank-timeout", min=5, help="Seconds a rank "
                                        "waits for the others before the server ends."),
+    warmup: WarmUp = WARMUP,
     log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
     log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
                                        case_sensitive=False,
@@ -177,7 +187,10 @@ def serve(
 
     from kit.engine.hosts import plan_world
 
+    from kit.engine.warmup import check_mode
+
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
+    check_mode(warmup.value, distributed=world is not None)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
@@ -215,7 +228,7 @@ def serve(
     info = resolve_model(model, progress=progress)
     options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, warmup=warmup.value)
     if world is None:
         engine = EngineProcess(info, **options)
     else:
@@ -231,7 +244,10 @@ def serve(
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
-    log.info("serving %s as 'local' on %s/v1", info.id, url.root)
+    # not "serving" yet: the model still loads (and warms up); launch shows these lines
+    log.info("loading %s; the API answers on %s/v1 once it is ready", info.id, url.root)
+    threading.Thread(target=_say_ready, args=(engine, info.id, url.root, progress),
+                     name="mlx-kit-ready", daemon=True).start()
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
                         swap_on_request=swap_on_request, default_temperature=temperature,
                         default_top_p=top_p)

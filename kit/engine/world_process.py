@@ -155,6 +155,10 @@ class DistributedEngine(EngineProcess):
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+        from kit.engine.warmup import check_mode
+
+        # ConfigError before any rank starts: the ranks cannot warm up in lockstep
+        check_mode(options.get("warmup", "auto"), distributed=True)
         super().__init__(model, **options)
         self.plan = plan
         self.distributed: dict[str, Any] = {
