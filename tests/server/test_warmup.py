@@ -14,6 +14,7 @@ import httpx
 
 from tests.helpers import (
     clean_env,
+    flat,
     free_port,
     openai_for,
     run_kit,
@@ -102,3 +103,11 @@ def test_launch_shows_the_warm_up_as_a_step_of_its_progress(hf_home, tmp_path):
         assert "started mlx-kit server" in r.stderr
     finally:
         run_kit(clean_env(home, hf_home), "stop", "--url", url, timeout=60)
+
+
+def test_serve_refuses_warmup_on_with_ranks_before_any_rank_starts(tmp_path):
+    r = run_kit(tmp_path, "serve", "--ranks", "2", "--warmup", "on",
+                "--port", str(free_port()), timeout=60)
+    assert r.returncode == 1, r.stderr  # a ConfigError, as plan_world's
+    assert "--warmup on does not work with --ranks" in flat(r.stderr)
+    assert "starting 2 ranks" not in r.stderr
