@@ -186,7 +186,6 @@ def serve(
     from kit.models.memory import parse_size
 
     from kit.engine.hosts import plan_world
-
     from kit.engine.warmup import check_mode
 
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)

@@ -12,7 +12,8 @@ takes seconds. What it runs (:func:`plan`), each through the path a request take
 
 - ``mlx_lm.stream_generate`` (a request alone, :mod:`kit.engine.sequential`) over one
   full prefill chunk (:func:`kit.engine.sampling.prefill_step_size` tokens) and over a
-  short prompt, each followed by a few decode steps;
+  shorter chunk in each power-of-two range below it (:func:`prefill_chunks`), each
+  followed by a few decode steps;
 - mlx-lm's ``BatchGenerator`` as :mod:`kit.engine.batch` drives it, at every batch size
   from 1 to ``max_batch`` (above 8, powers of two and ``max_batch``), a few-token prompt
   per row and a few decode steps. Without batching (``max_batch`` 1, or a quantized KV
@@ -51,8 +52,8 @@ LIMIT_S = 300.0
 #: decode steps per shape: the first compiles, the rest make sure the steady state (the
 #: cache grown past its first block, async eval overlapping) ran too
 DECODE_STEPS = 3
-#: a prompt under one prefill chunk, of an odd length (not a multiple of any tile size)
-SHORT_PROMPT = 37
+#: the smallest prompt chunk warmed; below it the batched decode shapes cover the rows
+SMALLEST_CHUNK = 16
 #: tokens per row of a warm-up batch (rows differ by one token: padded, masked prefill)
 BATCH_PROMPT = 5
 _TEXT = "The quick brown fox jumps over the lazy dog. 0123456789 "
@@ -123,6 +124,20 @@ def batch_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
+def prefill_chunks(step_size: int) -> list[int]:
+    """Prompt chunk lengths to warm: one full chunk (``step_size``), then one length in
+    each power-of-two range below it down to :data:`SMALLEST_CHUNK` (three quarters of
+    the way up, odd: 769, 385, ... 13 for 2048). mlx's CUDA quantized matmuls are
+    compiled per row-count range (an H200 run compiled ``qmm_..._m16_...`` for 1-16 rows
+    and ``..._m32_...`` for 17-32, ~30 s each), and a prompt's last chunk can be any
+    length."""
+    chunks, top = [step_size], step_size // 2
+    while top >= SMALLEST_CHUNK:
+        chunks.append(top * 3 // 4 + 1)
+        top //= 2
+    return chunks
+
+
 def plan(max_batch: int, step_size: int, batching: bool) -> list[Shape]:
     """The shapes :func:`warm_up` runs, in order (the first request's first).
 
@@ -131,8 +146,8 @@ def plan(max_batch: int, step_size: int, batching: bool) -> list[Shape]:
         step_size: prompt tokens per prefill chunk (:func:`kit.engine.sampling.prefill_step_size`).
         batching: whether requests are ever batched (False: single-stream shapes only).
     """
-    # step_size + 1 prompt tokens: exactly one full chunk, then the last token's step
-    shapes = [Shape("stream", 1, step_size + 1), Shape("stream", 1, SHORT_PROMPT)]
+    # n + 1 prompt tokens: one chunk of exactly n, then the last token's step
+    shapes = [Shape("stream", 1, n + 1) for n in prefill_chunks(step_size)]
     if batching and max_batch > 1:
         shapes += [Shape("batch", n, BATCH_PROMPT) for n in batch_sizes(max_batch)]
     return shapes

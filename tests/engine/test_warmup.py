@@ -40,16 +40,19 @@ def starter(starter_folder):
 
 # --- the plan (no model) -------------------------------------------------------------------
 
-def test_the_plan_warms_a_full_prefill_chunk_a_short_prompt_and_every_batch_size():
+def test_the_plan_warms_a_full_prefill_chunk_one_per_shorter_range_and_every_batch_size():
     labels = [s.label for s in warmup.plan(max_batch=4, step_size=2048, batching=True)]
-    assert labels == ["prefill 2048 + decode", f"prefill {warmup.SHORT_PROMPT - 1} + decode",
+    assert labels == ["prefill 2048 + decode", "prefill 769 + decode", "prefill 385 + decode",
+                      "prefill 193 + decode", "prefill 97 + decode", "prefill 49 + decode",
+                      "prefill 25 + decode", "prefill 13 + decode",
                       "batch x1", "batch x2", "batch x3", "batch x4"]
+    assert warmup.prefill_chunks(512) == [512, 193, 97, 49, 25, 13]  # CPU's chunk
 
 
 def test_without_batching_only_the_single_stream_shapes_are_warmed():
     # max_batch 1 (requests one at a time), or a quantized KV cache (no batching)
     for plan in (warmup.plan(1, 512, batching=True), warmup.plan(8, 512, batching=False)):
-        assert [s.kind for s in plan] == ["stream", "stream"]
+        assert {s.kind for s in plan} == {"stream"} and len(plan) == 6
 
 
 def test_large_max_batch_warms_each_size_to_8_then_powers_of_two_and_the_maximum():
@@ -84,9 +87,10 @@ def test_warm_up_stops_starting_shapes_past_its_time_limit(starter, caplog):
     with caplog.at_level(logging.INFO, logger="mlx_kit.engine"):
         report = warmup.warm_up(model, tokenizer, max_batch=2, limit_s=60, clock=clock)
     assert report.warmed == ["prefill 512 + decode"]  # CPU: 512-token prefill chunks
-    assert report.skipped == ["prefill 36 + decode", "batch x1", "batch x2"]
+    assert report.skipped[0] == "prefill 193 + decode" and report.skipped[-2:] == [
+        "batch x1", "batch x2"]
     assert report.error is None
-    assert "warm-up stopped at its 60 s limit; not warmed: prefill 36 + decode" in caplog.text
+    assert "warm-up stopped at its 60 s limit; not warmed: prefill 193 + decode" in caplog.text
 
 
 class FailsFirst:
