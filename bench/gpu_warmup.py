@@ -276,24 +276,23 @@ def main() -> None:
         runs = [("--warmup off, empty kernel cache", "off", work / "ptx-off"),
                 ("--warmup on, empty kernel cache", "on", work / "ptx-on"),
                 ("--warmup on, kernel cache warm", "on", work / "ptx-on")]
-        rows, kit = [], None
-        for i, (name, mode, ptx) in enumerate(runs):
-            kit = Kit(work, env, model, mode, ptx, f"kit-{i}", max_batch)
-            ready, phases = kit.wait_ready()
-            r = first_requests(kit, sizes, 8)
-            rows.append((name, ready, kit.warmup_seconds(), phases, r, files_in(ptx)))
-            if i < len(runs) - 1:
-                kit.stop()
         print("| server | ready s | warm-up s | phases seen | first request TTFT s "
               "(prompt tokens) | second request TTFT s (prompt tokens) | first batch of 4: "
               "slowest TTFT s / wall s | kernel files after |")
-        print("|---|---|---|---|---|---|---|---|")
-        for name, ready, warm, phases, r, files in rows:
+        print("|---|---|---|---|---|---|---|---|", flush=True)
+        kit = None
+        for i, (name, mode, ptx) in enumerate(runs):  # each row as soon as it is measured
+            kit = Kit(work, env, model, mode, ptx, f"kit-{i}", max_batch)
+            ready, phases = kit.wait_ready()
+            r = first_requests(kit, sizes, 8)
+            warm = kit.warmup_seconds()
             print(f"| {name} | {ready:.1f} | {'-' if warm is None else f'{warm:.1f}'} | "
                   f"{', '.join(phases) or '-'} | {r['first']['ttft']:.2f} "
                   f"({r['first']['prompt']}) | {r['second']['ttft']:.2f} "
                   f"({r['second']['prompt']}) | {r['batch_ttft']:.2f} / "
-                  f"{r['batch_wall']:.2f} | {files} |")
+                  f"{r['batch_wall']:.2f} | {files_in(ptx)} |", flush=True)
+            if i < len(runs) - 1:
+                kit.stop()
         print(flush=True)
 
         # throughput on the last (warm) server, then in-process over the same prompts
@@ -310,6 +309,7 @@ def main() -> None:
                 assert done == n * tokens, f"{done} tokens, expected {n * tokens} (EOS?)"
                 best = max(best, done / wall)
             served[n] = best
+            print(f"(mlx-kit, {n} streams: {best:.1f} tok/s)", file=sys.stderr, flush=True)
         kit.stop()
         ref = in_process(work, env, model, runs[-1][2], rounds, tokens, max_batch)
         print(f"| streams ({tokens} tokens each, best of 2) | mlx-kit aggregate tok/s | "
