@@ -298,8 +298,12 @@ class EngineProcess:
                     snap[key] += self._base.get(key, 0)
                 self._memory = snap.pop("memory")
                 self._capabilities = snap.pop("capabilities")
+                loading = snap["state"] == "loading"
+                if loading and self.state == "restarting":
+                    # a new engine's load progress (its phase): still a restart, and why
+                    snap["state"], snap["error"] = self.state, self.error
                 self.__dict__.update(snap)
-                if self.state != "loading":
+                if not loading:
                     self._ready.set()
             elif kind == "reply":
                 future = link.calls.pop(message[1], None)
