@@ -22,7 +22,7 @@ import psutil
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
-from kit.errors import PortInUseError, ServerError
+from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -73,17 +73,33 @@ RUN_SEPARATOR = "\n--- "
 
 
 def tail(path: Path, lines: int = 20) -> str:
-    """The last ``lines`` lines of the log's latest run ('' if unreadable)."""
+    """The last ``lines`` lines of the log's latest run ('' if unreadable). Reads only the
+    file's end (``wait_ready`` calls it 4 times a second; a log grows to 10 MiB)."""
+    from kit.logfile import last_lines
+
     try:
-        text = path.read_text(errors="replace")
+        found = last_lines(path, lines)
     except OSError:
         return ""
-    return "\n".join(text.rsplit(RUN_SEPARATOR, 1)[-1].splitlines()[-lines:])
+    starts = [i for i, line in enumerate(found) if line.startswith(RUN_SEPARATOR[1:])]
+    if starts:
+        found = found[starts[-1]:]
+        found[0] = found[0][len(RUN_SEPARATOR) - 1:]
+    return "\n".join(found)
+
+
+def running_server_info(url: ServerURL) -> dict | None:
+    """The pid file's content for ``url``'s port when it names a live mlx-kit server
+    process of this user (same pid, start time and command line), else None. Asks no
+    HTTP: a server still loading its model counts."""
+    info = read_pid_file(url)
+    return info if info and _process_matches(info) is not None else None
 
 
 def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = None
                    ) -> tuple[subprocess.Popen, Path]:
-    """Start ``mlx-kit serve`` in its own session, logging to the log file."""
+    """Start ``mlx-kit serve`` in its own session, logging to the log file (its stdout
+    and stderr too, until ``serve`` takes the file over: kit/logfile.py rotates it)."""
     log = log_file(url)
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),
@@ -106,7 +122,8 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
 
     Args:
         proc: the process we started (its exit ends the wait early), or None.
-        on_wait: called with the log's last line while waiting (for a progress display).
+        on_wait: called while waiting with "</health status>[, <phase>]: <the log's last
+            mlx_kit line>" (the line alone before /health answers), for a progress display.
 
     Raises:
         ServerError: the process died, the server says ``failed`` (the model failed to
@@ -129,9 +146,14 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         if time.monotonic() > deadline:
             raise ServerError(f"the server was not ready after {timeout:.0f} s:\n{tail(log)}",
                               hint=f"full log: {log}; raise --timeout for big models")
-        # Show what the server says about itself (conversion, loading), not access logs.
+        # Show what the server says about itself (conversion, loading), not access logs,
+        # after its state from /health (and its load phase, when it reports one): a log
+        # line alone may read "serving" while the model still loads.
         ours = [ln for ln in tail(log, 50).splitlines() if " mlx_kit." in ln]
-        on_wait(ours[-1].split(": ", 1)[-1][:100] if ours else "starting")
+        line = ours[-1].split(": ", 1)[-1][:100] if ours else "starting"
+        h = p.health or {}
+        state = (h.get("status") or "starting") + (f", {h['phase']}" if h.get("phase") else "")
+        on_wait(f"{state}: {line}" if p.kind == "ours" else line)
         time.sleep(0.25)
 
 
@@ -193,7 +215,8 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
 
     Raises:
         ServerError: no admin token (the server was not started by this user here), or
-            the server refused the swap (its message, e.g. not found / does not fit).
+            the server refused the swap (its message, e.g. not found).
+        ModelDoesNotFitError: the server refused it for memory (HTTP 507).
     """
     info = read_pid_file(url)
     if not info or not info.get("admin_token"):
@@ -211,6 +234,10 @@ def admin_swap(url: ServerURL, model: str, timeout: float = 600) -> dict:
         body = {}
     if r.status_code != 200:
         message = (body.get("error") or {}).get("message") or f"HTTP {r.status_code}"
+        if r.status_code == 507:  # insufficient_memory: the CLI's "does not fit" exit code
+            raise ModelDoesNotFitError(f"swap to {model} failed: {message}",
+                                       hint="a smaller or more quantized model, or a larger "
+                                            "--memory-budget (`mlx-kit fit MODEL` estimates)")
         raise ServerError(f"swap to {model} failed: {message}")
     return body
 

@@ -5,13 +5,14 @@
     ├── ModelError                a model cannot be found, converted or loaded
     │   ├── ModelNotFoundError    an id that names no model we can serve
     │   ├── InvalidModelSpec      a name or folder that cannot be a model (models/resolve.py)
-    │   └── ModelDoesNotFitError  its weights + KV cache exceed the memory budget
+    │   └── ModelDoesNotFitError  weights + KV cache exceed the memory budget (exit 5)
     ├── EngineError               generation failed inside the engine
     │   ├── InvalidRequest        the request cannot run as given (a neutral ``field``)
     │   ├── ModelUnavailable      the request names a model that is not the loaded one
     │   ├── ModelLoadError        the model failed to load or reload
     │   └── EngineUnavailable     the engine process is gone, restarting or stopping
     ├── ServerError               the server cannot be reached, started or stopped
+    │   ├── ServerNotRunningError no mlx-kit server answers at the URL (exit 3)
     │   └── PortInUseError        something that is not mlx-kit holds the port
     ├── HarnessError              an agent cannot be configured or removed
     │   └── EditedFileError       a file we wrote was edited since (harness/plan.py)
@@ -19,11 +20,46 @@
 
 Each protocol maps a cause to its HTTP status and error shape through one table
 (``kit.server.errors.api_error``), by type, never by message text.
-The CLI prints a KitError as ``error: <message>`` (+ ``hint: <hint>``) and exits 1; any other
-exception is unexpected and is reported with the path of a log file.
+The CLI prints a KitError as ``error: <message>`` (+ ``hint: <hint>``) and exits with its
+``exit_code`` (1 unless the class says more); any other exception is unexpected and is
+reported with the path of a log file (exit 70). :class:`ExitCode` is the one table of the
+CLI's exit codes.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The exit codes of every ``mlx-kit`` command (printed by ``mlx-kit --help``, listed
+    in docs/cli.md). ``kit.cli.main`` maps errors to them in one place.
+
+    2 is click's usage error; 3 "not running" follows LSB/systemctl ``status``; 70 is
+    sysexits' EX_SOFTWARE; 130 is the shell's 128 + SIGINT.
+    """
+
+    OK = 0
+    ERROR = 1          # an expected error: `error: ...` and `hint: ...` on stderr
+    USAGE = 2          # bad flags or arguments (click)
+    NO_SERVER = 3      # no mlx-kit server answers at the URL
+    NOT_READY = 4      # `status`: the server answers but is loading, restarting or stopping
+    DOES_NOT_FIT = 5   # the model does not fit the memory budget (`fit`, `serve`)
+    SOFTWARE = 70      # an unexpected error (a bug): the message names a log with the traceback
+    INTERRUPTED = 130  # Ctrl-C
+
+
+#: (code, meaning) for help texts and docs, in :class:`ExitCode` order.
+EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
+    (ExitCode.OK, "success"),
+    (ExitCode.ERROR, "expected error (the message says what and the hint what to do)"),
+    (ExitCode.USAGE, "usage error: a bad flag or argument"),
+    (ExitCode.NO_SERVER, "no mlx-kit server is running at the URL"),
+    (ExitCode.NOT_READY, "status: the server is loading, restarting or stopping"),
+    (ExitCode.DOES_NOT_FIT, "the model does not fit in memory"),
+    (ExitCode.SOFTWARE, "unexpected error (a bug): the message names a log file"),
+    (ExitCode.INTERRUPTED, "interrupted (Ctrl-C)"),
+)
 
 
 def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
@@ -46,7 +82,11 @@ class KitError(Exception):
     Args:
         message: one line saying what went wrong.
         hint: optional one line saying how to fix it.
+
+    ``exit_code`` (class attribute, an :class:`ExitCode`) is the CLI's exit status for it.
     """
+
+    exit_code: int = ExitCode.ERROR
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -80,6 +120,8 @@ class ModelDoesNotFitError(ModelError):
     """A model's estimated memory (weights + KV cache for its context window) exceeds the
     budget. ``needed`` and ``budget`` are bytes."""
 
+    exit_code = ExitCode.DOES_NOT_FIT
+
     def __init__(self, message: str, hint: str | None = None, *, needed: int = 0,
                  budget: int = 0) -> None:
         super().__init__(message, hint)
@@ -88,6 +130,12 @@ class ModelDoesNotFitError(ModelError):
 
 class ServerError(KitError):
     """The server cannot be reached, started or stopped."""
+
+
+class ServerNotRunningError(ServerError):
+    """No mlx-kit server answers at the URL a command needs one at (exit 3)."""
+
+    exit_code = ExitCode.NO_SERVER
 
 
 class PortInUseError(ServerError):

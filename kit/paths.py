@@ -3,7 +3,8 @@
 - state dir: server pid files (``server-<port>.json``)
 - log dir: server logs (``server-<port>.log``)
 - data dir: the harness manifest and the starter's source cache
-- cache dir: mlx's compiled CUDA kernels (``ptx/<mlx version>``)
+- cache dir: mlx's compiled CUDA kernels (``ptx/<mlx version>``), the prompt cache's
+  disk tier (``prompt-cache/``)
 - config dir: the user's own agents, ``harnesses/<agent>.toml`` + ``templates/<agent>/``
 - bundled data: ``templates/`` and ``harnesses/``; at the repo's top level in a checkout
   (editable install), or ``kit/_data/`` inside a wheel.
@@ -68,6 +69,13 @@ def kernel_cache_dir() -> Path:
     except PackageNotFoundError:
         mlx = "unknown"
     return Path(platformdirs.user_cache_dir(APP)) / "ptx" / mlx
+
+
+def prompt_cache_dir() -> Path:
+    """The prompt cache's disk tier by default (``serve --prompt-cache-dir`` moves it):
+    KV caches of long prompt prefixes, one folder per model identity
+    (:mod:`kit.engine.disk_cache`). Not created here: the first write creates it."""
+    return Path(platformdirs.user_cache_dir(APP)) / "prompt-cache"
 
 
 def _bundled(name: str) -> Path:

@@ -84,6 +84,20 @@ def require_binary(name: str) -> str:
     return path
 
 
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """A plain table the CLI prints (kit.cli.output.print_table: a header line, then
+    aligned rows whose cells never wrap) as its rows by first cell, each a list of cells:
+    a column starts where its header does (after a gap of two spaces or more). Lines
+    after the first blank one (notes under the table) are not rows."""
+    lines = stdout.split("\n\n")[0].splitlines()
+    if not lines:
+        return {}
+    starts = sorted({0} | {m.start() for m in re.finditer(r"(?<=  )\S", lines[0])})
+    bounds = list(zip(starts, starts[1:] + [None]))
+    cells = ([line[a:b].strip() for a, b in bounds] for line in lines[1:])
+    return {row[0]: row for row in cells if any(row)}
+
+
 def flat(text: str) -> str:
     """Text with its whitespace runs collapsed (rich wraps long lines at 80 columns)."""
     return " ".join(text.split())

@@ -161,14 +161,15 @@ def test_install_of_an_unknown_agent_is_a_clean_error(home, monkeypatch):
 def test_status_with_no_server_exits_3(home):
     url = f"http://127.0.0.1:{free_port()}"
     r = run_kit(home, "status", "--url", url)
-    assert f"no server at {url}" in r.stdout
+    assert r.stdout == f"no mlx-kit server is running on {url}\n"
+    assert "start one with `mlx-kit serve`" in r.stderr
     assert r.returncode == 3
 
 
 def test_status_reads_the_url_from_the_env(home):
     url = f"http://127.0.0.1:{free_port()}"
     r = run_kit(home, "status", MLX_KIT_URL=url + "/v1")
-    assert f"no server at {url}" in r.stdout
+    assert f"no mlx-kit server is running on {url}" in r.stdout
 
 
 def test_status_against_another_http_server_says_not_mlx_kit(home, other_http_server):
@@ -280,14 +281,14 @@ def test_fit_ranks_3_prints_each_ranks_share_of_the_starter(hf_home, home):
     assert r.returncode == 0, r.stderr
     assert f"{STARTER} over 3 ranks: tensor parallel, KV cache for 4096 tokens" in r.stdout
     rows = _share_rows(r.stdout)
-    # rank, layers (all 30 on every rank), weights 538 MB / 3 + the whole embeddings, KV
+    # rank, layers (all 30 on every rank), weights 513 MiB / 3 + the whole embeddings, KV
     # 4096 tokens x 30 layers x 1 of 3 KV heads x 64 x 2 (K, V) x 4 bytes
     assert [row[:2] for row in rows] == [["0", "0-29"], ["1", "0-29"], ["2", "0-29"]]
-    assert all(row[2:4] == ["254.94", "MB"] and row[4:6] == ["62.91", "MB"] for row in rows)
-    assert "ranks 0-2 on this machine: 953.58 MB" in r.stdout and "-> fits" in r.stdout
+    assert all(row[2:4] == ["243.13", "MiB"] and row[4:6] == ["60.00", "MiB"] for row in rows)
+    assert "ranks 0-2 on this machine: 909.40 MiB" in r.stdout and "-> fits" in r.stdout
     huge = run_kit(home, "fit", STARTER, "--ranks", "3", "--ctx", "100000000",
                    hf_home=hf_home)
-    assert huge.returncode == 2 and "does NOT fit" in huge.stdout
+    assert huge.returncode == 5 and "does NOT fit" in huge.stdout  # 5: does not fit
     plain = run_kit(home, "fit", STARTER, "--ctx", "2048", hf_home=hf_home)
     assert plain.returncode == 0 and "weights:" in plain.stdout and "rank" not in plain.stdout
 
@@ -310,7 +311,7 @@ def test_fit_hosts_runs_one_rank_per_host_and_checks_only_this_machine(hf_home, 
                 hf_home=hf_home)
     assert r.returncode == 0, r.stderr
     assert len(_share_rows(r.stdout)) == 3
-    assert "rank 0 on this machine: 317.86 MB" in r.stdout
+    assert "rank 0 on this machine: 303.13 MiB" in r.stdout
     assert "the other hosts' memory is not checked (mac2, mac3)" in r.stdout
     for args, message in [(["--hosts", "a,,b"], "error: --hosts: '' is not a host name"),
                           (["--hosts", "a,b", "--ranks", "3"],
@@ -320,3 +321,21 @@ def test_fit_hosts_runs_one_rank_per_host_and_checks_only_this_machine(hf_home, 
         bad = run_kit(home, "fit", STARTER, *args, hf_home=hf_home)
         assert bad.returncode == 1 and bad.stderr.startswith(message), (args, bad.stderr)
     assert run_kit(home, "fit", STARTER, "--ranks", "0", hf_home=hf_home).returncode == 2
+
+
+def test_serve_refuses_a_bad_prompt_cache_disk_size_naming_the_flag(home):
+    r = run_kit(home, "serve", "--prompt-cache-disk", "lots")
+    assert r.returncode == 1
+    assert "--prompt-cache-disk: not a size: 'lots'" in flat(r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_launch_passes_the_prompt_cache_flags_to_the_server_it_starts(tmp_path):
+    from kit.cli.launch import _cache_args
+
+    assert _cache_args(None, None) == []
+    args = _cache_args(str(tmp_path / "x" / ".." / "cache"), "2GiB")
+    assert args == ["--prompt-cache-dir", str(tmp_path / "cache"), "--prompt-cache-disk",
+                    "2GiB"]
+    with pytest.raises(ConfigError, match="--prompt-cache-disk"):
+        _cache_args(None, "12x")

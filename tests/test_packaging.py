@@ -1,4 +1,5 @@
-"""The wheel ships the agent templates and specs, and an installed wheel finds them.
+"""The wheel ships the agent templates and specs and the status page's files, and an
+installed wheel finds them.
 
 Builds with ``pip wheel`` (hatchling in an isolated build env); each step has a timeout so
 the whole test stays within about a minute.
@@ -28,6 +29,9 @@ def test_wheel_ships_templates_and_specs_and_finds_them(tmp_path):
         assert z.read(DATA[0]) == (REPO / "templates/pi/mlx-kit.ts.j2").read_bytes()
         assert z.read(DATA[1]) == (REPO / "harnesses/pi.toml").read_bytes()
         assert "kit/cli/__init__.py" in names
+        for name in ("ui.html", "ui.js", "ui.css"):  # the status page (kit/server/ui.py)
+            path = f"kit/server/static/{name}"
+            assert z.read(path) == (REPO / path).read_bytes()
 
     # Unpacked on its own (the wheel is pure Python): kit.paths finds kit/_data, and the
     # pi spec loads with its template.

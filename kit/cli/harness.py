@@ -8,6 +8,8 @@ import typer
 
 from kit.cli.console import console
 from kit.cli.options import URL
+from kit.cli.output import JSON, emit_json, print_table
+from kit.urls import URL_ENV
 
 app = typer.Typer(help="Configure coding agents to use the mlx-kit server.", no_args_is_help=True)
 
@@ -21,17 +23,40 @@ def install(
                                  "stdout; each file's action and why on stderr), write "
                                  "nothing."),
     force: bool = typer.Option(False, "--force", help="Overwrite a file mlx-kit did not write."),
+    as_json: bool = JSON,
 ) -> None:
-    """Write the agent's provider config for the server (model id 'local')."""
+    """Write the agent's provider config for the server (model id 'local').
+
+    \b
+    --json: {"agent", "url", "files": [{"path", "action": "wrote"|"unchanged"}],
+    "baked_source", "recovered": a removal (as `harness remove --json`) or null};
+    with --dry-run: {"agent", "dry_run": true, "diff", "steps": [{"path", "action",
+    "why", "hint"}], "notes"}.
+    """
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
 
     spec = load_spec(agent)
+    u = parse_url(base_url or url)
     if dry_run:
-        print_plan(hi.plan(spec, parse_url(base_url or url), force=force))
+        plan = hi.plan(spec, u, force=force)
+        if as_json:  # a refusal is the one JSON document: the error (as the real run's)
+            for step in plan.refusals():
+                raise step.error(step.why, hint=step.hint)
+            emit_json(plan_json(plan))
+            return
+        print_plan(plan)
         return
-    result = hi.install(spec, parse_url(base_url or url), force=force)
+    result = hi.install(spec, u, force=force)
+    if as_json:
+        emit_json({"agent": spec.name, "url": u.v1, "files": [
+            {"path": str(ch.path), "action": "wrote" if ch.path in result.written
+             else "unchanged"} for ch in result.changes],
+            "baked_source": result.baked_source,
+            "recovered": None if result.recovered is None
+            else removal_json(result.recovered)})
+        return
     if result.recovered is not None:
         print_removal(result.recovered, prefix="an earlier install the manifest did not "
                       "record: ")
@@ -39,6 +64,25 @@ def install(
         verb = "wrote" if ch.path in result.written else "unchanged"
         console.print(f"{verb} {ch.path}", markup=False)
     console.print(f"models baked in from the {result.baked_source}", markup=False)
+
+
+def plan_json(plan) -> dict:
+    """A plan (``kit.harness.plan_types.Plan``) as ``--dry-run --json`` prints it."""
+    steps = [s for s in plan.steps if s.old is not None or s.new is not None
+             or s.action != "leave-alone"]
+    return {"agent": plan.agent, "dry_run": True, "diff": plan.diff(),
+            "steps": [{"path": str(s.path), "action": s.action, "why": s.why,
+                       "hint": s.hint} for s in steps], "notes": plan.notes()}
+
+
+def removal_json(result) -> dict:
+    """A removal (``kit.harness.apply.Removal``) as ``--json`` prints it: the paths it
+    removed, restored from mlx-kit's backup and took our entries out of, and what it
+    left and why."""
+    return {"removed": [str(p) for p in result.removed],
+            "restored": [str(p) for p in result.restored],
+            "unmerged": [str(p) for p in result.unmerged], "notes": list(result.notes),
+            "changed": bool(result.removed or result.restored or result.unmerged)}
 
 
 def print_plan(plan, prefix: str = "") -> None:
@@ -68,8 +112,15 @@ def remove(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (the diff on "
                                  "stdout; each file's action and why on stderr), change "
                                  "nothing."),
+    as_json: bool = JSON,
 ) -> None:
-    """Remove exactly what mlx-kit wrote for the agent (or for all of them)."""
+    """Remove exactly what mlx-kit wrote for the agent (or for all of them).
+
+    \b
+    --json: {"agents": {NAME: {"removed", "restored", "unmerged", "notes",
+    "changed"} or {"error": {"message", "hint"}}}} (with --dry-run, each agent's
+    plan as `harness install --dry-run --json` prints it); exit 1 if any was refused.
+    """
     from rich.markup import escape
 
     from kit.cli.console import err_console
@@ -86,8 +137,15 @@ def remove(
     names = sorted(set(all_specs()) | set(hi.installed_agents())) if all_ else [agent]
     refused: list[str] = []
     changed_any = False
+    report: dict[str, dict] = {}
     for name in names:
         try:
+            if dry_run and as_json:
+                plan = hi.plan_removal(load_spec(name), force=force)
+                report[name] = plan_json(plan)
+                for step in plan.refusals():
+                    raise step.error(step.why, hint=step.hint)
+                continue
             if dry_run:
                 print_plan(hi.plan_removal(load_spec(name), force=force),
                            prefix=f"{name}: " if all_ else "")
@@ -99,11 +157,20 @@ def remove(
             err_console.print(f"[bold red]error:[/] {name}: {escape(e.message)}",
                               highlight=False)
             refused.append(name)  # --all: the other agents still get removed
+            report[name] = {"error": {"message": e.message, "hint": e.hint}}
+            continue
+        if as_json:
+            report[name] = removal_json(result)
             continue
         if print_removal(result, prefix=f"{name}: " if all_ else ""):
             changed_any = True
         elif not all_:
             console.print(f"nothing of mlx-kit's was installed for {name}")
+    if as_json:
+        emit_json({"agents": report})
+        if refused:  # the JSON above says which and why; no second document
+            raise typer.Exit(1)
+        return
     if all_ and not changed_any and not refused and not dry_run:
         console.print("nothing of mlx-kit's is installed for any agent")
     if refused:
@@ -130,15 +197,26 @@ def print_removal(result, prefix: str = "") -> bool:
 def show(
     agent: str = typer.Argument(..., help="Agent name."),
     url: Optional[str] = URL,
+    as_json: bool = JSON,
 ) -> None:
-    """Print what `harness install` would write for the agent (each file's full text)."""
+    """Print what `harness install` would write for the agent (each file's full text).
+
+    \b
+    --json: {"agent", "files": [{"path", "merged", "text"}]}.
+    """
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url
 
-    for step in hi.plan(load_spec(agent), parse_url(url)).steps:
+    steps = hi.plan(load_spec(agent), parse_url(url)).steps
+    for step in steps:
         if step.new is None:  # a shared file we cannot merge into: say why
             raise step.error(step.why, hint=step.hint)
+    if as_json:
+        emit_json({"agent": agent, "files": [{"path": str(s.path), "merged": s.merged,
+                                              "text": s.new} for s in steps]})
+        return
+    for step in steps:
         console.print(f"# {step.path}" + (" (merged into your file)" if step.merged
                                           else ""), markup=False)
         console.print(step.new, markup=False, end="" if step.new.endswith("\n") else "\n")
@@ -147,15 +225,21 @@ def show(
 @app.command("status")
 def status_(
     url: Optional[str] = typer.Option(
-        None, "--url", envvar="MLX_KIT_URL", help="Also say which configured agents point "
-        "elsewhere than this server (env MLX_KIT_URL)."),
+        None, "--url", envvar=URL_ENV, help="Also say which configured agents point "
+        "elsewhere than this server."),
+    as_json: bool = JSON,
 ) -> None:
     """Per agent: binary and version (flagged when newer than the newest version mlx-kit
     verified), configured?, drift since written, server reachable (each agent's own
-    recorded URL is probed)."""
-    from concurrent.futures import ThreadPoolExecutor
+    recorded URL is probed).
 
-    from rich.table import Table
+    \b
+    --json: {"agents": [{"name", "binary", "version", "version_line", "verified":
+    [oldest, newest] or null, "newer", "installed", "drift": [paths], "base_url",
+    "server": null or {"kind": "ours"|"other"|"none", "status": /health's status,
+    "model", "elsewhere": points at another server than --url}}]}.
+    """
+    from concurrent.futures import ThreadPoolExecutor
 
     from kit.harness import install as hi
     from kit.harness.spec_loader import all_specs
@@ -174,9 +258,11 @@ def status_(
         versions = probe_versions([(s, states[s.name].binary) for s in specs
                                    if states[s.name].binary])
         reachable = {u: f.result() for u, f in url_probes.items()}
-    table = Table("agent", "binary", "verified", "configured", "drift", "server")
-    for column in table.columns:
-        column.overflow = "fold"
+    if as_json:
+        emit_json({"agents": [_status_json(spec, states[spec.name], versions.get(spec.name),
+                                           reachable, here) for spec in specs]})
+        return
+    rows = []
     for spec in specs:
         st, v = states[spec.name], versions.get(spec.name)
         server = "-"
@@ -192,19 +278,42 @@ def status_(
             verified += f" (installed {v.version} is newer: untested)"
         binary = (v.line if v is not None and v.line else st.binary) if st.binary \
             else "not found"
-        table.add_row(spec.name, binary, verified, "yes" if st.installed else "no",
-                      ", ".join(map(str, st.drift)) or "-", server)
-    console.print(table)
+        rows.append((spec.name, binary, verified, "yes" if st.installed else "no",
+                     ", ".join(map(str, st.drift)) or "-", server))
+    print_table(("agent", "binary", "verified", "configured", "drift", "server"), rows)
+
+
+def _status_json(spec, st, v, reachable: dict, here) -> dict:
+    """One agent of ``harness status --json`` (``st``: its AgentStatus, ``v``: its
+    AgentVersion or None, ``reachable``: probe per recorded URL, ``here``: --url)."""
+    from kit.urls import parse_url
+
+    server = None
+    if st.base_url:
+        p = reachable[st.base_url]
+        health = p.health or {}
+        server = {"kind": p.kind, "status": health.get("status"), "model": health.get("model"),
+                  "elsewhere": here is not None and parse_url(st.base_url).root != here.root}
+    return {"name": spec.name, "binary": st.binary,
+            "version": v.version if v is not None else None,
+            "version_line": v.line if v is not None else None,
+            "verified": list(spec.verified) if spec.verified is not None else None,
+            "newer": bool(v is not None and v.newer), "installed": st.installed,
+            "drift": [str(p) for p in st.drift], "base_url": st.base_url, "server": server}
 
 
 @app.command("list")
-def list_() -> None:
+def list_(as_json: bool = JSON) -> None:
     """Each known agent: configured? the API it speaks, where its config goes, binary
     found? Agents of the user's own (<config dir>/harnesses/*.toml) are listed too; a
     spec file of theirs that is refused is named with its problem (exit 1), the other
-    agents still listed."""
+    agents still listed.
+
+    \b
+    --json: {"agents": [{"name", "installed", "api", "paths", "binary", "install",
+    "builtin"}], "problems": [{"message", "hint"}]}.
+    """
     from rich.markup import escape
-    from rich.table import Table
 
     from kit.cli.console import err_console
     from kit.harness import install as hi
@@ -212,16 +321,23 @@ def list_() -> None:
     from kit.harness.spec_loader import load_all
 
     agents = load_all()
-    table = Table()
-    for name in ("agent", "configured", "api", "config", "binary"):
-        # the short columns stay whole (the API's route is one word); paths fold
-        table.add_column(name, overflow="fold", no_wrap=name in ("agent", "api"))
-    for spec in agents.specs.values():
-        st = hi.status(spec)
-        table.add_row(spec.name, "yes" if st.installed else "no", APIS[spec.api],
-                      ", ".join(map(str, st.paths)),
-                      st.binary or f"not found ({spec.install})")
-    console.print(table)
+    states = {name: hi.status(spec) for name, spec in agents.specs.items()}
+    if as_json:
+        emit_json({"agents": [
+            {"name": spec.name, "installed": states[name].installed, "api": APIS[spec.api],
+             "paths": [str(p) for p in states[name].paths], "binary": states[name].binary,
+             "install": spec.install, "builtin": spec.builtin}
+            for name, spec in agents.specs.items()],
+            "problems": [{"message": p.message, "hint": p.hint}
+                         for p in agents.problems.values()]})
+        if agents.problems:
+            raise typer.Exit(1)
+        return
+    print_table(("agent", "configured", "api", "config", "binary"), [
+        (spec.name, "yes" if states[name].installed else "no", APIS[spec.api],
+         ", ".join(map(str, states[name].paths)),
+         states[name].binary or f"not found ({spec.install})")
+        for name, spec in agents.specs.items()])
     user = [s for s in agents.specs.values() if not s.builtin]
     if user:
         console.print(f"your own agents ({user[0].source.parent}): "

@@ -34,9 +34,26 @@ def launch(
                                           "nccl, for a server this command starts."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Pipeline parallelism, for a "
                                   "server this command starts."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Memory "
+                                                "ceiling, e.g. 8GB, for a server this "
+                                                "command starts (as `serve`)."),
+    prompt_cache_bytes: Optional[str] = typer.Option(None, "--prompt-cache-bytes",
+                                                     help="Prompt caches' byte bound for a "
+                                                     "server this command starts."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="The prompt cache's disk folder, for a server this "
+        "command starts (as `serve`)."),
+    prompt_cache_disk: Optional[str] = typer.Option(
+        None, "--prompt-cache-disk", help="The prompt cache's disk bound (0: none), for a "
+        "server this command starts (as `serve`)."),
     warmup: WarmUp = WARMUP,
 ) -> None:
-    """Run AGENT against the local server; arguments after `--` go to the agent."""
+    """Run AGENT against the local server; arguments after `--` go to the agent.
+
+    It starts a server if none runs (or reuses it), configures AGENT for it and then
+    becomes AGENT: its stdout is the agent's, so launch has no --json (use `mlx-kit status
+    --json` for the server it used). Agents: see `mlx-kit harness list`.
+    """
     from kit.daemon import ensure_server
     from kit.engine.hosts import plan_world
     from kit.harness import install as hi
@@ -54,12 +71,14 @@ def launch(
 
     check_mode(warmup.value, distributed=world is not None)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
-        ranks, hosts, hostfile, backend, pipeline) + (
+        ranks, hosts, hostfile, backend, pipeline) + _memory_args(memory_budget,
+                                                                  prompt_cache_bytes) \
+        + _cache_args(prompt_cache_dir, prompt_cache_disk) + (
         ["--warmup", warmup.value] if warmup != WarmUp.auto else [])
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
-                                       on_wait=lambda line: spinner.update(f"server: {line}"),
+                                       on_wait=lambda line: spinner.update(f"server {line}"),
                                        serve_args=serve_args or None)
     health = probe.health or {}
     if trust_remote_code and not started:
@@ -104,6 +123,40 @@ def launch(
         local = models[0] if models else None
     argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
     os.execvpe(binary, argv, {**os.environ, **extra_env})
+
+
+def _memory_args(memory_budget: str | None, prompt_cache_bytes: str | None) -> list[str]:
+    """The ``serve`` memory options given, each checked first (ConfigError: not a size),
+    so a bad one fails before a server starts."""
+    from kit.models.memory import parse_size
+
+    args: list[str] = []
+    for flag, value in (("--memory-budget", memory_budget),
+                        ("--prompt-cache-bytes", prompt_cache_bytes)):
+        if value is not None:
+            parse_size(value)
+            args += [flag, value]
+    return args
+
+
+def _cache_args(folder: str | None, disk: str | None) -> list[str]:
+    """The ``serve`` options of the prompt cache's disk tier (the folder made absolute, as
+    the host file is; the size checked here, so a bad one fails before a server starts).
+
+    Raises:
+        ConfigError: ``disk`` is not a size.
+    """
+    from pathlib import Path
+
+    from kit.cli.options import disk_size
+
+    args: list[str] = []
+    if folder is not None:
+        args += ["--prompt-cache-dir", str(Path(folder).expanduser().resolve())]
+    if disk is not None:
+        disk_size(disk)
+        args += ["--prompt-cache-disk", disk]
+    return args
 
 
 def _world_args(ranks: int | None, hosts: str | None, hostfile: str | None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -10,13 +9,21 @@ import typer
 
 from kit.cli.console import console, err_console
 from kit.cli.options import URL
+from kit.cli.output import JSON, emit_json, print_table
+from kit.errors import ExitCode
 
 
 def models(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = JSON,
     url: Optional[str] = URL,
 ) -> None:
-    """List the models mlx-kit can serve (HF cache + starter); * marks the one behind local."""
+    """List the models mlx-kit can serve (HF cache + starter); * marks the one behind local.
+
+    \b
+    --json: {"local": the id behind 'local' or null, "models": [{"id", "path",
+    "size_bytes", "quantization", "context_window", "capabilities", "model_type",
+    "loadable", "reason", "note", "local"}]}.
+    """
     from kit.models.catalog import describe, scan
     from kit.models.memory import human
     from kit.probe import probe
@@ -30,24 +37,21 @@ def models(
         # it is the model behind `local`, and its formats are what a user checks here
         entries.insert(0, describe(local, Path(local)))
     if as_json:
-        console.print_json(json.dumps({"local": local, "models": [
-            {**e.to_json(), "local": e.id == local} for e in entries]}))
+        emit_json({"local": local, "models": [
+            {**e.to_json(), "local": e.id == local} for e in entries]})
         return
-    from rich.table import Table
-
-    table = Table("", "model", "size", "quantization", "context", "tools", "reasoning",
-                  "vision", "status")
-    for column in table.columns:
-        column.overflow = "fold"
+    rows = []
     for e in entries:
         caps = e.capabilities
         status = ("ok" if e.loadable else f"not servable: {e.reason}") + (
             f" ({e.note})" if e.note else "")
-        table.add_row("*" if e.id == local else "", e.id,
-                      human(e.size_bytes) if e.size_bytes else "-", e.quantization or "-",
-                      str(e.context_window or "-"), "yes" if caps.tools else "no",
-                      "yes" if caps.reasoning else "no", "yes" if caps.vision else "no", status)
-    console.print(table)
+        rows.append(("*" if e.id == local else "", e.id,
+                     human(e.size_bytes) if e.size_bytes else "-", e.quantization or "-",
+                     str(e.context_window or "-"), "yes" if caps.tools else "no",
+                     "yes" if caps.reasoning else "no", "yes" if caps.vision else "no",
+                     status))
+    print_table(("", "model", "size", "quantization", "context", "tools", "reasoning",
+                 "vision", "status"), rows)
     console.print("* = behind 'local' on " + (parse_url(url).root if local else
                                                  "(no server running)"))
 
@@ -55,19 +59,54 @@ def models(
 def swap(
     model: str = typer.Argument(..., help="Cache id (ORG/NAME) or model folder."),
     url: Optional[str] = URL,
+    as_json: bool = JSON,
 ) -> None:
-    """Make MODEL the model behind 'local' on the running server (no agent config changes)."""
+    """Make MODEL the model behind 'local' on the running server (no agent config changes).
+
+    `swap local` changes nothing ('local' always names the loaded model). Exit 3 when no
+    server runs at the URL.
+
+    \b
+    --json: the admin API's answer {"model", "previous", "load_seconds", "changed"}.
+    """
+    from kit import STABLE_MODEL_ID
     from kit.daemon import admin_swap
+    from kit.probe import probe
     from kit.urls import parse_url
 
     u = parse_url(url)
-    with err_console.status(f"loading {model} on {u.root}"):
-        result = admin_swap(u, model)
-    if result.get("changed"):
+    health = _running_server(u, probe(u))
+    if model == STABLE_MODEL_ID:  # the alias of what is loaded: nothing to swap
+        result = {"model": health.get("model"), "previous": health.get("model"),
+                  "load_seconds": 0.0, "changed": False}
+    else:
+        with err_console.status(f"loading {model} on {u.root}"):
+            result = admin_swap(u, model)
+    if as_json:
+        emit_json(result)
+    elif result.get("changed"):
         console.print(f"local -> {result['model']} (was {result['previous']}; "
                       f"loaded in {result['load_seconds']:.2f} s)")
     else:
-        console.print(f"local -> {result['model']} (already loaded)")
+        console.print(f"local -> {result['model']} (already loaded)", markup=False)
+
+
+def _running_server(u, p) -> dict:
+    """/health's body of the mlx-kit server the probe ``p`` of URL ``u`` found.
+
+    Raises:
+        ServerNotRunningError: nothing answers there (exit 3).
+        PortInUseError: something that is not mlx-kit answers.
+    """
+    from kit.errors import PortInUseError, ServerNotRunningError
+
+    if p.kind == "none":
+        raise ServerNotRunningError(f"no mlx-kit server is running on {u.root}",
+                                    hint="start one with `mlx-kit serve` (or `mlx-kit "
+                                         "launch AGENT`), or pass --url")
+    if p.kind == "other":
+        raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
+    return p.health or {}
 
 
 def fit(
@@ -81,33 +120,65 @@ def fit(
                                         "--ranks, one rank per host."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
                                   "pipeline mode) instead of tensor parallelism."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Check "
+                                                "against this ceiling, e.g. 8GiB, as "
+                                                "serve --memory-budget does."),
+    as_json: bool = JSON,
 ) -> None:
-    """Estimate the memory MODEL needs (weights + KV cache) against what is available;
-    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks."""
-    from kit.models.memory import available_bytes, estimate, human
+    """Estimate the memory MODEL needs (weights + KV cache) against the memory ceiling
+    (--memory-budget; else on a Mac, Metal's GPU working set; else what is available now);
+    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks.
+
+    Exit 0 when it loads, 5 when it does not. Sizes are binary (1 GiB = 2^30 bytes).
+
+    \b
+    --json: {"model", "context_window", "weights_bytes", "kv_bytes",
+    "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
+    "context_that_fits", "fits"}; with --ranks or --hosts also "ranks", "mode",
+    "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}] and
+    "this_machine_bytes" (what "fits" compares).
+    """
+    from kit.models.memory import (context_that_fits, estimate, fit_context, human,
+                                   memory_ceiling, parse_size)
     from kit.models.resolve import resolve_model
 
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window)
-        avail = available_bytes()
-        console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
-                      f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
-                      f"{est.context} tokens)\n  total:    {human(est.total)}\n"
-                      f"  available now: {human(avail)} -> "
-                      + ("fits" if est.total <= avail else "does NOT fit"))
-        if est.total > avail:
-            raise typer.Exit(2)
+        ceiling = memory_ceiling(parse_size(memory_budget) if memory_budget else None)
+        room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
+        # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
+        # (memory admission caps longer requests); --ctx N asks about N tokens exactly
+        needed = est.context if ctx or room is None else fit_context(est.context)
+        loads = room is None and est.total <= ceiling.bytes or room is not None and \
+            room >= needed
+        if as_json:
+            emit_json({"model": info.id, "context_window": est.context,
+                       "weights_bytes": est.weights, "kv_bytes": est.kv,
+                       "kv_bytes_per_token": est.kv_per_token, "total_bytes": est.total,
+                       "ceiling_bytes": ceiling.bytes, "ceiling_source": ceiling.source,
+                       "context_that_fits": room, "fits": loads})
+        else:
+            verdict = ("fits" if est.total <= ceiling.bytes else
+                       f"fits {room} tokens of context (requests past it are capped)"
+                       if loads else "does NOT fit")
+            console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
+                          f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
+                          f"{est.context} tokens)\n  total:    {human(est.total)}\n"
+                          f"  ceiling:  {ceiling.label} -> {verdict}",
+                          markup=False, highlight=False)
+        if not loads:
+            raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
-    _fit_split(model, ctx, ranks, hosts, pipeline)
+    _fit_split(model, ctx, ranks, hosts, pipeline, as_json)
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,
-               pipeline: bool) -> None:
+               pipeline: bool, as_json: bool = False) -> None:
     """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
     placed on this machine fit its memory (other hosts' memory is not checked)."""
     from kit.errors import ConfigError
-    from kit.models.memory import available_bytes, human
+    from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
     from kit.models.split import parse_hosts, plan_split
 
@@ -124,35 +195,55 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     mode = "pipeline (layers split)" if plan.mode == "pipeline" else "tensor parallel"
     lines = [f"{info.id} over {plan.ranks} rank{'s' if plan.ranks > 1 else ''}: {mode}, "
              f"KV cache for {plan.context} tokens",
-             f"  {'rank':>4}  {'layers':>9}  {'weights':>9}  {'KV cache':>9}  {'total':>9}"]
+             f"  {'rank':>4}  {'layers':>9}  {'weights':>10}  {'KV cache':>10}  {'total':>10}"]
     for s in plan.per_rank:
         start, end = s.layers
         layers = f"{start}-{end - 1}" if end > start else "-"
-        lines.append(f"  {s.rank:>4}  {layers:>9}  {human(s.weights_bytes):>9}  "
-                     f"{human(s.kv_bytes):>9}  {human(s.total_bytes):>9}")
+        lines.append(f"  {s.rank:>4}  {layers:>9}  {human(s.weights_bytes):>10}  "
+                     f"{human(s.kv_bytes):>10}  {human(s.total_bytes):>10}")
     hosts_n = len(host_list) if host_list else 1
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
     where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
-    avail = available_bytes()
+    ceiling = memory_ceiling()
+    avail = ceiling.bytes
     lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
                  f"{plan.largest.rank})")
-    lines.append(f"  {where}: {human(here)}; available now: {human(avail)} -> "
+    lines.append(f"  {where}: {human(here)}; ceiling: {ceiling.label} -> "
                  + ("fits" if here <= avail else "does NOT fit"))
     if host_list and len(host_list) > 1:
         lines.append(f"  the other hosts' memory is not checked ({', '.join(host_list[1:])})")
-    console.print("\n".join(lines), markup=False, highlight=False)
+    if as_json:
+        emit_json({"model": info.id, "context_window": plan.context, "ranks": plan.ranks,
+                   "mode": plan.mode, "per_rank": [
+                       {"rank": s.rank, "layers": list(s.layers),
+                        "weights_bytes": s.weights_bytes, "kv_bytes": s.kv_bytes,
+                        "total_bytes": s.total_bytes} for s in plan.per_rank],
+                   "this_machine_bytes": here, "available_bytes": avail,
+                   "fits": here <= avail,
+                   "unchecked_hosts": host_list[1:] if host_list else []})
+    else:
+        console.print("\n".join(lines), markup=False, highlight=False)
     if here > avail:
-        raise typer.Exit(2)
+        raise typer.Exit(ExitCode.DOES_NOT_FIT)
 
 
-def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub.")) -> None:
-    """Download a model into the Hugging Face cache (resumable)."""
+def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub."),
+         as_json: bool = JSON) -> None:
+    """Download a model into the Hugging Face cache (resumable). Progress goes to stderr.
+
+    \b
+    --json: the model as `models --json` lists it ({"id", "path", "loadable",
+    "reason", ...}).
+    """
     from kit.models.catalog import describe
     from kit.models.pull import pull as do_pull
 
-    path = do_pull(repo_id, progress=lambda line: err_console.print(line))
+    path = do_pull(repo_id, progress=lambda line: err_console.print(line, markup=False))
     entry = describe(repo_id, path)
-    console.print(f"{repo_id}: {path}")
+    if as_json:
+        emit_json(entry.to_json())
+    else:
+        console.print(f"{repo_id}: {path}", markup=False)
     if not entry.loadable:
         err_console.print(f"[yellow]warning:[/] mlx-kit cannot serve it: {entry.reason}")

@@ -16,6 +16,22 @@ TRUST_REMOTE_CODE = typer.Option(
          "that code runs with your user's rights, so pass it only for models you trust.")
 
 
+def disk_size(text: str) -> int:
+    """``--prompt-cache-disk`` (serve, launch) in bytes ("0": no disk tier).
+
+    Raises:
+        ConfigError: not a size.
+    """
+    from kit.errors import ConfigError
+    from kit.models.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise ConfigError(f"--prompt-cache-disk: {e.message}",
+                          hint="e.g. 10GiB, or 0 for none") from None
+
+
 class WarmUp(str, Enum):
     """``--warmup``'s choices (see kit/engine/warmup.py)."""
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp
+from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -110,7 +110,7 @@ def _say_ready(engine, model_id: str, root: str, progress) -> None:
     failure was logged by the engine already)."""
     if engine.wait_ready():
         took = engine.load_seconds
-        progress(f"ready: serving {model_id} as 'local' on {root}/v1"
+        progress(f"ready: {model_id} as 'local' on {root}/v1"
                  + (f" (loaded in {took:.1f} s)" if took is not None else ""))
 
 
@@ -126,8 +126,8 @@ def serve(
     ttl: float = typer.Option(0, "--ttl", min=0, help="Unload the model after this many idle "
                               "seconds; the next request reloads it (0: never)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Most memory a "
-                                                "model may need, e.g. 8GB (default: what is "
-                                                "available)."),
+                                                "model may need, e.g. 8GiB (binary) or 8GB "
+                                                "(10^9 bytes) (default: what is available)."),
     swap_on_request: bool = typer.Option(False, "--swap-on-request", help="A request naming "
                                          "another cached model swaps to it (default: 404)."),
     alias: Optional[List[str]] = typer.Option(None, "--alias", help="PATTERN=TARGET: serve "
@@ -138,6 +138,16 @@ def serve(
                                   "together (continuous batching); 1: one at a time."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
+    prompt_cache_bytes: Optional[str] = typer.Option(
+        None, "--prompt-cache-bytes", help="Most memory the prompt caches hold together, "
+        "e.g. 2GB; least recently used evicted first (default: a quarter of the memory "
+        "ceiling left after the weights)."),
+    prompt_cache_dir: Optional[str] = typer.Option(
+        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier (default: "
+        "prompt-cache/ in mlx-kit's cache dir)."),
+    prompt_cache_disk: str = typer.Option(
+        "10GiB", "--prompt-cache-disk", help="Most disk the prompt cache keeps KV caches "
+        "of long prompts in, e.g. 10GiB, so they survive restarts and swaps (0: none)."),
     temperature: Optional[float] = typer.Option(
         None, "--temperature", min=0, max=2, envvar="MLX_KIT_TEMPERATURE",
         help="Sampling temperature for requests that set none (default: the model's "
@@ -173,12 +183,17 @@ def serve(
     rank_timeout: float = typer.Option(300, "--rank-timeout", min=5, help="Seconds a rank "
                                        "waits for the others before the server ends."),
     warmup: WarmUp = WARMUP,
-    log_file: Optional[str] = typer.Option(None, "--log-file", hidden=True),
-    log_level: LogLevel = typer.Option(LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL",
-                                       case_sensitive=False,
-                                       help="debug also logs each generated text."),
+    log_file: Optional[str] = typer.Option(
+        None, "--log-file", help="Log to FILE (and the engine's output too) instead of "
+        "stderr; rotated at 10 MiB, 3 backups kept (FILE.1 to FILE.3). `mlx-kit logs` "
+        "reads it."),
+    log_level: LogLevel = typer.Option(
+        LogLevel.info, "--log-level", envvar="MLX_KIT_LOG_LEVEL", case_sensitive=False,
+        help="debug also writes the whole text of every answer the model generates to the "
+             "log (the log file, for a detached server), so what prompts and answers "
+             "contained ends up on disk."),
 ) -> None:
-    """Run the OpenAI-compatible server in the foreground (Ctrl-C stops it)."""
+    """Run the OpenAI- and Anthropic-compatible server in the foreground (Ctrl-C stops it)."""
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
                           hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
@@ -192,12 +207,16 @@ def serve(
     check_mode(warmup.value, distributed=world is not None)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
+    disk_bytes = disk_size(prompt_cache_disk)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mlx_kit").setLevel(log_level.value.upper())
+    from kit.logfile import setup_server
+
+    setup_server(log_level.value, Path(log_file) if log_file else None)
     log = logging.getLogger("mlx_kit.serve")
+    if log_file and log_level is LogLevel.debug:
+        log.warning("log level debug: the text of every generated answer is written to %s",
+                    log_file)
 
     import uvicorn
 
@@ -225,9 +244,12 @@ def serve(
             w.should_exit = True
 
     info = resolve_model(model, progress=progress)
-    options = dict(prompt_cache_size=prompt_cache_size, ttl=ttl or None,
+    options = dict(prompt_cache_size=prompt_cache_size,
+                   prompt_cache_bytes=parse_size(prompt_cache_bytes)
+                   if prompt_cache_bytes else None, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
-                   trust_remote_code=trust_remote_code, warmup=warmup.value)
+                   trust_remote_code=trust_remote_code, prompt_cache_dir=prompt_cache_dir,
+                   prompt_cache_disk_bytes=disk_bytes, warmup=warmup.value)
     if world is None:
         engine = EngineProcess(info, **options)
     else:
@@ -243,8 +265,9 @@ def serve(
     engine.start()
     admin_token = secrets.token_urlsafe(24)
     write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
-    # not "serving" yet: the model still loads (and warms up); launch shows these lines
-    log.info("loading %s; the API answers on %s/v1 once it is ready", info.id, url.root)
+    # not "serving": the engine is still loading (and maybe warming) the model; /health
+    # says when it is ready
+    log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)
     threading.Thread(target=_say_ready, args=(engine, info.id, url.root, progress),
                      name="mlx-kit-ready", daemon=True).start()
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,

@@ -8,14 +8,16 @@ import typer
 
 from kit.cli.console import console, err_console
 from kit.cli.options import URL
-from kit.errors import PortInUseError
+from kit.cli.output import JSON, emit_json
+from kit.errors import ExitCode, PortInUseError, ServerError
 
-#: `status` exit codes (listed in its --help and docs/server.md): 3 "not running" and
-#: 1 "dead" as in the LSB/systemctl convention
-EXIT_OK, EXIT_FAILED, EXIT_NO_SERVER, EXIT_NOT_READY = 0, 1, 3, 4
+#: `status` exit codes (listed in its --help and docs/server.md), from the one table
+#: kit.errors.ExitCode: 3 "not running" and 1 "dead" as in the LSB/systemctl convention
+EXIT_OK, EXIT_FAILED = ExitCode.OK, ExitCode.ERROR
+EXIT_NO_SERVER, EXIT_NOT_READY = ExitCode.NO_SERVER, ExitCode.NOT_READY
 
 
-def status(url: Optional[str] = URL) -> None:
+def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
     """Show whether an mlx-kit server answers, its pid and the model behind 'local'.
 
     \b
@@ -25,6 +27,10 @@ def status(url: Optional[str] = URL) -> None:
          (the reason and the fix are printed), or it is not mlx-kit
       3  no server answers at the URL
       4  not ready yet: loading, restarting an engine that died, or stopping
+
+    \b
+    --json prints /health's body (same keys) plus "url", "log" and "running";
+    with no server: {"url": ..., "running": false}.
     """
     from kit.daemon import log_file, read_pid_file
     from kit.probe import probe
@@ -33,15 +39,27 @@ def status(url: Optional[str] = URL) -> None:
     u = parse_url(url)
     p = probe(u)
     if p.kind == "none":
-        console.print(f"no server at {u.root}")
+        if as_json:
+            emit_json({"url": u.v1, "running": False})
+        else:
+            console.print(f"no mlx-kit server is running on {u.root}", markup=False)
+            err_console.print("hint: start one with `mlx-kit serve` (or `mlx-kit launch "
+                              "AGENT`), or pass --url", markup=False)
         raise typer.Exit(EXIT_NO_SERVER)
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
     h = p.health or {}
     info = read_pid_file(u) or {}
     log = info.get("log") if info.get("pid") == h.get("pid") else None
-    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model {h.get('model_state')})"
-                  f"\npid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
+    if as_json:
+        emit_json({**h, "url": u.v1, "log": log, "running": True})
+        if p.ready:
+            return
+        raise typer.Exit(EXIT_FAILED if h.get("status") == "failed" else EXIT_NOT_READY)
+    phase = f", {h['phase']}" if h.get("phase") else ""  # issue 16's load phase, if any
+    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model "
+                  f"{h.get('model_state')}{phase})\n"
+                  f"pid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
                   f"local -> {h.get('model')} (context window {h.get('context_window')})\n"
                   f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps, "
                   f"{h.get('restarts')} engine restarts\n"
@@ -78,20 +96,45 @@ def _world_lines(world: dict) -> str:
     return "\n".join(lines)
 
 
-def stop(url: Optional[str] = URL) -> None:
+def stop(url: Optional[str] = URL, as_json: bool = JSON) -> None:
     """Stop the mlx-kit server at the URL, if this user started it on this machine.
 
     It is signalled only when this user's pid file, the process's start time
     and command line, and /health all name the same process on a loopback URL;
     otherwise it is asked through the admin API (the token in the pid file),
-    or left alone with the reason (exit 1)."""
+    or left alone with the reason (exit 1). No server there is not an error (exit 0).
+
+    \b
+    --json: {"url", "stopped": true|false, "pid", "via": "signal"|"admin API"|null}.
+    """
+    import psutil
+
     from kit.daemon import stop_server
     from kit.urls import parse_url
 
     u = parse_url(url)
-    stopped = stop_server(u)
-    if stopped is None:
+    try:
+        stopped = stop_server(u)
+    except psutil.AccessDenied as e:  # a server of another user, named by a pid file here
+        raise ServerError(f"not stopping the server at {u.root}: {_owner(e.pid)} owns it, "
+                          "and this user may not signal it",
+                          hint="stop it as that user (or with sudo), or from the session "
+                               "that started it") from None
+    pid, how = stopped if stopped is not None else (None, None)
+    if as_json:
+        emit_json({"url": u.v1, "stopped": stopped is not None, "pid": pid, "via": how})
+    elif stopped is None:
         console.print(f"no mlx-kit server at {u.root}")
-        return
-    pid, how = stopped
-    console.print(f"stopped the server at {u.root} (pid {pid}, via {how})", markup=False)
+    else:
+        console.print(f"stopped the server at {u.root} (pid {pid}, via {how})", markup=False)
+
+
+def _owner(pid: int | None) -> str:
+    """``"user NAME (pid N)"`` for a process, as far as the system tells."""
+    import psutil
+
+    try:
+        name = psutil.Process(pid).username() if pid else None
+    except psutil.Error:
+        name = None
+    return f"user {name or '(unknown)'} (pid {pid if pid else '?'})"

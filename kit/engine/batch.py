@@ -21,6 +21,7 @@ import queue
 from collections import deque
 from typing import Any
 
+from kit.engine.admission import Deferred
 from kit.engine.bridge import END
 from kit.engine.inbox import Inbox
 from kit.engine.pipeline import Pipeline
@@ -54,6 +55,9 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                         prefill_batch_size=min(max_batch, 8),
                         prefill_step_size=prefill_step_size())
 
+    # (a request waiting for memory, admission.released when it last tried), or None
+    waiting: tuple[Job, int] | None = None
+
     def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
         run, _ = active.pop(uid)
         try:
@@ -81,8 +85,16 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                 job = backlog.popleft()
                 if not pipeline.admit(job):
                     continue
+                if waiting and waiting[0] is job and \
+                        waiting[1] == pipeline.admission.released:
+                    backlog.appendleft(job)  # no memory came back since it last tried
+                    break
                 try:
                     run = pipeline.prepare(job)
+                except Deferred:  # it waits (first in line) until a running one completes
+                    waiting = (job, pipeline.admission.released)
+                    backlog.appendleft(job)
+                    break
                 except Exception as e:  # this request fails alone; the batch goes on
                     if not isinstance(e, EngineError):
                         log.exception("%s: could not start", job.request.request_id)
@@ -129,6 +141,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         pipeline.fatal(e)
         for uid in list(active):
             run, _ = active.pop(uid)
+            pipeline.admission.release(run.job)
             run.job.post(EngineError(f"generation failed: {e}"))
             run.job.post(END)
         return backlog

@@ -114,9 +114,9 @@ def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level
     serve the pipe until told to stop or the server goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by start()
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mlx_kit").setLevel(log_level)
+    from kit.logfile import setup_engine
+
+    setup_engine(log_level)  # the server's log file (rotated by the server) or stderr
     from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported

@@ -56,6 +56,9 @@ from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
 
+_FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
+                # EngineProcess.stop waits)
+
 
 class Engine:
     """Owns one loaded model and serves chat requests and swaps from one queue; satisfies
@@ -64,6 +67,9 @@ class Engine:
     Args:
         model: what to load first (see :func:`kit.models.resolve.resolve_model`).
         prompt_cache_size: how many prompt caches (KV of earlier requests) to keep.
+        prompt_cache_bytes: most bytes they may hold together, least recently used
+            evicted first (None: a quarter of the memory ceiling left after the weights,
+            computed at each load).
         ttl: unload the model after this many idle seconds (None: never).
         memory_budget: bytes a model may need at most (None: the memory available now
             plus what the replaced model frees).
@@ -85,6 +91,9 @@ class Engine:
         on_fatal: called with an unexpected generation failure before it is reported to
             the request (a distributed engine's rank exits there: its peers wait inside a
             collective it will not join); default: nothing, the engine goes on.
+        prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
+        prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
+            :mod:`kit.engine.disk_tier`.
         warmup: ``auto`` (warm the kernels before ready only where mlx runs on CUDA),
             ``on`` or ``off`` (see :mod:`kit.engine.warmup`).
 
@@ -98,13 +107,15 @@ class Engine:
     """
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
-                 ttl: float | None = None, memory_budget: int | None = None,
+                 prompt_cache_bytes: int | None = None, ttl: float | None = None, memory_budget: int | None = None,
                  max_batch: int = 8, on_change: Callable[[], None] | None = None,
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
                  split: tuple[int, int, bool, int] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,
+                 prompt_cache_dir: str | None = None,
+                 prompt_cache_disk_bytes: int = 0,
                  warmup: str = "auto") -> None:
         from kit.engine.warmup import check_mode
 
@@ -123,8 +134,15 @@ class Engine:
                               loader=loader, split=split,
                               warmup=check_mode(warmup, distributed=split is not None),
                               max_batch=max_batch)
-        self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
+        self.pipeline = Pipeline(self.slot,
+                                 PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
+        self.pipeline.changed = lambda: self._on_change()
+        if prompt_cache_disk_bytes > 0:
+            from kit.engine.disk_tier import DiskTier
+
+            self.pipeline.cache.attach_disk(DiskTier.for_slot(
+                prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -191,7 +209,19 @@ class Engine:
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "phase": self.phase,
                 "memory": self.memory(),
-                "capabilities": self.capabilities()}
+                "capabilities": self.capabilities(), "admission": self.admission,
+                "prompt_cache": self.prompt_cache}
+
+    @property
+    def admission(self) -> dict[str, Any]:
+        """Memory admission's counters (``clamped``, ``rejected``, ``deferred``), the
+        ceiling and the in-memory prompt caches (:meth:`Pipeline.memory_snapshot`)."""
+        return self.pipeline.memory_snapshot()
+
+    @property
+    def prompt_cache(self) -> dict[str, int]:
+        """The prompt cache's counters (:meth:`PromptCachePolicy.stats`), for ``/health``."""
+        return self.pipeline.cache.stats()
 
     # -- API -------------------------------------------------------------------------------
 
@@ -285,12 +315,17 @@ class Engine:
                 from kit.engine import reclaim
 
                 reclaim.give_back()
+            if self.pipeline.cache.pending() and not backlog and self.inbox.empty():
+                self.pipeline.cache.write_pending()  # idle: after the answers, not before
+                self._on_change()
+                continue
             try:
                 item = backlog.popleft() if backlog else self.inbox.get(timeout=timeout)
             except queue.Empty:
                 self._unload()
                 continue
             if item is None:
+                self.pipeline.cache.flush(_FLUSH_S)
                 return
             if isinstance(item, Swap):
                 self._swap(item)

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kit.engine.admission import Admission, Deferred, Room
 from kit.engine.bridge import END
 from kit.engine.prompt import Prompts
 from kit.engine.run import Job, Run
 from kit.engine.sampling import Sampling, max_tokens, prefill_step_size
 from kit.engine.slot import ModelSlot
-from kit.engine.types import Finished, Started, Usage
+from kit.engine.types import Finished, InvalidRequest, Started, Usage
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -48,13 +49,25 @@ class PromptCachePolicy:
     an exact hit re-feeds the last prompt token (its logits are not cached), and a
     finished turn's cache is fitted to what the next turn resends (:meth:`next_turn`).
 
+    With a disk tier (:meth:`attach_disk`, :mod:`kit.engine.disk_tier`), a prompt that
+    memory serves less of than a file on disk starts from that file, and every kept cache
+    of 256 tokens or more is queued for the disk, written when the worker is idle
+    (:meth:`write_pending`).
+
     Args:
         size: how many caches to keep.
+        max_bytes: most bytes the kept caches may hold together (least recently used
+            evicted first); None: ``default_bytes()`` when the store is made (after each
+            load: the owner sets it to a share of the memory left after the weights).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_bytes: int | None = None) -> None:
         self.size = size
+        self.max_bytes = max_bytes
+        self.default_bytes: Callable[[], int | None] = lambda: None  # None: no byte bound
         self._lru: Any = None  # made on first use: importing mlx-lm imports mlx
+        self._disk: Any = None  # kit.engine.disk_tier.DiskTier, see attach_disk
+        self.hits = {"memory_hits": 0, "disk_hits": 0, "misses": 0}
 
     def fetch(self, key: str, prompt: list[int],
               new_cache: Callable[[], Any]) -> tuple[Any, list[int]]:
@@ -63,6 +76,11 @@ class PromptCachePolicy:
         from mlx_lm.models.cache import trim_prompt_cache
 
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
+        source = "memory_hits" if cache is not None else "misses"
+        if self._disk is not None and (got := self._disk.lookup(
+                key, prompt, cache, rest, new_cache, self._store())) is not None:
+            (cache, rest), source = got, "disk_hits"
+        self.hits[source] += 1
         if cache is None:
             return new_cache(), prompt
         if not rest:  # exact hit: re-feed the last prompt token to get fresh logits
@@ -71,16 +89,42 @@ class PromptCachePolicy:
         return cache, rest
 
     def insert(self, key: str, tokens: list[int], cache: Any) -> None:
-        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key``."""
+        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key`` (and
+        queue it for the disk tier)."""
         self._store().insert_cache(key, tokens, cache)
+        if self._disk is not None:
+            self._disk.queue(tokens, cache)
 
     def _store(self) -> Any:
         """mlx-lm's ``LRUPromptCache``, made on first use."""
         if self._lru is None:
             from mlx_lm.models.cache import LRUPromptCache
 
-            self._lru = LRUPromptCache(max_size=self.size)
+            bound = self.max_bytes if self.max_bytes is not None else self.default_bytes()
+            self._lru = LRUPromptCache(max_size=self.size,
+                                       **({} if bound is None else {"max_bytes": bound}))
         return self._lru
+
+    # -- the byte bound (memory admission evicts through these) -------------------------------
+
+    def byte_bound(self) -> int | None:
+        """The bound of the store now in use (None: none made yet, or no byte bound)."""
+        if self._lru is None or self._lru.max_bytes >= 1 << 62:
+            return None
+        return self._lru.max_bytes
+
+    def nbytes(self) -> int:
+        """Bytes the in-memory caches hold now (mlx-lm's count of their buffers)."""
+        return self._lru.nbytes if self._lru is not None else 0
+
+    def entries(self) -> int:
+        """How many caches are kept in memory now."""
+        return len(self._lru) if self._lru is not None else 0
+
+    def evict(self, n_bytes: int) -> None:
+        """Drop least recently used caches until the rest hold at most ``n_bytes``."""
+        if self._lru is not None and self._lru.nbytes > n_bytes:
+            self._lru.trim_to(n_bytes=n_bytes)
 
     def next_turn(self, tokens: list[int], resend: list[int], n_prompt: int, cache: Any,
                   prefill: Callable[[Any, list[int]], None]) -> list[int]:
@@ -107,8 +151,38 @@ class PromptCachePolicy:
         return resend
 
     def clear(self) -> None:
-        """Drop every cache (the model they belong to is going away)."""
+        """Drop every cache in memory (the model they belong to is going away); the disk
+        tier and the writes queued for it stay (each knows its model's identity)."""
         self._lru = None
+
+    # -- the disk tier (kit/engine/disk_tier.py) ------------------------------------------
+
+    def attach_disk(self, tier: Any) -> None:
+        """Back this cache with ``tier`` (a :class:`kit.engine.disk_tier.DiskTier`)."""
+        self._disk = tier
+
+    def pending(self) -> bool:
+        """Whether caches wait to be written to disk."""
+        return self._disk is not None and self._disk.pending()
+
+    def write_pending(self) -> None:
+        """Write the newest cache queued for the disk (the worker calls it when idle)."""
+        self._disk.write_one()
+
+    def flush(self, seconds: float) -> None:
+        """Write what is queued for the disk for at most about ``seconds`` (a stop)."""
+        if self._disk is not None:
+            self._disk.flush(seconds)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for ``/health``: memory_hits, disk_hits, misses (prompts since start),
+        memory_bytes / memory_entries (the in-memory LRU), and the disk tier's
+        disk_bytes / disk_entries (its files) and disk_writes (since start), 0 without one."""
+        lru = self._lru
+        disk = self._disk.stats() if self._disk is not None else {
+            "disk_bytes": 0, "disk_entries": 0, "disk_writes": 0}
+        return {**self.hits, "memory_bytes": lru.nbytes if lru is not None else 0,
+                "memory_entries": len(lru) if lru is not None else 0, **disk}
 
 
 class Pipeline:
@@ -120,7 +194,18 @@ class Pipeline:
         servable: the engine's ``job -> bool``: get the model ready for the job (reload it
             after an idle unload) or post the error and END and return False.
         served: called once a request is counted as served, before its ``Finished``.
+
+    Attributes:
+        admission: memory admission (:mod:`kit.engine.admission`): every request
+            reserves its KV cache from :meth:`prepare` to :meth:`complete`.
+        changed: called when admission refused or first deferred a request (its
+            counters changed with no request served); the engine sets it to its
+            ``on_change``.
     """
+
+    #: The share of the memory left after the weights that the in-memory prompt caches
+    #: may hold when ``--prompt-cache-bytes`` is not given.
+    CACHE_SHARE = 4
 
     def __init__(self, slot: ModelSlot, cache: PromptCachePolicy,
                  servable: Callable[[Job], bool], served: Callable[[], None]) -> None:
@@ -128,6 +213,9 @@ class Pipeline:
         self.prompts = Prompts(slot)
         self.sampling = Sampling(slot)
         self.cache = cache
+        self.admission = Admission()
+        self.changed: Callable[[], None] = lambda: None
+        cache.default_bytes = self._default_cache_bytes
         self.reclaim = False  # a large prompt was prepared: give memory back when idle
         self.sync: Callable[[], None] = lambda: None  # the engine's Inbox.sync
         self.fatal: Callable[[BaseException], None] = lambda error: None  # Engine's on_fatal
@@ -167,12 +255,23 @@ class Pipeline:
         key, model = self.slot.info.id, self.slot.model
         cache, rest = self.cache.fetch(key, prompt, lambda: make_prompt_cache(model))
         cached = len(prompt) - len(rest)
-        job.post(Started(key, len(prompt), cached))
         tok = self.slot.tokenizer
         parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(
             self.slot.output_format, self.prompts.tail_text(prompt), stops=params.stop,
             tools=req.tools, in_tool_call=req.force_tool is not None and bool(forced),
             tokenizer=tok)
+        waited = self.admission.deferred
+        try:  # the last step that may refuse it: nothing after it can fail (no leak)
+            n_max, asked = self.admission.admit(job, req.request_id, len(prompt), n_max,
+                                                self.room())
+        except InvalidRequest:
+            self.changed()  # /health's counters, at once (no request is served)
+            raise
+        except Deferred:
+            if self.admission.deferred > waited:  # counted once per request
+                self.changed()
+            raise
+        job.post(Started(key, len(prompt), cached, n_max, asked))
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
                    t0, logprob=self.sampling.logprob if params.logprobs else None)
 
@@ -181,6 +280,7 @@ class Pipeline:
         cache (``tokens``: what ``cache`` holds; ``cache`` None: nothing worth keeping),
         fitted to what the next turn will resend (:meth:`PromptCachePolicy.next_turn`).
         The caller posts END."""
+        self.admission.release(run.job)
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
             finish_reason = "tool_calls"
@@ -200,6 +300,44 @@ class Pipeline:
         if finish_reason != "cancelled" and not run.job.request.raw:
             tokens = self._next_turn(run, tokens, cache, text)
         self.cache.insert(run.key, tokens, cache)
+
+    def room(self) -> Room | None:
+        """What memory admission checks a request against (None: no estimate of the
+        loaded model, or a distributed rank, where each machine's memory differs and the
+        ranks must decide alike: admission is off there, see docs/distributed.md)."""
+        slot = self.slot
+        if slot.split is not None or slot.ceiling is None or slot.kv_per_token <= 0:
+            return None
+        return Room(slot.ceiling.bytes, slot.ceiling.source, slot.weights_bytes,
+                    slot.kv_per_token, self.cache.nbytes, self.cache.evict)
+
+    def _default_cache_bytes(self) -> int | None:
+        """The prompt caches' byte bound when ``--prompt-cache-bytes`` is not given: a
+        quarter of what the ceiling leaves after the weights (logged); None (no byte
+        bound, entries only) without an estimate or on a distributed rank (each rank's
+        share of a cache has its own size: a byte bound would evict differently on each)."""
+        from kit.models.memory import human
+
+        slot = self.slot
+        if slot.split is not None or slot.ceiling is None:
+            return None
+        share = max(0, slot.ceiling.bytes - slot.weights_bytes) // self.CACHE_SHARE
+        log.info("prompt cache: up to %d caches, %s (1/%d of the %s ceiling less %s of "
+                 "weights)", self.cache.size, human(share), self.CACHE_SHARE,
+                 slot.ceiling.label, human(slot.weights_bytes))
+        return share
+
+    def memory_snapshot(self) -> dict[str, Any]:
+        """Admission's counters (:meth:`Admission.snapshot`) with the ceiling and the
+        in-memory prompt caches' bytes, entries and byte bound: ``/health``'s
+        ``admission``."""
+        ceiling = self.slot.ceiling
+        return {**self.admission.snapshot(),
+                "ceiling_bytes": ceiling.bytes if ceiling else None,
+                "ceiling_source": ceiling.source if ceiling else None,
+                "prompt_cache_bytes": self.cache.nbytes(),
+                "prompt_cache_entries": self.cache.entries(),
+                "prompt_cache_max_bytes": self.cache.byte_bound()}
 
     def _next_turn(self, run: Run, tokens: list[int], cache: Any, text: str) -> list[int]:
         """The next turn's rendering of this conversation (``text``: the answer), then

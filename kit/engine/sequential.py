@@ -42,6 +42,7 @@ def serve_alone(pipeline: Pipeline, job: Job,
         log.exception("generation failed for %s", job.request.request_id)
         pipeline.fatal(e)
         job.post(EngineError(f"generation failed: {e}"))
+    pipeline.admission.release(job)  # whatever path ended it (complete released it too)
     job.post(END)
     return None
 

@@ -33,6 +33,8 @@ class Loaded:
     model: Any
     tokenizer: Any
     weights_bytes: int
+    ceiling: Any = None  # the kit.models.memory.Ceiling its fit was checked against
+    kv_per_token: int = 0  # KV cache bytes per token of context (0: no estimate)
 
 
 def remote_code(folder: Any) -> str | None:
@@ -71,8 +73,12 @@ class ModelSlot:
         model, tokenizer: mlx-lm's model and ``TokenizerWrapper``, or None (the tokenizer
             outlives an idle unload).
         weights_bytes: the installed model's weights, bytes (its estimate).
-        memory_budget: bytes a model may need at most (None: the memory available now
-            plus what the replaced model frees).
+        ceiling: the installed model's :class:`kit.models.memory.Ceiling` (measured
+            when it loaded; None: no estimate), which memory admission
+            (:mod:`kit.engine.admission`) holds its requests under.
+        kv_per_token: the installed model's KV cache bytes per token (0: no estimate).
+        memory_budget: bytes a model may need at most (None: on Metal the GPU working
+            set, else the memory available now plus what the replaced model frees).
         split: ``(rank, world size, pipeline, ranks on this host)`` on a distributed
             engine's ranks: fit checks count this rank's share of the model (and the
             shares of the ranks beside it on this machine); None: the whole model here.
@@ -101,6 +107,9 @@ class ModelSlot:
         self.model: Any = None
         self.tokenizer: Any = None
         self.weights_bytes = 0
+        self.ceiling: Any = None
+        self.kv_per_token = 0
+        self._checked: tuple[Any, int] = (None, 0)  # check_fit's (ceiling, kv per token)
         self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, lazily
         self._trimmable: bool | None = None  # the loaded model's KV cache, lazily
         self._bound_for: tuple[Any, Any] | None = None  # (tokenizer, its TokenBound)
@@ -166,7 +175,8 @@ class ModelSlot:
         self._bound_for = (tokenizer, bound)
         log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
                  blas or "bundled")
-        return Loaded(info, model, tokenizer, weights)
+        ceiling, kv_per_token = self._checked
+        return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token)
 
     def _warm(self, model: Any, tokenizer: Any,
               on_phase: Callable[[str], None] | None) -> None:
@@ -188,14 +198,19 @@ class ModelSlot:
         """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed).
 
         Raises:
-            ModelDoesNotFitError: weights + KV cache for its window exceed the budget.
+            ModelDoesNotFitError: weights + KV cache for the first
+                :data:`~kit.models.memory.FIT_MIN_CONTEXT` tokens of its window (its
+                whole window on a distributed rank, where memory admission is off)
+                exceed the ceiling (:func:`kit.models.memory.memory_ceiling`: the budget,
+                Metal's working set, or the memory available).
         """
-        from kit.models.memory import Estimate, available_bytes, estimate, human
+        from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
 
+        self._checked = (None, 0)
         here = ""
         try:
-            if self.split is None:
-                est = estimate(info.path, info.context_window)
+            if self.split is None:  # admission caps requests past this: see fit_context
+                est = estimate(info.path, fit_context(info.context_window))
             else:  # SplitError (a ModelError): the model cannot be split this way
                 from kit.models.split import plan_split
 
@@ -211,14 +226,16 @@ class ModelSlot:
         except (OSError, ValueError, KeyError) as e:
             log.warning("cannot estimate the memory of %s: %s", info.id, e)
             return 0
-        budget = self.memory_budget or (available_bytes() + replacing)
+        ceiling = memory_ceiling(self.memory_budget, replacing)
+        budget = ceiling.bytes
         if est.total > budget:
             raise ModelDoesNotFitError(
                 f"{info.id} does not fit{here}: it needs ~{human(est.total)} "
                 f"({human(est.weights)} weights + {human(est.kv)} KV cache for {est.context} "
-                f"tokens) but the budget is {human(budget)}",
+                f"tokens) but the ceiling is {ceiling.label}",
                 hint="free memory, pick a smaller or more quantized model, or raise "
                      "--memory-budget", needed=est.total, budget=budget)
+        self._checked = (ceiling, est.kv_per_token)
         if self.split is not None and self.split[3] > 1:
             return est.weights // self.split[3]
         return est.weights
@@ -227,6 +244,7 @@ class ModelSlot:
         """Make ``loaded`` the slot's model (release the old one first)."""
         self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
         self.weights_bytes = loaded.weights_bytes
+        self.ceiling, self.kv_per_token = loaded.ceiling, loaded.kv_per_token
 
     def release(self, keep_tokenizer: bool = False) -> None:
         """Drop the model (and, unless ``keep_tokenizer``, the tokenizer) and give mlx's

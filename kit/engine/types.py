@@ -114,11 +114,16 @@ class Usage:
 @dataclass(frozen=True)
 class Started:
     """The first event of every generation: the request passed validation and runs on
-    ``model`` (the real id, which a swap may have changed since the request was queued)."""
+    ``model`` (the real id, which a swap may have changed since the request was queued).
+    ``max_tokens``: the most tokens it may generate (None: not given); ``clamped_from``:
+    the max_tokens asked for when memory admission capped it (:mod:`kit.engine.admission`),
+    else None."""
 
     model: str
     prompt_tokens: int
     cached_tokens: int
+    max_tokens: int | None = None
+    clamped_from: int | None = None
 
 
 @dataclass(frozen=True)

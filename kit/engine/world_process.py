@@ -38,7 +38,7 @@ from typing import Any
 from kit.engine.hosts import EXIT_PEER_LOST, WorldPlan, python_for_ranks
 from kit.engine.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
-from kit.errors import ServerError
+from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -159,6 +159,16 @@ class DistributedEngine(EngineProcess):
 
         # ConfigError before any rank starts: the ranks cannot warm up in lockstep
         check_mode(options.get("warmup", "auto"), distributed=True)
+        if options.get("prompt_cache_bytes") is not None:
+            # each rank's share of a KV cache has its own size, so a byte bound would
+            # evict different caches on different ranks, whose prompts then diverge
+            raise ConfigError("--prompt-cache-bytes is not supported with --ranks/--hosts",
+                              hint="bound the prompt caches by count (--prompt-cache-size)")
+        if options.get("prompt_cache_disk_bytes"):
+            # each rank holds only its shard of the KV; which file every rank would load
+            # is not agreed yet (future work), so the tier is off here (docs/distributed.md)
+            log.info("the prompt cache's disk tier is off for a distributed engine")
+            options["prompt_cache_disk_bytes"] = 0
         super().__init__(model, **options)
         self.plan = plan
         self.distributed: dict[str, Any] = {

@@ -1,15 +1,16 @@
 """Memory estimates: will a model fit before we load it?
 
 estimate = weights (exact, from the safetensors headers) + KV cache bytes per token x
-context tokens. The budget is the memory the machine has available now (plus what a model
-being replaced will free), or an explicit ``--memory-budget``.
+context tokens. The ceiling it is checked against (:func:`memory_ceiling`): an explicit
+``--memory-budget``; else on a Mac, Metal's GPU working set; else the memory the machine
+has available now (plus what a model being replaced will free).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,20 +73,31 @@ def estimate(folder: Path, context: int) -> Estimate:
 
 
 def parse_size(text: str) -> int:
-    """``"8GB"``, ``"512MiB"``, ``"1e9"`` -> bytes.
+    """A size as flags take it -> bytes. Units mean what they say: ``GB``/``MB``/``KB``
+    (and ``G``/``M``/``K``) are powers of 1000, ``GiB``/``MiB``/``KiB`` powers of 1024
+    (pydantic's ``ByteSize``, case-insensitive); a plain number (``1e9``) is bytes.
+    ``"8GB"`` -> 8_000_000_000, ``"8GiB"`` -> 8_589_934_592, ``"512MiB"`` -> 536_870_912.
 
     Raises:
         ConfigError: not a size.
     """
-    m = re.fullmatch(r"\s*([0-9.e+]+)\s*([kmgt]?i?b?)?\s*", text.lower())
-    if not m:
-        raise ConfigError(f"not a size: {text!r}", hint="e.g. 8GB, 512MiB")
-    unit = (m.group(2) or "").rstrip("b").rstrip("i")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    hint = "e.g. 8GiB or 512MiB (binary), 8GB (10^9 bytes)"
     try:
-        return int(float(m.group(1)) * scale)
+        number = float(text)
     except ValueError:
-        raise ConfigError(f"not a size: {text!r}") from None
+        try:
+            size = int(TypeAdapter(ByteSize).validate_python(text.strip()))
+        except ValidationError:
+            raise ConfigError(f"not a size: {text!r}", hint=hint) from None
+    else:
+        if not math.isfinite(number):
+            raise ConfigError(f"not a size: {text!r}", hint=hint)
+        size = int(number)
+    if size < 0:
+        raise ConfigError(f"not a size: {text!r}", hint="a size is at least 0 bytes")
+    return size
 
 
 def available_bytes() -> int:
@@ -94,8 +106,88 @@ def available_bytes() -> int:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    """Bytes as people read memory sizes, in binary units: ``"512 B"``, ``"7.45 GiB"``,
+    ``"243.00 MiB"`` (2 decimals; pydantic's ``ByteSize.human_readable`` keeps only 1)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+#: Context (tokens) a model's KV cache must have room for, besides its weights, for it to
+#: load at all when its whole window does not fit (capped at the window). Past it, memory
+#: admission (kit/engine/admission.py) caps each request to the room left instead of the
+#: load refusing the model: a 128k window need not fit for 30k-token sessions to work.
+FIT_MIN_CONTEXT = 2048
+
+
+def fit_context(window: int) -> int:
+    """The context a model with this ``window`` (tokens) must fit to load:
+    ``min(window, FIT_MIN_CONTEXT)``."""
+    return min(window, FIT_MIN_CONTEXT) if window > 0 else window
+
+
+def context_that_fits(ceiling: int, weights: int, kv_per_token: int) -> int | None:
+    """Tokens of KV cache the ``ceiling`` holds beside ``weights`` (bytes; never below 0);
+    None when ``kv_per_token`` is unknown (0)."""
+    if kv_per_token <= 0:
+        return None
+    return max(0, ceiling - weights) // kv_per_token
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The most memory a model (weights + KV caches) may use, and where that number came
+    from: ``source`` is ``"budget"`` (``--memory-budget``), ``"metal"`` (Metal's
+    recommended GPU working set) or ``"available"`` (psutil's available memory, plus what
+    a model being replaced frees)."""
+
+    bytes: int
+    source: str
+
+    @property
+    def label(self) -> str:
+        """How ``fit`` and errors name it, e.g. ``"Metal working set 11.84 GiB"``."""
+        name = {"budget": "budget", "metal": "Metal working set",
+                "available": "available memory"}[self.source]
+        return f"{name} {human(self.bytes)}"
+
+
+def _metal_device_info() -> dict | None:
+    """mlx's Metal device description (``memory_size``, ``max_recommended_working_set_size``,
+    ... in bytes), or None off a Mac or where mlx has no Metal device. mlx is imported only
+    on macOS: ``fit`` on Linux never loads it."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        import mlx.core as mx
+
+        if not mx.metal.is_available():
+            return None
+        query = getattr(mx, "device_info", None) or mx.metal.device_info
+        return dict(query())
+    except Exception:  # no mlx, or an mlx without the query: no Metal ceiling
+        return None
+
+
+def metal_working_set() -> int | None:
+    """Metal's ``max_recommended_working_set_size`` in bytes (about three quarters of RAM
+    by default): past it a GPU allocation pages weights every token or aborts the
+    process. None off a Mac."""
+    info = _metal_device_info()
+    size = (info or {}).get("max_recommended_working_set_size")
+    return int(size) if size else None
+
+
+def memory_ceiling(budget: int | None = None, replacing: int = 0) -> Ceiling:
+    """The ceiling a model's weights and KV caches must stay under: ``budget`` (bytes,
+    ``--memory-budget``) when given; else on Metal the GPU working set (the whole of it:
+    a replaced model's weights leave it); else psutil's available memory now plus
+    ``replacing`` (bytes a model being replaced will free)."""
+    if budget:
+        return Ceiling(int(budget), "budget")
+    working_set = metal_working_set()
+    if working_set:
+        return Ceiling(working_set, "metal")
+    return Ceiling(available_bytes() + replacing, "available")

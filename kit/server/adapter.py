@@ -18,6 +18,8 @@ from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from kit.engine.types import ChatRequest, EngineError, Finished, Started
@@ -104,8 +106,29 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
                     supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
     req.model, req.request_id = real, new_id(id_prefix)
-    started, events = await start(state, req)
+    activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
+    if activity is None:
+        started, events = await start(state, req)
+    else:
+        started, events = await activity.watch(
+            request.headers, request.url.path, req.request_id, real or state.model_id,
+            bool(getattr(body, "stream", False)), start(state, req))
+    request.state.started = started  # respond() reports a memory clamp from it
     return req, started, events
+
+
+#: The response header that reports a ``max_tokens`` capped by memory admission, on every
+#: protocol, streamed or not (the headers go out after ``Started``, which carries the cap).
+MAX_TOKENS_HEADER = "X-Mlx-Kit-Max-Tokens"
+
+
+def clamp_headers(started: Started | None) -> dict[str, str]:
+    """``{MAX_TOKENS_HEADER: "812 (clamped from 100000: memory)"}`` when memory admission
+    capped the request's ``max_tokens`` (see docs/server.md "Memory"), else ``{}``."""
+    if started is None or started.clamped_from is None:
+        return {}
+    return {MAX_TOKENS_HEADER: f"{started.max_tokens} (clamped from {started.clamped_from}: "
+                               f"memory)"}
 
 
 async def start(state: ServerState, req: ChatRequest) -> tuple[Started, AsyncIterator]:
@@ -187,13 +210,21 @@ async def respond(request: Request, events: AsyncIterator, renderer: Renderer, *
         EngineError: the engine's error before any byte went out (non-streamed).
         APIError: 499 when a non-streamed request's client went away.
     """
+    headers = clamp_headers(getattr(request.state, "started", None))
     if stream:
-        return wrap(frames(renderer, events, fields))
+        response = wrap(frames(renderer, events, fields))
+        response.headers.update(headers)
+        return response
     got, fin = await collect(request, events)
     for ev in got:
         renderer.add(ev)
-    return renderer.final(fin)
+    body = renderer.final(fin)
+    if headers and not isinstance(body, Response):  # a plain body: FastAPI's JSON, + header
+        return JSONResponse(jsonable_encoder(body), headers=headers)
+    if headers:
+        body.headers.update(headers)
+    return body
 
 
-__all__ = ["Fields", "Renderer", "begin", "collect", "frames",
+__all__ = ["MAX_TOKENS_HEADER", "Fields", "Renderer", "begin", "clamp_headers", "collect", "frames",
            "protocol_router", "respond", "start", "stream_events"]

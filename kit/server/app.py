@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from kit import __version__
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
 from kit.server import gemini
+from kit.server.adapter import MAX_TOKENS_HEADER
 from kit.server.auth import AuthMiddleware
 from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
 from kit.server.guard import EdgeGuard, EdgePolicy
+from kit.server.live import Activity
+from kit.server.metrics import Metrics, RequestCounter
 from kit.server.state import ServerState
+from kit.server.ui import add_ui, wants_page
 
 
 def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None, *,
@@ -32,7 +36,9 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
     ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API key if set),
-    ``POST /admin/swap`` (admin token); every route refuses a foreign Host or Origin.
+    ``POST /admin/swap`` (admin token), ``GET /ui`` (the status page; ``GET /`` from a
+    browser redirects there) and ``GET /metrics`` (:mod:`kit.server.ui`: loopback only
+    unless an API key is set); every route refuses a foreign Host or Origin.
     """
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -48,6 +54,8 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
                   docs_url=None, redoc_url=None,  # /docs: kit.server.docs_ui, no CDN
                   openapi_url="/openapi.json" if docs else None)
     app.state.kit = state
+    app.state.metrics = metrics = Metrics(state)
+    app.state.activity = Activity(metrics)  # read by adapter.begin
     install_error_handlers(app)
 
     # Innermost first (add_middleware wraps): the key check, CORS for explicitly allowed
@@ -58,12 +66,18 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     if explicit:
         app.add_middleware(CORSMiddleware, allow_origins=explicit,
                            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
-                           allow_headers=["*"], max_age=600)
+                           allow_headers=["*"], max_age=600,
+                           expose_headers=[MAX_TOKENS_HEADER])  # a memory clamp, readable
     app.add_middleware(EdgeGuard, policy=edge)
+    protocols = (openai_chat, openai_completions, anthropic, openai_responses, gemini, admin)
+    app.add_middleware(RequestCounter, metrics=metrics, routes=lambda: [
+        *app.router.routes, *(r for m in protocols for r in m.router.routes)])
     app.add_middleware(UnexpectedErrors)
 
     @app.get("/")
-    async def root() -> dict:
+    async def root(request: Request) -> dict:
+        if request.method == "GET" and wants_page(request):  # a browser: the status page
+            return RedirectResponse("/ui", status_code=303)
         return {"service": "mlx-kit", "version": __version__}
 
     # Claude Code probes HEAD / first; one operation in the schema (no duplicate id)
@@ -79,9 +93,9 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
         # the catalog's last snapshot: rescans run in a background thread, never here
         return {"object": "list", "data": state.model_entries(await state.load_catalog())}
 
-    for module in (openai_chat, openai_completions, anthropic, openai_responses, gemini,
-                   admin):
+    for module in protocols:
         app.include_router(module.router, responses=ERROR_RESPONSES)
+    add_ui(app, state, metrics, app.state.activity)
     app.openapi = lambda: _openapi(app)
     if docs:
         from kit.server.docs_ui import add_docs

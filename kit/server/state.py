@@ -172,6 +172,9 @@ class ServerState:
                 "load_seconds": e.load_seconds, "phase": getattr(e, "phase", None),
                 "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
+                # memory/disk hits, sizes and writes (None until the engine reported them)
+                "prompt_cache": getattr(e, "prompt_cache", None),
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")},
+                **({"admission": e.admission} if getattr(e, "admission", None) else {}),
                 **({"distributed": e.distributed} if getattr(e, "distributed", None) else {})}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kit.harness.spec_loader import all_specs
-from tests.helpers import clean_env, run_kit
+from tests.helpers import clean_env, run_kit, table_rows
 
 
 def status(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -25,9 +25,7 @@ def status(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
 
 def rows(stdout: str) -> dict[str, list[str]]:
     """The table's rows by agent name, each as its cells."""
-    return {cells[1].strip(): [c.strip() for c in cells[1:-1]]
-            for cells in (line.split("│") for line in stdout.splitlines()
-                          if line.startswith("│"))}
+    return table_rows(stdout)
 
 
 def files_under(root: Path) -> set[str]:

@@ -61,3 +61,14 @@ def test_text_a_model_wrote_cannot_pose_as_a_rank_exit():
     assert engine._exits == []
     assert engine._note_output("\x1b[33m[WARN] Node with rank 1 exited with code 3 \x1b[0m",
                                launcher=True) is True
+
+
+def test_a_distributed_engine_runs_without_the_prompt_cache_disk_tier(caplog):
+    # each rank holds only its KV shard: no rank may load a file the others do not
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="mlx_kit.engine"):
+        engine = DistributedEngine(INFO, plan_world(2, None, None, None, False, 300),
+                                   prompt_cache_disk_bytes=10 << 30, prompt_cache_dir="/x")
+    assert engine._options["prompt_cache_disk_bytes"] == 0
+    assert "disk tier is off for a distributed engine" in caplog.text

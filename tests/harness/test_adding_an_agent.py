@@ -47,9 +47,10 @@ def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def rows(out: str) -> dict[str, list[str]]:
-    """`harness list`'s table, by agent."""
-    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()]
-    return {r[0]: r for r in cells if r and r[0]}
+    """`harness list`'s plain table, by agent: the agent, configured and api cells (one word
+    each), then the rest of the line."""
+    lines = out.split("your own agents")[0].splitlines()[1:]  # below the header
+    return {cells[0]: cells for cells in (line.split(None, 3) for line in lines) if cells}
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -3,6 +3,7 @@ remove undoes exactly what install did and never touches the user's own files.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -176,10 +177,11 @@ def test_remove_without_manifest_deletes_only_a_file_with_the_marker(pi, home, t
 
 # --- through the real command line --------------------------------------------------------
 
-def list_row(out: str, agent: str) -> list[str]:
-    """The cells of ``agent``'s row in the `harness list` table."""
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()]
-    [row] = [r for r in rows if r and r[0] == agent]
+def list_row(home: Path, agent: str) -> dict:
+    """``agent``'s entry in `harness list --json`."""
+    r = run_kit(home, "harness", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = [a for a in json.loads(r.stdout)["agents"] if a["name"] == agent]
     return row
 
 
@@ -190,9 +192,7 @@ def test_cli_install_list_remove(home, target, dead_url):
     assert "no mlx-kit server answered at" in r.stdout
     assert f'const BASE_URL = "{dead_url}/v1";' in target.read_text()
 
-    r = run_kit(home, "harness", "list")
-    assert r.returncode == 0, r.stderr
-    assert list_row(r.stdout, "pi")[1] == "yes"
+    assert list_row(home, "pi")["installed"] is True
 
     r = run_kit(home, "harness", "install", "pi", "--url", dead_url)
     assert r.returncode == 0, r.stderr
@@ -203,8 +203,7 @@ def test_cli_install_list_remove(home, target, dead_url):
     assert r.stdout.startswith("removed ")
     assert not target.exists() and not (home / ".pi").exists()
 
-    r = run_kit(home, "harness", "list")
-    assert list_row(r.stdout, "pi")[1] == "no"
+    assert list_row(home, "pi")["installed"] is False
     r = run_kit(home, "harness", "remove", "pi")
     assert r.returncode == 0 and "nothing of mlx-kit's was installed for pi" in r.stdout
 
@@ -291,7 +290,7 @@ def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url,
 
 
 def test_cli_status_show_and_remove_all(home, dead_url):
-    env = clean_env(home, COLUMNS="250")  # a wide table: one line per agent
+    env = clean_env(home, COLUMNS="80")  # the plain table never breaks a cell at 80 columns
     for agent in ("pi", "llm", "codex"):
         assert run_kit(env, "harness", "install", agent, "--url", dead_url).returncode == 0
     codex_profile = home / ".codex" / "mlx-kit.config.toml"
@@ -299,17 +298,19 @@ def test_cli_status_show_and_remove_all(home, dead_url):
 
     status = run_kit(env, "harness", "status")
     assert status.returncode == 0
-    rows = {line.split("│")[1].strip(): line for line in status.stdout.splitlines()
-            if line.startswith("│")}
-    assert "yes" in rows["pi"] and "yes" in rows["llm"] and "no" in rows["aider"]
-    assert "mlx-kit.config.toml" in status.stdout  # codex drifted: shown in its row
-    assert "down" in rows["pi"]  # nothing listens at the URL the config points at
+    rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:] if line}
+    assert " yes " in rows["pi"] and " yes " in rows["llm"] and " no " in rows["aider"]
+    assert str(codex_profile) in rows["codex"]  # codex drifted: its path, whole, in its row
+    assert f"{dead_url}/v1: down" in rows["pi"]  # nothing listens where its config points
     assert "(not " not in status.stdout
-    elsewhere = run_kit(env, "harness", "status", "--url", "http://127.0.0.1:1")
-    rows = {line.split("│")[1].strip(): line for line in elsewhere.stdout.splitlines()
-            if line.startswith("│")}
-    assert "(not http://127.0.0.1:1)" in rows["pi"]  # configured for another server
-    assert "(not " not in rows["aider"]  # not configured: nothing to compare
+    as_json = run_kit(env, "harness", "status", "--json", "--url", "http://127.0.0.1:1")
+    assert as_json.returncode == 0, as_json.stderr
+    agents = {a["name"]: a for a in json.loads(as_json.stdout)["agents"]}
+    assert agents["pi"]["installed"] and agents["pi"]["base_url"] == f"{dead_url}/v1"
+    assert agents["pi"]["server"] == {"kind": "none", "status": None, "model": None,
+                                      "elsewhere": True}  # configured for another server
+    assert agents["codex"]["drift"] == [str(codex_profile)]
+    assert agents["aider"]["server"] is None  # not configured: nothing to compare
     same = run_kit(env, "harness", "status", "--url", dead_url)
     assert "(not " not in same.stdout
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_env, free_port, run_kit
+from tests.helpers import clean_env, free_port, run_kit, table_rows
 
 QWEN_SETTINGS = """{
   "ui": {"theme": "Dracula"},
@@ -168,9 +168,7 @@ def test_a_truncated_manifest_falls_back_to_its_previous_generation(tmp_path, de
 
     assert r.returncode == 0
     assert "previous generation" in r.stderr
-    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
-            if line.startswith("│")}
-    assert "yes" in rows["pi"]
+    assert table_rows(r.stdout)["pi"][1] == "yes"
 
 
 def test_read_commands_with_a_corrupt_manifest_warn_and_exit_0(tmp_path, dead_url):
@@ -193,9 +191,7 @@ def test_harness_list_with_a_corrupt_manifest_still_sees_a_merged_agent(tmp_path
     r = kit(home, "harness", "list")
 
     assert r.returncode == 0 and "corrupt" in r.stderr
-    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines()
-            if line.startswith("│")}
-    assert rows["qwen"].split("│")[2].strip() == "yes"
+    assert table_rows(r.stdout)["qwen"][1] == "yes"
 
 
 def test_launch_with_a_corrupt_manifest_warns_and_runs_the_agent(tmp_path, server):

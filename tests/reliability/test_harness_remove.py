@@ -9,6 +9,7 @@ import pytest
 
 from tests.reliability.test_harness_manifest import (  # noqa: F401 - dead_url: a fixture
     USER_FILES, data_dir, dead_url, kit, manifest)
+from tests.helpers import table_rows
 
 GEMINI_SETTINGS = ('{\n  "ui": {"theme": "GitHub"},\n'
                    '  "privacy": {"usageStatisticsEnabled": true}\n}\n')
@@ -27,8 +28,7 @@ def write_user_file(home, agent):
 def configured(home) -> dict[str, str]:
     """`harness list`'s configured column, per agent."""
     out = kit(home, "harness", "list").stdout
-    return {line.split("│")[1].strip(): line.split("│")[2].strip()
-            for line in out.splitlines() if line.startswith("│")}
+    return {agent: cells[1] for agent, cells in table_rows(out).items()}
 
 
 @pytest.mark.parametrize("damage", ["deleted", "stale"])

@@ -5,6 +5,7 @@ loopback, the real starter model, `kill -9` of the real engine process, the real
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -87,6 +88,8 @@ def test_the_server_restarts_an_engine_killed_while_idle_and_the_next_request_wo
         assert "exited unexpectedly (exit code -9)" in r.json()["error"]
         st = kit(fresh.home, hf_home, "status", "--url", fresh.root)
         assert st.returncode == 4 and "not ready yet" in st.stderr, st.stderr
+        st = kit(fresh.home, hf_home, "status", "--json", "--url", fresh.root)
+        assert st.returncode == 4 and json.loads(st.stdout)["status"] == "restarting"
     finally:
         os.kill(new, signal.SIGCONT)
     _, seen = wait_ok(fresh)

@@ -119,7 +119,9 @@ def test_a_model_that_does_not_fit_is_refused_with_numbers(hf_home, tmp_path):
         assert r.status_code == 507
         err = r.json()["error"]
         assert err["code"] == "insufficient_memory"
-        assert "538" in err["message"] and "KV cache" in err["message"]  # the numbers
+        assert "513.13 MiB" in err["message"] and "KV cache" in err["message"]  # the numbers
+        cli = run_kit(clean_env(s.home, hf_home), "swap", F32, "--url", s.root)
+        assert cli.returncode == 5 and "513.13 MiB" in cli.stderr  # 5: does not fit
         ok = chat(s)
         assert ok.status_code == 200 and ok.json()["model"] == Q4
     finally:
@@ -217,9 +219,9 @@ def test_swap_and_fit_commands(fresh_f32_server, hf_home):
     bad = run_kit(env, "swap", "nobody/nothing", "--url", fresh_f32_server.root)
     assert bad.returncode == 1 and "not found" in bad.stderr and "Traceback" not in bad.stderr
     fit = run_kit(env, "fit", F32, "--ctx", "2048")
-    assert fit.returncode == 0 and "538" in fit.stdout and "fits" in fit.stdout
+    assert fit.returncode == 0 and "513.13 MiB" in fit.stdout and "fits" in fit.stdout
     huge = run_kit(env, "fit", F32, "--ctx", "100000000")
-    assert huge.returncode == 2 and "does NOT fit" in huge.stdout
+    assert huge.returncode == 5 and "does NOT fit" in huge.stdout  # 5: does not fit
 
 
 def test_pull_offline_is_one_clear_line(tmp_path):

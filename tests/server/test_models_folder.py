@@ -29,6 +29,7 @@ def test_models_lists_the_served_folder_with_its_formats(hf_home, tmp_path):
         caps = by_id[str(folder)]["capabilities"]
         assert (caps["tools"], caps["tool_format"]) == (True, "json_tools")
         table = run_kit(env, "models", "--url", server.root)
-        assert table.returncode == 0 and "│ * │" in table.stdout  # the folder's row is marked
+        marked = [ln for ln in table.stdout.splitlines() if ln.startswith("*")]
+        assert table.returncode == 0 and marked[0].split()[1] == str(folder)  # marked, whole
     finally:
         stop(server)

@@ -55,7 +55,7 @@ def test_warmup_on_reports_warming_up_before_ready_and_logs_the_shapes(hf_home, 
         # the startup lines never said "serving" before the model was ready
         warmed_at = log.index("warmed up 8 shapes")
         assert "serving" not in log[:warmed_at]
-        assert "ready: serving mlx-kit/SmolLM2-135M-Instruct as 'local'" in log[warmed_at:]
+        assert "ready: mlx-kit/SmolLM2-135M-Instruct as 'local'" in log[warmed_at:]
         assert ask(server)
     finally:
         stop(server)
@@ -96,10 +96,12 @@ def test_launch_shows_the_warm_up_as_a_step_of_its_progress(hf_home, tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.strip() == "pi-ran"
-        steps = re.findall(r"server: ([^\r\n\x1b]*)", r.stderr)
-        warming = [i for i, s in enumerate(steps) if s.startswith("warming up: ")]
+        # the spinner's text: "server <status>[, <phase>]: <the server's last log line>"
+        steps = re.findall(r"server ([^\r\n\x1b]*)", r.stderr)
+        warming = [i for i, s in enumerate(steps) if s.startswith("loading, warming up: ")]
         assert warming, steps
-        assert any("batch x8 (14 of 14)" in steps[i] for i in warming)  # launch: max-batch 8
+        assert any(steps[i].endswith("warming up: batch x8 (14 of 14)")  # max-batch 8
+                   for i in warming), steps
         assert not any("serving" in s for s in steps[:warming[-1]]), steps
         assert "started mlx-kit server" in r.stderr
     finally:

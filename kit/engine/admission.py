@@ -1,0 +1,144 @@
+"""Memory admission: a request starts only with room for its KV cache under the ceiling.
+
+The room a request may use is ``ceiling - weights - what running requests reserved -
+the in-memory prompt caches``; each running request reserves ``(prompt + max_tokens) x
+KV bytes per token`` from the moment it is admitted until it completes, so concurrent
+requests count against the same budget. For a new request, in order:
+
+1. its prompt + ``max_tokens`` fit: it runs as asked;
+2. not yet, but least-recently-used prompt caches can be evicted to make the room:
+   they are, and it runs as asked;
+3. its prompt fits but not ``max_tokens`` on top: ``max_tokens`` is capped to the room
+   left (the client is told, see docs/server.md "Memory"; finish_reason ``length`` when
+   the cap is hit);
+4. not even its prompt fits, because other requests hold memory: it is deferred (it
+   waits in the batch's backlog until one of them completes; never fails for it);
+5. its prompt alone cannot fit even with nothing else running: a 400 giving the numbers.
+
+mlx-bun clamps ``max_tokens`` the same way. The estimate is the one ``fit`` uses
+(:func:`kit.models.memory.estimate`: K and V of every layer per token); mlx's KV cache
+grows in steps of 256 tokens and a batch pads its rows to the longest, so the real use can
+be somewhat higher: the ceiling should keep some headroom (Metal's working set does).
+Nothing here imports mlx: the arithmetic is testable without a model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kit.engine.types import InvalidRequest
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+class Deferred(Exception):
+    """Raised by :meth:`Admission.admit` (and so ``Pipeline.prepare``) when a request's
+    prompt does not fit only because other running requests hold memory: the batch keeps
+    it at the head of its backlog and tries again once one of them completes. Internal:
+    never reaches a client."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """What admission checks against, in bytes (``kv_per_token``: bytes of KV cache one
+    token of context takes). ``cache_bytes()`` is what the in-memory prompt caches hold
+    now; ``evict(n)`` drops least recently used ones until they hold at most ``n``."""
+
+    ceiling: int
+    source: str
+    weights: int
+    kv_per_token: int
+    cache_bytes: Callable[[], int]
+    evict: Callable[[int], None]
+
+
+class Admission:
+    """Reservations of the running requests and the admission rule (module docstring).
+
+    Attributes:
+        clamped, rejected, deferred: how many requests had ``max_tokens`` capped, were
+            refused (the prompt alone cannot fit), waited for memory (each counted once).
+        released: how many reservations were given back so far (a deferred request is
+            tried again only once this moved).
+    """
+
+    def __init__(self) -> None:
+        self.reserved: dict[int, int] = {}  # id(job) -> bytes
+        self.clamped = self.rejected = self.deferred = 0
+        self.released = 0
+        self._waiting: set[int] = set()  # id(job) of deferred requests, counted once
+
+    def admit(self, job: Any, request_id: str, prompt_tokens: int, max_tokens: int,
+              room: Room | None) -> tuple[int, int | None]:
+        """Admit ``job`` (``prompt_tokens`` long, asking for ``max_tokens``) and reserve its
+        KV cache. ``room`` None (no estimate, or a distributed rank): admitted as asked.
+
+        Returns:
+            ``(max_tokens to use, the max_tokens asked for when capped else None)``.
+
+        Raises:
+            Deferred: the prompt fits only once running requests complete.
+            InvalidRequest: ``insufficient_memory``, the prompt alone cannot fit.
+        """
+        if room is None or room.kv_per_token <= 0:
+            return max_tokens, None
+        per = room.kv_per_token
+        held = sum(self.reserved.values())
+        free = room.ceiling - room.weights - held  # before the prompt caches
+        need = (prompt_tokens + max_tokens) * per
+        if need > free - room.cache_bytes():  # make room: the prompt caches go first
+            room.evict(max(0, free - need))
+        left = free - room.cache_bytes()
+        granted, clamped_from = max_tokens, None
+        if need > left:
+            fits = left // per - prompt_tokens  # tokens it may still generate
+            if fits < 1:
+                if self.reserved:
+                    if id(job) not in self._waiting:
+                        self._waiting.add(id(job))
+                        self.deferred += 1
+                        log.info("%s: waits for memory: its prompt (%d tokens) needs "
+                                 "%d bytes, %d are free while %d requests run", request_id,
+                                 prompt_tokens, prompt_tokens * per, max(0, left),
+                                 len(self.reserved))
+                    raise Deferred
+                self._waiting.discard(id(job))
+                self.rejected += 1
+                raise InvalidRequest(self._too_big(prompt_tokens, left, room),
+                                     code="insufficient_memory", field="messages")
+            granted, clamped_from = fits, max_tokens
+            self.clamped += 1
+            log.info("%s: max_tokens %d -> %d: the room left under the %s ceiling",
+                     request_id, max_tokens, fits, room.source)
+        self._waiting.discard(id(job))
+        self.reserved[id(job)] = (prompt_tokens + granted) * per
+        return granted, clamped_from
+
+    def release(self, job: Any) -> None:
+        """Give ``job``'s reservation back (it completed, failed or was cancelled); a job
+        that holds none is ignored, so every exit path may call it."""
+        self._waiting.discard(id(job))
+        if self.reserved.pop(id(job), None) is not None:
+            self.released += 1
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters for ``/health``: ``clamped``, ``rejected``, ``deferred``, and the
+        bytes reserved by running requests now (``reserved_bytes``)."""
+        return {"clamped": self.clamped, "rejected": self.rejected,
+                "deferred": self.deferred, "reserved_bytes": sum(self.reserved.values())}
+
+    @staticmethod
+    def _too_big(prompt_tokens: int, left: int, room: Room) -> str:
+        from kit.models.memory import Ceiling, human
+
+        per = room.kv_per_token
+        fits = max(0, left) // per
+        ceiling = Ceiling(room.ceiling, room.source).label
+        return (f"the prompt does not fit in memory: {prompt_tokens} prompt tokens need "
+                f"{human(prompt_tokens * per)} of KV cache ({per} bytes/token), but the room "
+                f"is {fits} tokens ({human(max(0, left))}): the {ceiling} ceiling less "
+                f"{human(room.weights)} of weights. Raise --memory-budget, quantize the KV "
+                f"cache (--kv-bits 8 or 4), use a smaller model, or send a shorter prompt")

@@ -1,0 +1,240 @@
+"""The server's log file: rotated by size, written by the server and its engine process.
+
+``mlx-kit serve --log-file PATH`` (a detached server's is ``<log dir>/server-<port>.log``)
+logs through one :class:`ServerLogFile`: before a record would take the file past
+:data:`MAX_BYTES` (10 MiB), PATH becomes PATH.1, PATH.1 becomes PATH.2, ... and the oldest
+of :data:`BACKUPS` (3) is deleted, so a server never keeps more than about 40 MiB of log.
+The engine process (``multiprocessing`` spawn: it inherits the environment) appends to the
+same file through an :class:`EngineLogFile`, which follows the server's rotation; only the
+server rotates, so the two never rename the file under each other.
+
+When the process's stdout/stderr already are that file (a detached server: ``launch`` and
+``serve --detach`` start it so, and so do the tests), they are pointed at each new file
+after a rotation too, so stray output (a warning printed by a library, a crash report)
+lands in the current log and not in a rotated or deleted one. Else (``--log-file`` in a
+terminal) the records also go to stderr, as without ``--log-file``.
+
+No library does the "follow the other process's rotation and move fds 1/2 along" part;
+the rotation and the reopening themselves are the standard library's handlers.
+
+Also here: :class:`HealthPolls`, the access-log filter that drops ``/health`` polls, and
+:func:`last_lines` / :func:`follow`, the readers behind ``mlx-kit logs``.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+#: Bytes of one log file before it is rotated, and how many rotated files are kept.
+MAX_BYTES = 10 * 2**20
+BACKUPS = 3
+#: Hidden override of MAX_BYTES (bytes), for tests that rotate at a few KiB.
+MAX_BYTES_ENV = "MLX_KIT_LOG_MAX_BYTES"
+#: Set by ``serve --log-file`` for its engine process: the file it appends to.
+LOG_FILE_ENV = "MLX_KIT_SERVER_LOG"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def max_bytes() -> int:
+    """:data:`MAX_BYTES`, or the hidden ``MLX_KIT_LOG_MAX_BYTES`` (at least 512)."""
+    try:
+        return max(512, int(os.environ[MAX_BYTES_ENV]))
+    except (KeyError, ValueError):
+        return MAX_BYTES
+
+
+def _is_file(fd: int, path: Path) -> bool:
+    """Whether the open descriptor ``fd`` is the file at ``path``."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class _StdStreams:
+    """Points fds 1 and 2 (those that were the log file) at a handler's current stream."""
+
+    def __init__(self, path: Path) -> None:
+        self.fds = [fd for fd in (1, 2) if _is_file(fd, path)]
+
+    def follow(self, stream) -> None:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        for fd in self.fds:
+            os.dup2(stream.fileno(), fd)
+
+
+class ServerLogFile(logging.handlers.RotatingFileHandler):
+    """The server's handler: a RotatingFileHandler (:func:`max_bytes`, :data:`BACKUPS`)
+    that also moves fds 1/2 to the new file after a rotation (when they were the file).
+
+    Its size check counts the engine's lines too (it measures the file, not its own
+    writes), so the file passes the limit only by what the engine writes between two of
+    the server's records."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, maxBytes=max_bytes(), backupCount=BACKUPS, encoding="utf-8")
+        self.std = _StdStreams(path)
+        self.std.follow(self.stream)  # O_APPEND from now on, whatever the parent opened
+
+    def doRollover(self) -> None:
+        super().doRollover()
+        self.std.follow(self.stream)
+
+
+class EngineLogFile(logging.handlers.WatchedFileHandler):
+    """The engine process's handler: appends to the server's file and reopens it when
+    the server has rotated it (WatchedFileHandler compares the path's inode at each
+    record), moving fds 1/2 along when they were the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8")
+        self.std = _StdStreams(path)
+
+    def reopenIfNeeded(self) -> None:
+        before = self.stream
+        super().reopenIfNeeded()
+        if self.stream is not before and self.stream is not None:
+            self.std.follow(self.stream)
+
+
+#: Paths polled on a timer, left out of the access log: ``/health`` (``launch`` polls it 4
+#: times a second while a server starts; ``status`` and agents' checks too), the status
+#: page's ``/ui/data`` (once a second per open tab) and ``/metrics`` (each scrape).
+POLLED_PATHS = frozenset({"/health", "/ui/data", "/metrics"})
+
+
+class HealthPolls(logging.Filter):
+    """Drops uvicorn's access-log lines of :data:`POLLED_PATHS`; every other request
+    stays. Reads the record's args, ``(client, method, path, http_version, status)``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            return args[2].split("?", 1)[0] not in POLLED_PATHS
+        return True
+
+
+def _handlers(path: Path | None, make: Callable[[Path], logging.Handler]
+              ) -> list[logging.Handler]:
+    if path is None:
+        return [logging.StreamHandler()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = make(path)
+    if handler.std.fds:  # type: ignore[attr-defined]
+        return [handler]
+    return [handler, logging.StreamHandler()]  # a terminal: it shows the log too
+
+
+def setup_server(level: str, log_file: Path | None) -> None:
+    """Configure the ``serve`` process's logging: the root logger at INFO into
+    ``log_file`` (rotated, see the module doc) or stderr, ``mlx_kit`` at ``level``
+    ("debug", "info", ...), ``/health`` out of uvicorn's access log. With a log file, its
+    path goes into the environment for the engine process (:func:`setup_engine`)."""
+    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
+                        handlers=_handlers(log_file, ServerLogFile))
+    logging.getLogger("mlx_kit").setLevel(level.upper())
+    logging.getLogger("uvicorn.access").addFilter(HealthPolls())
+    if log_file is not None:
+        os.environ[LOG_FILE_ENV] = str(log_file)
+    else:  # not one inherited from whatever started us
+        os.environ.pop(LOG_FILE_ENV, None)
+
+
+def setup_engine(level: int) -> None:
+    """Configure the engine process's logging like its server's: the server's log file
+    (from the environment) or stderr; ``mlx_kit`` at ``level``."""
+    path = os.environ.get(LOG_FILE_ENV)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
+                        handlers=_handlers(Path(path) if path else None, EngineLogFile))
+    logging.getLogger("mlx_kit").setLevel(level)
+
+
+# --- reading: `mlx-kit logs` --------------------------------------------------------------
+
+_BLOCK = 64 * 1024
+
+
+def last_lines(path: Path, n: int, limit: int = 16 * 2**20, end: int | None = None
+               ) -> list[str]:
+    """The last ``n`` lines of the file at ``path`` before byte ``end`` (default: its
+    end), without their newlines, reading backwards in blocks and at most ``limit`` bytes.
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    if n <= 0:
+        return []
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        end = size if end is None else min(end, size)
+        data, pos = b"", end
+        while pos > 0 and data.count(b"\n") <= n and end - pos < limit:
+            step = min(_BLOCK, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if pos > 0 and lines:
+        lines = lines[1:]  # the first one is cut
+    return lines[-n:]
+
+
+def follow(path: Path, start: int | None = None, poll: float = 0.2,
+           stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
+    """Yield the text appended to ``path`` from byte ``start`` (default: its end), as
+    ``tail -F`` does: when the file is rotated (the path names another file) or
+    truncated, the rest of the old file is read and then the new one from its start; a
+    missing file is waited for. Ends when ``stop()`` is true (checked every ``poll``
+    seconds while nothing arrives).
+
+    Own code: no maintained library follows a file across a rename (``tailer`` and
+    ``pygtail`` read from an offset, without rotation)."""
+    import codecs
+
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    f = None
+    try:
+        while not stop():
+            if f is None:
+                try:
+                    f = open(path, "rb")
+                except FileNotFoundError:
+                    start = 0  # created later: all of it is new
+                    time.sleep(poll)
+                    continue
+                f.seek(0, os.SEEK_END) if start is None else f.seek(start)
+                start = 0  # a file opened after this one is new from its start
+            chunk = f.read(_BLOCK)
+            if chunk:
+                yield decode(chunk)
+                continue
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None
+            mine = os.fstat(f.fileno())
+            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                rest = f.read()  # rotated: what was written before the rename
+                if rest:
+                    yield decode(rest)
+                f.close()
+                f = None
+                continue
+            if now.st_size < f.tell():  # truncated in place
+                f.seek(0)
+                continue
+            time.sleep(poll)
+    finally:
+        if f is not None:
+            f.close()

@@ -1,0 +1,215 @@
+"""The prompt cache's disk tier end to end: real servers on loopback with the starter,
+the official OpenAI SDK, a throwaway HOME and a cache folder per test. A long prompt's KV
+cache, written after its answer, serves the same prompt after a restart, a swap away and
+back and a TTL reload (cached_tokens > 0, the same greedy text); bad files are misses
+that go away; the bound and ``--prompt-cache-disk 0`` hold."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from huggingface_hub import snapshot_download
+
+from kit.models.starter import STARTER_4BIT_ID, STARTER_ID
+from tests import helpers
+
+pytestmark = pytest.mark.model
+
+#: a system prompt of ~500 tokens through the starter's template (the disk tier keeps
+#: prompts of 256 tokens or more, agent prefixes are 2k-20k)
+LONG = " ".join(f"Rule {i}: answer in one short sentence about the {i}th topic."
+                for i in range(40))
+
+
+def long_prompt(tag: str) -> list[dict]:
+    return [{"role": "system", "content": f"{tag}. {LONG}"},
+            {"role": "user", "content": "Name a colour."}]
+
+
+def ask(server, messages: list[dict], max_tokens: int = 8) -> tuple[str, int, int]:
+    """(text, prompt tokens, cached tokens) of one greedy chat completion."""
+    r = helpers.openai_for(server).chat.completions.create(
+        model="local", messages=messages, max_tokens=max_tokens, temperature=0)
+    details = r.usage.prompt_tokens_details
+    return r.choices[0].message.content, r.usage.prompt_tokens, details.cached_tokens or 0
+
+
+def counters(server) -> dict:
+    return server.health()["prompt_cache"]
+
+
+def wait_writes(server, n: int) -> dict:
+    """/health's prompt_cache once ``disk_writes`` reached ``n`` (written when idle)."""
+    return helpers.wait_until(lambda: (c := counters(server))["disk_writes"] >= n and c,
+                              timeout=60, what=f"{n} disk writes")
+
+
+def ours(folder: Path) -> list[Path]:
+    """The cache files mlx-kit named: ``<identity>/<sha256>.safetensors``."""
+    return sorted(p for p in folder.glob("*/*.safetensors") if len(p.stem) == 64)
+
+
+def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str) -> helpers.Server:
+    home = tmp_path / f"home-{len(list(tmp_path.glob('home-*')))}"
+    home.mkdir()
+    return helpers.start_server(home, hf_home, "--temperature", "0",
+                                "--prompt-cache-dir", str(cache), *args)
+
+
+@pytest.fixture(scope="module")
+def warm(hf_home, tmp_path_factory):
+    """A cache folder that one server filled with the long prompt's cache (and nothing
+    for a short prompt), then stopped: (folder, prompt, its cold text, its prompt tokens)."""
+    tmp = tmp_path_factory.mktemp("warm")
+    cache = tmp / "cache"
+    s = serve(tmp, hf_home, cache)
+    try:
+        ask(s, [{"role": "user", "content": "Hi."}])  # short: no file
+        messages = long_prompt("warm")
+        text, n, cached = ask(s, messages)
+        assert n > 400 and cached < 20
+        c = wait_writes(s, 1)
+        assert c["misses"] >= 1 and c["disk_entries"] == 1 and c["disk_hits"] == 0
+    finally:
+        helpers.stop(s)
+    assert len(ours(cache)) == 1
+    return cache, messages, text, n
+
+
+def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
+        warm, hf_home, tmp_path):
+    folder, messages, cold_text, n = warm
+    cache = tmp_path / "cache"
+    shutil.copytree(folder, cache)
+    s = serve(tmp_path, hf_home, cache)
+    try:
+        text, n2, cached = ask(s, messages)
+        assert (text, n2) == (cold_text, n)
+        assert cached >= n - 1
+        c = counters(s)
+        assert c["disk_hits"] == 1 and c["memory_entries"] >= 1
+        assert c["disk_entries"] == 1 and c["disk_bytes"] > 0
+    finally:
+        helpers.stop(s)
+
+
+def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
+        warm, hf_home, tmp_path):
+    folder, messages, cold_text, n = warm
+    cache = tmp_path / "cache"
+    shutil.copytree(folder, cache)
+    (path,) = ours(cache)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 3])  # a crash mid-copy, a full disk
+    stale = path.parent / f"{'e' * 64}.999999999.tmp"  # a writer that died mid-write
+    stale.write_bytes(data[:1000])
+    theirs = [cache / "notes.txt", path.parent / "README", path.parent / "x.safetensors"]
+    for p in theirs:
+        p.write_text("not mlx-kit's")
+    s = serve(tmp_path, hf_home, cache)
+    try:
+        assert not stale.exists()  # removed at start
+        text, _, cached = ask(s, messages)
+        assert text == cold_text and cached < 20
+        assert not path.exists() or path.stat().st_size == len(data)  # gone (or rewritten)
+        assert s.log_text().count("deleting prompt cache file") == 1
+        wait_writes(s, 1)  # the answer's cache replaces it
+        assert [p.name for p in ours(cache)] == [path.name]
+    finally:
+        helpers.stop(s)
+    assert all(p.read_text() == "not mlx-kit's" for p in theirs)
+    assert "Traceback" not in s.log_text()
+
+
+def starter_folder(hf_home: Path, where: Path) -> Path:
+    """A model folder of the f32 starter: links to its files, a copy of its config.json
+    (so a test can change it without touching the hub cache)."""
+    src = Path(snapshot_download(STARTER_ID, cache_dir=Path(hf_home) / "hub",
+                                 local_files_only=True))
+    where.mkdir()
+    for f in src.iterdir():
+        if f.name == "config.json":
+            shutil.copyfile(f, where / f.name)
+        else:
+            (where / f.name).symlink_to(f.resolve())
+    return where
+
+
+def test_swap_away_and_back_hits_the_disk_but_not_once_the_models_config_changed(
+        hf_home, tmp_path):
+    model = starter_folder(hf_home, tmp_path / "model")
+    cache = tmp_path / "cache"
+    s = serve(tmp_path, hf_home, cache, "--model", str(model))
+    try:
+        messages = long_prompt("swap")
+        cold_text, n, _ = ask(s, messages)
+        wait_writes(s, 1)
+        for target in (STARTER_4BIT_ID, str(model)):
+            assert s.swap(target).status_code == 200
+        text, _, cached = ask(s, messages)
+        assert text == cold_text and cached >= n - 1
+        assert counters(s)["disk_hits"] == 1
+        # the same folder with another config.json is another model: its caches are not
+        # loaded (a new identity folder)
+        config = (model / "config.json").read_text()
+        (model / "config.json").write_text(config.replace("{", '{"mlx_kit_test": 1, ', 1))
+        for target in (STARTER_4BIT_ID, str(model)):
+            assert s.swap(target).status_code == 200
+        text, _, cached = ask(s, messages)
+        assert text == cold_text and cached < 20
+        assert counters(s)["disk_hits"] == 1
+        wait_writes(s, 2)
+        assert len({p.parent for p in ours(cache)}) == 2
+    finally:
+        helpers.stop(s)
+
+
+def test_a_ttl_reload_hits_the_disk(hf_home, tmp_path):
+    s = serve(tmp_path, hf_home, tmp_path / "cache", "--ttl", "1")
+    try:
+        messages = long_prompt("ttl")
+        cold_text, n, _ = ask(s, messages)
+        wait_writes(s, 1)
+        helpers.wait_until(lambda: s.health()["model_state"] == "unloaded", timeout=30,
+                           what="the TTL unload")
+        text, _, cached = ask(s, messages)
+        assert text == cold_text and cached >= n - 1
+        h = s.health()
+        assert h["reloads"] == 1 and h["prompt_cache"]["disk_hits"] == 1
+    finally:
+        helpers.stop(s)
+
+
+def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path):
+    folder, messages, _, _ = warm
+    (one,) = ours(folder)
+    size = one.stat().st_size
+    cache = tmp_path / "cache"
+    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)))
+    try:
+        ask(s, long_prompt("first"))
+        wait_writes(s, 1)
+        (first,) = ours(cache)
+        ask(s, long_prompt("second"))
+        c = wait_writes(s, 2)
+        assert c["disk_entries"] == 1 and c["disk_bytes"] <= size * 1.5
+        (second,) = ours(cache)
+        assert second != first and not first.exists()
+    finally:
+        helpers.stop(s)
+
+
+def test_prompt_cache_disk_0_writes_nothing(hf_home, tmp_path):
+    cache = tmp_path / "cache"
+    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", "0")
+    try:
+        ask(s, long_prompt("off"))
+        ask(s, [{"role": "user", "content": "Hi."}])  # the worker was idle in between
+        c = counters(s)
+        assert (c["disk_writes"], c["disk_entries"], c["disk_hits"]) == (0, 0, 0)
+        assert c["memory_entries"] >= 1
+    finally:
+        helpers.stop(s)
+    assert not cache.exists()
