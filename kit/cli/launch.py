@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE, URL
+from kit.cli.options import TRUST_REMOTE_CODE, URL, WARMUP, WarmUp
 from kit.errors import AgentNotInstalledError, ConfigError
 
 
@@ -46,6 +46,7 @@ def launch(
     prompt_cache_disk: Optional[str] = typer.Option(
         None, "--prompt-cache-disk", help="The prompt cache's disk bound (0: none), for a "
         "server this command starts (as `serve`)."),
+    warmup: WarmUp = WARMUP,
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent.
 
@@ -66,10 +67,14 @@ def launch(
                                      hint=spec.install)
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
+    from kit.engine.warmup import check_mode
+
+    check_mode(warmup.value, distributed=world is not None)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
         ranks, hosts, hostfile, backend, pipeline) + _memory_args(memory_budget,
                                                                   prompt_cache_bytes) \
-        + _cache_args(prompt_cache_dir, prompt_cache_disk)
+        + _cache_args(prompt_cache_dir, prompt_cache_disk) + (
+        ["--warmup", warmup.value] if warmup != WarmUp.auto else [])
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,

@@ -1,5 +1,7 @@
 """Options shared by several commands."""
 
+from enum import Enum
+
 import typer
 
 from kit.urls import DEFAULT_URL, URL_ENV
@@ -28,3 +30,18 @@ def disk_size(text: str) -> int:
     except ConfigError as e:
         raise ConfigError(f"--prompt-cache-disk: {e.message}",
                           hint="e.g. 10GiB, or 0 for none") from None
+
+
+class WarmUp(str, Enum):
+    """``--warmup``'s choices (see kit/engine/warmup.py)."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+WARMUP = typer.Option(
+    WarmUp.auto, "--warmup", case_sensitive=False,
+    help="Run the shapes of a first request and the first batches before the server says "
+         "ready, so mlx compiles their kernels then (kept per machine in the kernel cache). "
+         "auto: only where mlx runs on CUDA; on; off (not even one tiny generation).")

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE, disk_size
+from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -105,6 +105,15 @@ def _choose_split(info, world, progress):
         return replace(world, pipeline=True)
 
 
+def _say_ready(engine, model_id: str, root: str, progress) -> None:
+    """On a thread: one startup line once the first load is over (ready or failed; a
+    failure was logged by the engine already)."""
+    if engine.wait_ready():
+        took = engine.load_seconds
+        progress(f"ready: {model_id} as 'local' on {root}/v1"
+                 + (f" (loaded in {took:.1f} s)" if took is not None else ""))
+
+
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Hub repo id in the local cache, or a model folder. "
@@ -173,6 +182,7 @@ def serve(
                                   "split over ranks) instead of tensor parallelism."),
     rank_timeout: float = typer.Option(300, "--rank-timeout", min=5, help="Seconds a rank "
                                        "waits for the others before the server ends."),
+    warmup: WarmUp = WARMUP,
     log_file: Optional[str] = typer.Option(
         None, "--log-file", help="Log to FILE (and the engine's output too) instead of "
         "stderr; rotated at 10 MiB, 3 backups kept (FILE.1 to FILE.3). `mlx-kit logs` "
@@ -191,8 +201,10 @@ def serve(
     from kit.models.memory import parse_size
 
     from kit.engine.hosts import plan_world
+    from kit.engine.warmup import check_mode
 
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
+    check_mode(warmup.value, distributed=world is not None)
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
     disk_bytes = disk_size(prompt_cache_disk)
@@ -237,7 +249,7 @@ def serve(
                    if prompt_cache_bytes else None, ttl=ttl or None,
                    memory_budget=budget, max_batch=max_batch,
                    trust_remote_code=trust_remote_code, prompt_cache_dir=prompt_cache_dir,
-                   prompt_cache_disk_bytes=disk_bytes)
+                   prompt_cache_disk_bytes=disk_bytes, warmup=warmup.value)
     if world is None:
         engine = EngineProcess(info, **options)
     else:
@@ -256,6 +268,8 @@ def serve(
     # not "serving": the engine is still loading (and maybe warming) the model; /health
     # says when it is ready
     log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)
+    threading.Thread(target=_say_ready, args=(engine, info.id, url.root, progress),
+                     name="mlx-kit-ready", daemon=True).start()
     state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
                         swap_on_request=swap_on_request, default_temperature=temperature,
                         default_top_p=top_p)

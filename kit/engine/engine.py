@@ -94,8 +94,12 @@ class Engine:
         prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
         prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
             :mod:`kit.engine.disk_tier`.
+        warmup: ``auto`` (warm the kernels before ready only where mlx runs on CUDA),
+            ``on`` or ``off`` (see :mod:`kit.engine.warmup`).
 
     Attributes:
+        phase: what a load is doing now, ``"loading weights"`` or ``"warming up"``; None
+            when no load runs (first load, reload, swap alike).
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
         pipeline: prepare/complete of requests (:class:`kit.engine.pipeline.Pipeline`).
         reclaim_heap: set when ``count_tokens`` saw a large prompt; whoever runs it
@@ -111,8 +115,12 @@ class Engine:
                  split: tuple[int, int, bool, int] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,
                  prompt_cache_dir: str | None = None,
-                 prompt_cache_disk_bytes: int = 0) -> None:
+                 prompt_cache_disk_bytes: int = 0,
+                 warmup: str = "auto") -> None:
+        from kit.engine.warmup import check_mode
+
         self.state = "loading"
+        self.phase: str | None = None
         self.error: str | None = None
         self.requests_served = 0
         self.swaps = 0
@@ -123,7 +131,9 @@ class Engine:
         self.ttl = ttl
         self.max_batch = max_batch
         self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
-                              loader=loader, split=split)
+                              loader=loader, split=split,
+                              warmup=check_mode(warmup, distributed=split is not None),
+                              max_batch=max_batch)
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
@@ -197,7 +207,8 @@ class Engine:
         return {"model_info": self.model_info, "state": self.state, "error": self.error,
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
-                "load_seconds": self.load_seconds, "memory": self.memory(),
+                "load_seconds": self.load_seconds, "phase": self.phase,
+                "memory": self.memory(),
                 "capabilities": self.capabilities(), "admission": self.admission,
                 "prompt_cache": self.prompt_cache}
 
@@ -396,15 +407,27 @@ class Engine:
     def _load(self, info: ModelInfo, replacing: int) -> Any:
         """:meth:`ModelSlot.load` after its checks (fit, split) passed on every rank
         (``agree``). Raises the checks' error, or the load's."""
-        error, weights = None, 0
+        self._set_phase("loading weights")
         try:
-            weights = self.slot.check_fit(info, replacing)
-        except Exception as e:
-            error = e
-        error = self._agree(error)
-        if error is not None:
-            raise error
-        return self.slot.load(info, replacing, weights=weights)
+            error, weights = None, 0
+            try:
+                weights = self.slot.check_fit(info, replacing)
+            except Exception as e:
+                error = e
+            error = self._agree(error)
+            if error is not None:
+                raise error
+            return self.slot.load(info, replacing, weights=weights, on_phase=self._set_phase)
+        finally:
+            self.phase = None  # reported with the state the caller sets next
+
+    def _set_phase(self, phase: str | None) -> None:
+        """Say what the load is doing (``/health``'s ``phase``). A distributed rank reports
+        it with its next state change only: there every report is a collective, which
+        all ranks must reach at the same points."""
+        self.phase = phase
+        if self.slot.split is None:
+            self._on_change()
 
     def _swap(self, item: Swap) -> None:
         from kit.models.resolve import resolve_model
@@ -428,6 +451,8 @@ class Engine:
                                 if self.slot.loaded else 0)
         except Exception as e:
             log.warning("swap to %s failed, %s keeps serving: %s", item.spec, previous, e)
+            if self.slot.split is None:
+                self._on_change()  # the phase is over
             item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))
             return
         self._release()  # drop every reference to the old model before taking the new one

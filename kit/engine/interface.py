@@ -40,6 +40,9 @@ class EngineLike(Protocol):
     - ``requests_served``, ``swaps``, ``reloads``, ``unloads``, ``restarts``: counters
       since start (``restarts``: engine processes replaced; 0 in-process).
     - ``load_seconds``: the last load's duration in seconds, or None before one.
+    - ``phase`` (optional; ``/health`` reads it with a default of None): what a load is
+      doing, ``"loading weights"`` or ``"warming up"`` (:mod:`kit.engine.warmup`), None
+      when no load runs.
     - ``ttl``: idle seconds before an unload, or None for never.
     - ``pid``: the process that runs generation (None before it started).
     - ``prompt_cache`` (read with ``getattr``: None until the engine reported it): the

@@ -100,6 +100,7 @@ class EngineProcess:
         self.error: str | None = None
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
+        self.phase: str | None = "loading weights"  # the engine's own reports replace it
         self.ttl = options.get("ttl")
         self.max_batch = options.get("max_batch", 8)
         self._options = options
@@ -264,6 +265,7 @@ class EngineProcess:
         self.restarts += 1
         self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
         self.state, self.error, self._ready = state, error, threading.Event()
+        self.phase = "loading weights"
         self.start()
 
     def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:
@@ -296,8 +298,12 @@ class EngineProcess:
                     snap[key] += self._base.get(key, 0)
                 self._memory = snap.pop("memory")
                 self._capabilities = snap.pop("capabilities")
+                loading = snap["state"] == "loading"
+                if loading and self.state == "restarting":
+                    # a new engine's load progress (its phase): still a restart, and why
+                    snap["state"], snap["error"] = self.state, self.error
                 self.__dict__.update(snap)
-                if self.state != "loading":
+                if not loading:
                     self._ready.set()
             elif kind == "reply":
                 future = link.calls.pop(message[1], None)
@@ -320,6 +326,8 @@ class EngineProcess:
             error = EngineUnavailable(f"the engine process exited unexpectedly (exit code "
                                       f"{code}); a new one is starting")
         with self._start_lock:
+            if self._link is link:
+                self.phase = None  # no engine runs a load now (a restart sets it again)
             if self._link is link and self._stopping:
                 self.state, self.error = "stopped", None
             elif self._link is link:  # not yet replaced by a new engine process

@@ -13,6 +13,7 @@ import gc
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +87,19 @@ class ModelSlot:
         trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
             ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
             in config.json) run when it loads; off unless ``serve --trust-remote-code``.
+        warmup: ``auto``, ``on`` or ``off``: what :meth:`load` runs before the model is
+            installed (:mod:`kit.engine.warmup`; a distributed rank never runs the full
+            warm-up, only :func:`kit.engine.warmup.first_use` unless ``off``).
+        max_batch: the engine's most requests decoded together (the batch sizes warmed).
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
                  trust_remote_code: bool = False, loader: Any = None,
-                 split: tuple[int, int, bool, int] | None = None) -> None:
+                 split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
+                 max_batch: int = 8) -> None:
         self.info = info
+        self.warmup = warmup
+        self.max_batch = max_batch
         self._loader = loader
         self.split = split
         self.memory_budget = memory_budget
@@ -114,13 +122,16 @@ class ModelSlot:
 
     # -- load / install / release ------------------------------------------------------------
 
-    def load(self, info: ModelInfo, replacing: int, weights: int | None = None) -> Loaded:
+    def load(self, info: ModelInfo, replacing: int, weights: int | None = None,
+             on_phase: Callable[[str], None] | None = None) -> Loaded:
         """Check ``info`` fits, load it and warm it up (the slot is unchanged).
 
         Args:
             replacing: bytes of weights that will be freed once this load succeeds.
             weights: what :meth:`check_fit` returned when the caller ran it already
                 (None: run it here).
+            on_phase: called with ``"warming up"`` when the full warm-up starts (see
+                :mod:`kit.engine.warmup`), for ``/health``'s ``phase``.
 
         Raises:
             ModelDoesNotFitError: the estimate is over the budget.
@@ -133,7 +144,7 @@ class ModelSlot:
         if weights is None:
             weights = self.check_fit(info, replacing)
         t0 = time.perf_counter()
-        from mlx_lm import load, stream_generate
+        from mlx_lm import load
 
         trust = self.trust_remote_code
         try:
@@ -154,10 +165,7 @@ class ModelSlot:
                 f"(serve, or launch when no server runs: `mlx-kit stop` first) if you trust "
                 f"that code; it runs with your user's rights",
                 hint="--trust-remote-code runs the code of the model's repository") from None
-        # One tiny generation so the first real request does not pay first-use costs
-        # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
-        for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
-            pass
+        self._warm(model, tokenizer, on_phase)
         from kit.engine.prompt_bound import TokenBound
 
         bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
@@ -169,6 +177,22 @@ class ModelSlot:
                  blas or "bundled")
         ceiling, kv_per_token = self._checked
         return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token)
+
+    def _warm(self, model: Any, tokenizer: Any,
+              on_phase: Callable[[str], None] | None) -> None:
+        """What ``warmup`` asks for before the model is installed (see :mod:`kit.engine.warmup`)."""
+        from kit.engine import warmup
+
+        if self.warmup == "off":
+            return
+        if self.split is None and warmup.wanted(self.warmup):
+            if on_phase is not None:
+                on_phase("warming up")
+            kv_bits = getattr(self, "kv_bits", None)  # set by --kv-bits (quantized KV)
+            warmup.warm_up(model, tokenizer, max_batch=self.max_batch, kv_bits=kv_bits,
+                           kv_group_size=getattr(self, "kv_group_size", None) or 64)
+        else:
+            warmup.first_use(model, tokenizer)
 
     def check_fit(self, info: ModelInfo, replacing: int) -> int:
         """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed).

@@ -155,6 +155,10 @@ class DistributedEngine(EngineProcess):
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+        from kit.engine.warmup import check_mode
+
+        # ConfigError before any rank starts: the ranks cannot warm up in lockstep
+        check_mode(options.get("warmup", "auto"), distributed=True)
         if options.get("prompt_cache_bytes") is not None:
             # each rank's share of a KV cache has its own size, so a byte bound would
             # evict different caches on different ranks, whose prompts then diverge

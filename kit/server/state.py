@@ -169,7 +169,8 @@ class ServerState:
                 "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
                 "unloads": e.unloads, "restarts": e.restarts,
                 "engine_pid": e.pid, "ttl": e.ttl,
-                "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
+                "load_seconds": e.load_seconds, "phase": getattr(e, "phase", None),
+                "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 # memory/disk hits, sizes and writes (None until the engine reported them)
                 "prompt_cache": getattr(e, "prompt_cache", None),
