@@ -81,25 +81,51 @@ def fit(
                                         "--ranks, one rank per host."),
     pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
                                   "pipeline mode) instead of tensor parallelism."),
+    kv_bits: Optional[int] = typer.Option(None, "--kv-bits", help="Estimate with the KV "
+                                          "cache quantized to 8 or 4 bits (serve --kv-bits)."),
+    kv_group_size: int = typer.Option(64, "--kv-group-size", help="Its group size (32, 64, "
+                                      "128)."),
 ) -> None:
-    """Estimate the memory MODEL needs (weights + KV cache) against what is available;
-    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks."""
+    """Estimate the memory MODEL needs (weights + KV cache) against what is available, and
+    the context each KV setting (full precision, 8 and 4 bits) leaves room for; with
+    --ranks/--hosts, each rank's share of the model split over mx.distributed ranks."""
+    from kit.engine.kv import check_kv
     from kit.models.memory import available_bytes, estimate, human
     from kit.models.resolve import resolve_model
 
+    check_kv(kv_bits, kv_group_size)
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
-        est = estimate(info.path, ctx or info.context_window)
+        est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)
         avail = available_bytes()
+        kv = f"{kv_bits}-bit" if kv_bits else "full precision"
         console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
-                      f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
+                      f"  KV cache: {human(est.kv)} ({kv}: {est.kv_per_token} bytes/token x "
                       f"{est.context} tokens)\n  total:    {human(est.total)}\n"
                       f"  available now: {human(avail)} -> "
-                      + ("fits" if est.total <= avail else "does NOT fit"))
+                      + ("fits" if est.total <= avail else "does NOT fit"), highlight=False)
+        console.print(_kv_windows(info, avail, kv_group_size), markup=False, highlight=False)
         if est.total > avail:
             raise typer.Exit(2)
         return
     _fit_split(model, ctx, ranks, hosts, pipeline)
+
+
+def _kv_windows(info, avail: int, group_size: int) -> str:
+    """The ``fit`` table of the context each KV setting leaves room for in ``avail`` bytes
+    after the weights: bytes per token and tokens (capped at the model's window)."""
+    from kit.models.memory import estimate, human
+
+    lines = [f"  context that fits in {human(avail)} after the weights (the model's window: "
+             f"{info.context_window} tokens):",
+             f"  {'KV cache':<16}{'per token':>11}{'tokens':>14}"]
+    for bits in (None, 8, 4):
+        est = estimate(info.path, 0, bits, group_size)
+        room = max(0, avail - est.weights) // max(1, est.kv_per_token)
+        flag = f"--kv-bits {bits}" if bits else "full precision"
+        lines.append(f"  {flag:<16}{human(est.kv_per_token):>11}{room:>14}"
+                     + ("  (over the window)" if room >= info.context_window else ""))
+    return "\n".join(lines)
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,

@@ -39,6 +39,7 @@ from typing import Any
 
 from kit.engine.bridge import END, LoopSink, settle_from_thread
 from kit.engine.inbox import Inbox
+from kit.engine.kv import kv_snapshot, resolve_max_batch
 from kit.engine.interface import SwapResult
 from kit.engine.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.run import Job, Swap
@@ -69,6 +70,10 @@ class Engine:
             plus what the replaced model frees).
         max_batch: most requests decoded together (continuous batching, mlx-lm's
             ``BatchGenerator``); 1 runs requests one at a time with ``stream_generate``.
+            None: 8, or 1 with ``kv_bits`` (:func:`kit.engine.kv.resolve_max_batch`).
+        kv_bits, kv_group_size: quantize the KV cache to 4 or 8 bits in groups of 32, 64
+            or 128 values (None: full precision); see :mod:`kit.engine.kv`. Requests then
+            decode one at a time (mlx-lm cannot batch quantized caches).
         on_change: called on the worker right after the public state changed (first
             load, reload, unload, swap, a request served, before its ``Finished``); the
             engine process forwards :meth:`snapshot` from here.
@@ -95,12 +100,14 @@ class Engine:
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
                  ttl: float | None = None, memory_budget: int | None = None,
-                 max_batch: int = 8, on_change: Callable[[], None] | None = None,
+                 max_batch: int | None = None, on_change: Callable[[], None] | None = None,
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
                  split: tuple[int, int, bool, int] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 kv_bits: int | None = None, kv_group_size: int = 64) -> None:
+        """Raises ConfigError for KV settings :mod:`kit.engine.kv` refuses."""
         self.state = "loading"
         self.error: str | None = None
         self.requests_served = 0
@@ -110,9 +117,10 @@ class Engine:
         self.restarts = 0  # in-process there is no engine process to replace
         self.load_seconds: float | None = None
         self.ttl = ttl
-        self.max_batch = max_batch
+        self.max_batch = resolve_max_batch(max_batch, kv_bits)
         self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
-                              loader=loader, split=split)
+                              loader=loader, split=split, kv_bits=kv_bits,
+                              kv_group_size=kv_group_size)
         self.pipeline = Pipeline(self.slot, PromptCachePolicy(prompt_cache_size),
                                  servable=self._check_servable, served=self._served)
         self._agree = agree or (lambda error: error)
@@ -180,7 +188,7 @@ class Engine:
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "memory": self.memory(),
-                "capabilities": self.capabilities()}
+                "capabilities": self.capabilities(), "kv_cache": kv_snapshot(self.slot, self.max_batch)}
 
     # -- API -------------------------------------------------------------------------------
 

@@ -80,11 +80,23 @@ class ModelSlot:
         trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
             ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
             in config.json) run when it loads; off unless ``serve --trust-remote-code``.
+        kv_bits, kv_group_size: the quantized KV cache (``serve --kv-bits``, 4 or 8; None:
+            full precision) and its group size (elements per scale and bias; 64 by
+            default); :meth:`new_cache` builds caches with them (:mod:`kit.engine.kv`).
+        kv_layers: ``(quantized layers, all layers)`` of the loaded model's cache with
+            ``kv_bits`` (None before a load or without ``kv_bits``).
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
                  trust_remote_code: bool = False, loader: Any = None,
-                 split: tuple[int, int, bool, int] | None = None) -> None:
+                 split: tuple[int, int, bool, int] | None = None,
+                 kv_bits: int | None = None, kv_group_size: int = 64) -> None:
+        from kit.engine.kv import check_kv
+
+        check_kv(kv_bits, kv_group_size)
+        self.kv_bits = kv_bits
+        self.kv_group_size = kv_group_size
+        self.kv_layers: tuple[int, int] | None = None
         self.info = info
         self._loader = loader
         self.split = split
@@ -146,9 +158,23 @@ class ModelSlot:
                 f"that code; it runs with your user's rights",
                 hint="--trust-remote-code runs the code of the model's repository") from None
         # One tiny generation so the first real request does not pay first-use costs
-        # (kernel compilation, allocator growth, lazy imports inside mlx-lm).
-        for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
-            pass
+        # (kernel compilation, allocator growth, lazy imports inside mlx-lm); with
+        # --kv-bits on the quantized cache, so a model whose attention cannot read one
+        # (or whose head size the group size does not divide) is refused here
+        cache = self._kv_cache(info, model)
+        try:
+            for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2,
+                                     prompt_cache=cache):
+                pass
+        except Exception as e:
+            if self.kv_bits is None:
+                raise
+            raise ModelError(
+                f"--kv-bits {self.kv_bits} --kv-group-size {self.kv_group_size}: {info.id} "
+                f"cannot run with a quantized KV cache: {e}",
+                hint="try another --kv-group-size (a divisor of the model's head size), or "
+                     "serve it without --kv-bits") from None
+        del cache
         from kit.engine.prompt_bound import TokenBound
 
         bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
@@ -171,7 +197,8 @@ class ModelSlot:
         here = ""
         try:
             if self.split is None:
-                est = estimate(info.path, info.context_window)
+                est = estimate(info.path, info.context_window, kv_bits=self.kv_bits,
+                               kv_group_size=self.kv_group_size)
             else:  # SplitError (a ModelError): the model cannot be split this way
                 from kit.models.split import plan_split
 
@@ -199,10 +226,48 @@ class ModelSlot:
             return est.weights // self.split[3]
         return est.weights
 
+    def _kv_cache(self, info: ModelInfo, model: Any) -> list[Any]:
+        """A new prompt cache for ``model`` with this slot's KV settings (see
+        :meth:`new_cache`); with ``kv_bits`` it checks the model first and logs which
+        layers keep full precision.
+
+        Raises:
+            ModelError: ``kv_bits`` is set and no layer's cache can be quantized.
+        """
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(model)
+        if self.kv_bits is None:
+            return cache
+        from kit.engine.kv import layer_kinds, quantized_cache, refuse_unquantizable
+
+        n, total = refuse_unquantizable(info.id, cache, self.kv_bits)
+        if n < total:
+            log.info("--kv-bits %d: %d of %d layers quantized; the %s layers keep full "
+                     "precision (mlx-lm has no quantized form of them)", self.kv_bits, n,
+                     total, ", ".join(layer_kinds(cache)[1]))
+        return quantized_cache(cache, self.kv_bits, self.kv_group_size)
+
+    def new_cache(self) -> list[Any]:
+        """An empty prompt cache for the loaded model: ``make_prompt_cache``, with every
+        layer mlx-lm can quantize as a ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``)
+        when ``kv_bits`` is set (:mod:`kit.engine.kv`)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model)
+        if self.kv_bits is None:
+            return cache
+        from kit.engine.kv import quantized_cache
+
+        return quantized_cache(cache, self.kv_bits, self.kv_group_size)
+
     def install(self, loaded: Loaded) -> None:
         """Make ``loaded`` the slot's model (release the old one first)."""
         self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
         self.weights_bytes = loaded.weights_bytes
+        if self.kv_bits is not None:  # QuantizedKVCache layers have ``bits``
+            cache = self.new_cache()
+            self.kv_layers = (sum(1 for c in cache if hasattr(c, "bits")), len(cache))
 
     def release(self, keep_tokenizer: bool = False) -> None:
         """Drop the model (and, unless ``keep_tokenizer``, the tokenizer) and give mlx's

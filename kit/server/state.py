@@ -171,6 +171,7 @@ class ServerState:
                 "engine_pid": e.pid, "ttl": e.ttl,
                 "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
+                **({"kv_cache": e.kv_cache} if getattr(e, "kv_cache", None) else {}),
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")},
                 **({"distributed": e.distributed} if getattr(e, "distributed", None) else {})}
