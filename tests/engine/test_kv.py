@@ -70,3 +70,11 @@ def test_the_estimate_matches_what_mlx_allocates_for_a_quantized_cache():
         c.update_and_fetch(mx.zeros((1, 3, 256, 64)), mx.zeros((1, 3, 256, 64)))
         per_layer = kv_bytes_per_token(STARTER_CONFIG, kv_bits=bits) // 30
         assert c.nbytes == per_layer * 256
+
+
+def test_launch_forwards_the_kv_flags_to_the_server_it_starts():
+    from kit.cli.launch import _kv_args
+
+    assert _kv_args(None, None) == []
+    assert _kv_args(8, None) == ["--kv-bits", "8"]
+    assert _kv_args(4, 32) == ["--kv-bits", "4", "--kv-group-size", "32"]
