@@ -82,6 +82,14 @@ def describe(kv_bits: int | None, kv_group_size: int = 64) -> dict[str, Any]:
             "quantized_start": 0 if kv_bits else None}
 
 
+def kv_tag(kv_bits: int | None, kv_group_size: int = 64) -> str:
+    """A short name of the KV settings for keys of stored caches (``"kv-full"``,
+    ``"kv8-g64"``): a cache saved with one setting must not be loaded under another (a
+    quantized cache in a batching server would reach ``BatchGenerator``, which cannot
+    merge it)."""
+    return "kv-full" if kv_bits is None else f"kv{kv_bits}-g{kv_group_size}"
+
+
 def kv_snapshot(slot: Any, max_batch: int) -> dict[str, Any]:
     """/health's ``kv_cache`` for a :class:`kit.engine.slot.ModelSlot`: :func:`describe`
     plus ``quantized_layers`` / ``layers`` of the loaded model (None before a load or

@@ -24,6 +24,12 @@ def test_max_batch_defaults_to_one_with_kv_bits_and_an_explicit_batch_is_refused
     assert "--kv-bits 4" in e.value.message and "--max-batch 4" in e.value.message
 
 
+def test_kv_tag_names_each_setting_apart():
+    from kit.engine.kv import kv_tag
+
+    assert [kv_tag(None), kv_tag(8), kv_tag(4, 32)] == ["kv-full", "kv8-g64", "kv4-g32"]
+
+
 def test_describe_shows_full_precision_as_none():
     assert describe(None) == {"bits": None, "group_size": None, "quantized_start": None}
     assert describe(4, 32) == {"bits": 4, "group_size": 32, "quantized_start": 0}
