@@ -133,6 +133,10 @@ def main() -> None:
     import json
     import os
 
+    from kit.engine.blas import preload_blas
+
+    preload_blas()  # before mlx is imported (as the engine does): OpenBLAS's sgemm
+
     if args.model:
         folder = args.model
     else:  # a throwaway HOME: the starter is built there, never in the user's cache
@@ -142,10 +146,8 @@ def main() -> None:
         os.environ.update(HOME=env["HOME"])
     from mlx_lm import load
 
-    from kit.engine.blas import preload_blas
     from kit.models.memory import kv_bytes_per_token
 
-    preload_blas()
     model, tok = load(folder)
     config = json.loads((Path(folder) / "config.json").read_text())
     text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in
@@ -164,9 +166,12 @@ def main() -> None:
         rows.append((bits, delta, nbytes, est, tps, agree))
         print(f"  measured {'full' if bits is None else f'{bits}-bit'}", file=sys.stderr)
     full = rows[0]
-    print(f"model {Path(folder).name} ({config.get('torch_dtype')}), context {len(context)} "
+    name = next((part[len("models--"):].replace("--", "/") for part in Path(folder).parts
+                 if part.startswith("models--")), Path(folder).name)
+    print(f"model {name} ({config.get('torch_dtype')}), context {len(context)} "
           f"tokens, group size {args.group_size}, {args.tokens} decoded tokens (best of "
-          f"{args.repeat}), agreement over {len(PROMPTS)} prompts x {args.agree} tokens\n")
+          f"{args.repeat}), agreement over {len(PROMPTS)} prompts x {args.agree} tokens "
+          f"(full precision's row: its own answers' lengths, the most any row can reach)\n")
     print("| KV cache | memory / 1k tokens (active delta) | cache nbytes / 1k | estimate / 1k "
           "| vs full | decode tok/s | vs full | greedy agreement (mean / min tokens) |")
     print("|---|---|---|---|---|---|---|---|")

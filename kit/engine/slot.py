@@ -227,34 +227,33 @@ class ModelSlot:
         return est.weights
 
     def _kv_cache(self, info: ModelInfo, model: Any) -> list[Any]:
-        """A new prompt cache for ``model`` with this slot's KV settings (see
-        :meth:`new_cache`); with ``kv_bits`` it checks the model first and logs which
-        layers keep full precision.
+        """:meth:`new_cache` for ``model`` (being loaded), after checking that ``kv_bits``
+        can quantize some of its layers (logging which keep full precision).
 
         Raises:
             ModelError: ``kv_bits`` is set and no layer's cache can be quantized.
         """
+        if self.kv_bits is not None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            from kit.engine.kv import layer_kinds, refuse_unquantizable
+
+            plain = make_prompt_cache(model)
+            n, total = refuse_unquantizable(info.id, plain, self.kv_bits)
+            if n < total:
+                log.info("--kv-bits %d: %d of %d layers quantized; the %s layers keep full "
+                         "precision (mlx-lm has no quantized form of them)", self.kv_bits,
+                         n, total, ", ".join(layer_kinds(plain)[1]))
+        return self.new_cache(model)
+
+    def new_cache(self, model: Any = None) -> list[Any]:
+        """An empty prompt cache for ``model`` (default: the loaded one):
+        ``make_prompt_cache``, with every layer mlx-lm can quantize as a
+        ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``) when ``kv_bits`` is set
+        (:mod:`kit.engine.kv`)."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        cache = make_prompt_cache(model)
-        if self.kv_bits is None:
-            return cache
-        from kit.engine.kv import layer_kinds, quantized_cache, refuse_unquantizable
-
-        n, total = refuse_unquantizable(info.id, cache, self.kv_bits)
-        if n < total:
-            log.info("--kv-bits %d: %d of %d layers quantized; the %s layers keep full "
-                     "precision (mlx-lm has no quantized form of them)", self.kv_bits, n,
-                     total, ", ".join(layer_kinds(cache)[1]))
-        return quantized_cache(cache, self.kv_bits, self.kv_group_size)
-
-    def new_cache(self) -> list[Any]:
-        """An empty prompt cache for the loaded model: ``make_prompt_cache``, with every
-        layer mlx-lm can quantize as a ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``)
-        when ``kv_bits`` is set (:mod:`kit.engine.kv`)."""
-        from mlx_lm.models.cache import make_prompt_cache
-
-        cache = make_prompt_cache(self.model)
+        cache = make_prompt_cache(self.model if model is None else model)
         if self.kv_bits is None:
             return cache
         from kit.engine.kv import quantized_cache
