@@ -47,6 +47,12 @@ def launch(
         None, "--prompt-cache-disk", help="The prompt cache's disk bound (0: none), for a "
         "server this command starts (as `serve`)."),
     warmup: WarmUp = WARMUP,
+    kv_bits: Optional[int] = typer.Option(None, "--kv-bits", help="Quantize the KV cache to "
+                                          "8 or 4 bits, for a server this command starts "
+                                          "(as `serve --kv-bits`)."),
+    kv_group_size: Optional[int] = typer.Option(None, "--kv-group-size", help="Group size "
+                                                "of the quantized KV cache (32, 64, 128), "
+                                                "for a server this command starts."),
 ) -> None:
     """Run AGENT against the local server; arguments after `--` go to the agent.
 
@@ -67,14 +73,17 @@ def launch(
                                      hint=spec.install)
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
+    from kit.engine.kv import check_kv
     from kit.engine.warmup import check_mode
 
     check_mode(warmup.value, distributed=world is not None)
+    check_kv(kv_bits, kv_group_size or 64)
     serve_args = (["--trust-remote-code"] if trust_remote_code else []) + _world_args(
         ranks, hosts, hostfile, backend, pipeline) + _memory_args(memory_budget,
                                                                   prompt_cache_bytes) \
         + _cache_args(prompt_cache_dir, prompt_cache_disk) + (
-        ["--warmup", warmup.value] if warmup != WarmUp.auto else [])
+        ["--warmup", warmup.value] if warmup != WarmUp.auto else []) \
+        + _kv_args(kv_bits, kv_group_size)
     u = parse_url(url)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
@@ -91,6 +100,12 @@ def launch(
                           "--ranks/--hosts/--hostfile/--backend/--pipeline flags apply to a "
                           "server this command starts (`mlx-kit stop`, then launch again "
                           "with them)", markup=False)
+    running_kv = (health.get("kv_cache") or {}).get("bits")
+    if not started and kv_bits is not None and running_kv != kv_bits:
+        err_console.print(f"warning: the running server keeps its KV cache "
+                          f"({f'{running_kv} bits' if running_kv else 'full precision'}); "
+                          "--kv-bits applies to a server this command starts (`mlx-kit "
+                          "stop`, then launch again with it)", markup=False)
     if model and not started and model not in (health.get("model"), str(health.get("model"))):
         from kit.daemon import admin_swap
 
@@ -177,6 +192,12 @@ def _world_args(ranks: int | None, hosts: str | None, hostfile: str | None,
     if pipeline:
         args.append("--pipeline")
     return args
+
+
+def _kv_args(kv_bits: int | None, kv_group_size: int | None) -> list[str]:
+    """The ``serve`` options for ``--kv-bits`` / ``--kv-group-size`` when given."""
+    return ((["--kv-bits", str(kv_bits)] if kv_bits is not None else [])
+            + (["--kv-group-size", str(kv_group_size)] if kv_group_size is not None else []))
 
 
 def _world_differs(world: Any, running: dict | None) -> str | None:

@@ -123,28 +123,37 @@ def fit(
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Check "
                                                 "against this ceiling, e.g. 8GiB, as "
                                                 "serve --memory-budget does."),
+    kv_bits: Optional[int] = typer.Option(None, "--kv-bits", help="Estimate with the KV "
+                                          "cache quantized to 8 or 4 bits (serve --kv-bits)."),
+    kv_group_size: int = typer.Option(64, "--kv-group-size", help="Its group size (32, 64, "
+                                      "128)."),
     as_json: bool = JSON,
 ) -> None:
     """Estimate the memory MODEL needs (weights + KV cache) against the memory ceiling
     (--memory-budget; else on a Mac, Metal's GPU working set; else what is available now);
-    with --ranks/--hosts, each rank's share of the model split over mx.distributed ranks.
+    also the context each KV setting (full precision, 8 and 4 bits) leaves room for; with
+    --ranks/--hosts, each rank's share of the model split over mx.distributed ranks.
 
     Exit 0 when it loads, 5 when it does not. Sizes are binary (1 GiB = 2^30 bytes).
 
     \b
     --json: {"model", "context_window", "weights_bytes", "kv_bytes",
     "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
-    "context_that_fits", "fits"}; with --ranks or --hosts also "ranks", "mode",
+    "context_that_fits", "kv_bits", "kv_group_size", "kv_settings" [{"kv_bits",
+    "kv_bytes_per_token", "context_that_fits"}], "fits"}; with --ranks or --hosts also
+    "ranks", "mode",
     "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}] and
     "this_machine_bytes" (what "fits" compares).
     """
+    from kit.engine.kv import check_kv
     from kit.models.memory import (context_that_fits, estimate, fit_context, human,
                                    memory_ceiling, parse_size)
     from kit.models.resolve import resolve_model
 
+    check_kv(kv_bits, kv_group_size)
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
-        est = estimate(info.path, ctx or info.context_window)
+        est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)
         ceiling = memory_ceiling(parse_size(memory_budget) if memory_budget else None)
         room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
         # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
@@ -157,20 +166,56 @@ def fit(
                        "weights_bytes": est.weights, "kv_bytes": est.kv,
                        "kv_bytes_per_token": est.kv_per_token, "total_bytes": est.total,
                        "ceiling_bytes": ceiling.bytes, "ceiling_source": ceiling.source,
-                       "context_that_fits": room, "fits": loads})
+                       "context_that_fits": room, "kv_bits": kv_bits,
+                       "kv_group_size": kv_group_size,
+                       "kv_settings": _kv_rows(info, ceiling.bytes, kv_group_size),
+                       "fits": loads})
         else:
+            kv = f"{kv_bits}-bit" if kv_bits else "full precision"
             verdict = ("fits" if est.total <= ceiling.bytes else
                        f"fits {room} tokens of context (requests past it are capped)"
                        if loads else "does NOT fit")
             console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
-                          f"  KV cache: {human(est.kv)} ({est.kv_per_token} bytes/token x "
+                          f"  KV cache: {human(est.kv)} ({kv}: {est.kv_per_token} bytes/token x "
                           f"{est.context} tokens)\n  total:    {human(est.total)}\n"
                           f"  ceiling:  {ceiling.label} -> {verdict}",
                           markup=False, highlight=False)
+            console.print(_kv_windows(info, _kv_rows(info, ceiling.bytes, kv_group_size),
+                                      ceiling.bytes), markup=False, highlight=False)
         if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
     _fit_split(model, ctx, ranks, hosts, pipeline, as_json)
+
+
+def _kv_rows(info, ceiling: int, group_size: int) -> list[dict]:
+    """The context each KV setting (full precision, 8 and 4 bits) leaves room for in
+    ``ceiling`` bytes after the weights: ``[{"kv_bits", "kv_bytes_per_token",
+    "context_that_fits"}]`` (tokens, not capped at the model's window)."""
+    from kit.models.memory import estimate
+
+    rows = []
+    for bits in (None, 8, 4):
+        est = estimate(info.path, 0, bits, group_size)
+        rows.append({"kv_bits": bits, "kv_bytes_per_token": est.kv_per_token,
+                     "context_that_fits": max(0, ceiling - est.weights)
+                     // max(1, est.kv_per_token)})
+    return rows
+
+
+def _kv_windows(info, rows: list[dict], ceiling: int) -> str:
+    """:func:`_kv_rows` as ``fit``'s table."""
+    from kit.models.memory import human
+
+    lines = [f"  context that fits in {human(ceiling)} after the weights (the model's window: "
+             f"{info.context_window} tokens):",
+             f"  {'KV cache':<16}{'per token':>11}{'tokens':>14}"]
+    for row in rows:
+        bits, room = row["kv_bits"], row["context_that_fits"]
+        flag = f"--kv-bits {bits}" if bits else "full precision"
+        lines.append(f"  {flag:<16}{human(row['kv_bytes_per_token']):>11}{room:>14}"
+                     + ("  (over the window)" if room >= info.context_window else ""))
+    return "\n".join(lines)
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,

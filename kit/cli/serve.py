@@ -134,8 +134,14 @@ def serve(
                                               "model names matching PATTERN with TARGET "
                                               "(local or a model id). Repeatable; claude-*, "
                                               "gpt-* -> local are built in."),
-    max_batch: int = typer.Option(8, "--max-batch", min=1, help="Most requests decoded "
-                                  "together (continuous batching); 1: one at a time."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", min=1, help="Most requests "
+                                            "decoded together (continuous batching); 1: one "
+                                            "at a time. Default: 8; 1 with --kv-bits."),
+    kv_bits: Optional[int] = typer.Option(None, "--kv-bits", help="Quantize the KV cache to "
+                                          "8 or 4 bits (about 1/2 or 1/4 of a 16-bit cache's "
+                                          "memory); requests then decode one at a time."),
+    kv_group_size: int = typer.Option(64, "--kv-group-size", help="Values per scale and "
+                                      "bias of the quantized KV cache: 32, 64 or 128."),
     prompt_cache_size: int = typer.Option(4, "--prompt-cache-size", min=1,
                                           help="Prompt caches (KV of earlier requests) kept."),
     prompt_cache_bytes: Optional[str] = typer.Option(
@@ -203,6 +209,10 @@ def serve(
     from kit.engine.hosts import plan_world
     from kit.engine.warmup import check_mode
 
+    from kit.engine.kv import check_kv, resolve_max_batch
+
+    check_kv(kv_bits, kv_group_size)
+    batch = resolve_max_batch(max_batch, kv_bits)  # ConfigError naming both flags
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, rank_timeout)
     check_mode(warmup.value, distributed=world is not None)
     aliases = AliasTable.parse(alias or [])
@@ -243,13 +253,17 @@ def serve(
         for w in web:
             w.should_exit = True
 
+    if kv_bits is not None and max_batch is None:
+        progress(f"--kv-bits {kv_bits}: requests decode one at a time (max batch 1): "
+                 "mlx-lm's batched decode cannot merge quantized KV caches")
     info = resolve_model(model, progress=progress)
     options = dict(prompt_cache_size=prompt_cache_size,
                    prompt_cache_bytes=parse_size(prompt_cache_bytes)
                    if prompt_cache_bytes else None, ttl=ttl or None,
-                   memory_budget=budget, max_batch=max_batch,
+                   memory_budget=budget, max_batch=batch,
                    trust_remote_code=trust_remote_code, prompt_cache_dir=prompt_cache_dir,
-                   prompt_cache_disk_bytes=disk_bytes, warmup=warmup.value)
+                   prompt_cache_disk_bytes=disk_bytes, warmup=warmup.value, kv_bits=kv_bits,
+                   kv_group_size=kv_group_size)
     if world is None:
         engine = EngineProcess(info, **options)
     else:

@@ -39,6 +39,7 @@ from typing import Any
 
 from kit.engine.bridge import END, LoopSink, settle_from_thread
 from kit.engine.inbox import Inbox
+from kit.engine.kv import kv_snapshot, resolve_max_batch
 from kit.engine.interface import SwapResult
 from kit.engine.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.run import Job, Swap
@@ -75,6 +76,10 @@ class Engine:
             plus what the replaced model frees).
         max_batch: most requests decoded together (continuous batching, mlx-lm's
             ``BatchGenerator``); 1 runs requests one at a time with ``stream_generate``.
+            None: 8, or 1 with ``kv_bits`` (:func:`kit.engine.kv.resolve_max_batch`).
+        kv_bits, kv_group_size: quantize the KV cache to 4 or 8 bits in groups of 32, 64
+            or 128 values (None: full precision); see :mod:`kit.engine.kv`. Requests then
+            decode one at a time (mlx-lm cannot batch quantized caches).
         on_change: called on the worker right after the public state changed (first
             load, reload, unload, swap, a request served, before its ``Finished``); the
             engine process forwards :meth:`snapshot` from here.
@@ -107,8 +112,9 @@ class Engine:
     """
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
-                 prompt_cache_bytes: int | None = None, ttl: float | None = None, memory_budget: int | None = None,
-                 max_batch: int = 8, on_change: Callable[[], None] | None = None,
+                 prompt_cache_bytes: int | None = None, ttl: float | None = None,
+                 memory_budget: int | None = None,
+                 max_batch: int | None = None, on_change: Callable[[], None] | None = None,
                  trust_remote_code: bool = False, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
@@ -116,7 +122,10 @@ class Engine:
                  on_fatal: Callable[[BaseException], None] | None = None,
                  prompt_cache_dir: str | None = None,
                  prompt_cache_disk_bytes: int = 0,
-                 warmup: str = "auto") -> None:
+                 warmup: str = "auto",
+                 kv_bits: int | None = None, kv_group_size: int = 64) -> None:
+        """Raises ConfigError for KV settings :mod:`kit.engine.kv` refuses, or a warm-up
+        mode :func:`kit.engine.warmup.check_mode` refuses."""
         from kit.engine.warmup import check_mode
 
         self.state = "loading"
@@ -129,11 +138,12 @@ class Engine:
         self.restarts = 0  # in-process there is no engine process to replace
         self.load_seconds: float | None = None
         self.ttl = ttl
-        self.max_batch = max_batch
+        self.max_batch = resolve_max_batch(max_batch, kv_bits)
         self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
                               loader=loader, split=split,
                               warmup=check_mode(warmup, distributed=split is not None),
-                              max_batch=max_batch)
+                              max_batch=self.max_batch, kv_bits=kv_bits,
+                              kv_group_size=kv_group_size)
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
@@ -210,7 +220,8 @@ class Engine:
                 "load_seconds": self.load_seconds, "phase": self.phase,
                 "memory": self.memory(),
                 "capabilities": self.capabilities(), "admission": self.admission,
-                "prompt_cache": self.prompt_cache}
+                "prompt_cache": self.prompt_cache,
+                "kv_cache": kv_snapshot(self.slot, self.max_batch)}
 
     @property
     def admission(self) -> dict[str, Any]:

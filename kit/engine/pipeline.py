@@ -240,8 +240,6 @@ class Pipeline:
             InvalidRequest: bad sampling parameters, the template rejects the messages,
                 the context is exceeded, or the constraint does not compile.
         """
-        from mlx_lm.models.cache import make_prompt_cache
-
         from kit.engine.output import OutputParser
 
         req, params = job.request, job.request.params
@@ -252,8 +250,10 @@ class Pipeline:
         prompt += forced
         n_max = max_tokens(self.slot.info, len(prompt), params.max_tokens)
         sampler, processors = self.sampling.build(params, grammar, source)
-        key, model = self.slot.info.id, self.slot.model
-        cache, rest = self.cache.fetch(key, prompt, lambda: make_prompt_cache(model))
+        key = self.slot.info.id
+        # a new cache is quantized from its first token with --kv-bits (kit.engine.kv), so
+        # cached ones are too: a prefix hit continues in the same precision as a cold run
+        cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache)
         cached = len(prompt) - len(rest)
         tok = self.slot.tokenizer
         parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(

@@ -90,7 +90,8 @@ class EngineProcess:
     Args:
         model: what to load first.
         **options: :class:`Engine`'s keyword arguments (``prompt_cache_size``, ``ttl``,
-            ``memory_budget``, ``max_batch``, ``trust_remote_code``), handed to every
+            ``memory_budget``, ``max_batch``, ``trust_remote_code``, ``kv_bits``,
+            ``kv_group_size``, ...), handed to every
             engine process it starts (restarts too).
     """
 
@@ -102,7 +103,15 @@ class EngineProcess:
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
         self.ttl = options.get("ttl")
-        self.max_batch = options.get("max_batch", 8)
+        from kit.engine.kv import check_kv, describe, resolve_max_batch
+
+        check_kv(options.get("kv_bits"), options.get("kv_group_size", 64))
+        # the engine's own checks, here too: a bad combination fails before a process starts
+        self.max_batch = resolve_max_batch(options.get("max_batch"), options.get("kv_bits"))
+        #: /health's KV settings until the engine's first snapshot (which adds its layers)
+        self.kv_cache: dict[str, Any] = {
+            **describe(options.get("kv_bits"), options.get("kv_group_size", 64)),
+            "quantized_layers": None, "layers": None, "max_batch": self.max_batch}
         self._options = options
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}

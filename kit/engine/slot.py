@@ -91,12 +91,24 @@ class ModelSlot:
             installed (:mod:`kit.engine.warmup`; a distributed rank never runs the full
             warm-up, only :func:`kit.engine.warmup.first_use` unless ``off``).
         max_batch: the engine's most requests decoded together (the batch sizes warmed).
+        kv_bits, kv_group_size: the quantized KV cache (``serve --kv-bits``, 4 or 8; None:
+            full precision) and its group size (elements per scale and bias; 64 by
+            default); :meth:`new_cache` builds caches with them (:mod:`kit.engine.kv`).
+        kv_layers: ``(quantized layers, all layers)`` of the loaded model's cache with
+            ``kv_bits`` (None before a load or without ``kv_bits``).
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
                  trust_remote_code: bool = False, loader: Any = None,
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
-                 max_batch: int = 8) -> None:
+                 max_batch: int = 8, kv_bits: int | None = None,
+                 kv_group_size: int = 64) -> None:
+        from kit.engine.kv import check_kv
+
+        check_kv(kv_bits, kv_group_size)
+        self.kv_bits = kv_bits
+        self.kv_group_size = kv_group_size
+        self.kv_layers: tuple[int, int] | None = None
         self.info = info
         self.warmup = warmup
         self.max_batch = max_batch
@@ -165,6 +177,22 @@ class ModelSlot:
                 f"(serve, or launch when no server runs: `mlx-kit stop` first) if you trust "
                 f"that code; it runs with your user's rights",
                 hint="--trust-remote-code runs the code of the model's repository") from None
+        # With --kv-bits, one tiny generation on the quantized cache first: a model whose
+        # attention cannot read one (or whose head size the group size does not divide)
+        # is refused here, whatever the warm-up mode
+        cache = self._kv_cache(info, model)
+        if self.kv_bits is not None:
+            from kit.engine.warmup import first_use
+
+            try:
+                first_use(model, tokenizer, cache)
+            except Exception as e:
+                raise ModelError(
+                    f"--kv-bits {self.kv_bits} --kv-group-size {self.kv_group_size}: "
+                    f"{info.id} cannot run with a quantized KV cache: {e}",
+                    hint="try another --kv-group-size (a divisor of the model's head size), "
+                         "or serve it without --kv-bits") from None
+        del cache
         self._warm(model, tokenizer, on_phase)
         from kit.engine.prompt_bound import TokenBound
 
@@ -188,10 +216,11 @@ class ModelSlot:
         if self.split is None and warmup.wanted(self.warmup):
             if on_phase is not None:
                 on_phase("warming up")
-            kv_bits = getattr(self, "kv_bits", None)  # set by --kv-bits (quantized KV)
-            warmup.warm_up(model, tokenizer, max_batch=self.max_batch, kv_bits=kv_bits,
-                           kv_group_size=getattr(self, "kv_group_size", None) or 64)
-        else:
+            # caches as requests get them (quantized with --kv-bits), so the same kernels
+            warmup.warm_up(model, tokenizer, max_batch=self.max_batch,
+                           new_cache=lambda: self.new_cache(model),
+                           batching=self.kv_bits is None)
+        elif self.kv_bits is None:  # with --kv-bits load() has run it on a quantized cache
             warmup.first_use(model, tokenizer)
 
     def check_fit(self, info: ModelInfo, replacing: int) -> int:
@@ -210,7 +239,8 @@ class ModelSlot:
         here = ""
         try:
             if self.split is None:  # admission caps requests past this: see fit_context
-                est = estimate(info.path, fit_context(info.context_window))
+                est = estimate(info.path, fit_context(info.context_window),
+                               kv_bits=self.kv_bits, kv_group_size=self.kv_group_size)
             else:  # SplitError (a ModelError): the model cannot be split this way
                 from kit.models.split import plan_split
 
@@ -240,11 +270,48 @@ class ModelSlot:
             return est.weights // self.split[3]
         return est.weights
 
+    def _kv_cache(self, info: ModelInfo, model: Any) -> list[Any]:
+        """:meth:`new_cache` for ``model`` (being loaded), after checking that ``kv_bits``
+        can quantize some of its layers (logging which keep full precision).
+
+        Raises:
+            ModelError: ``kv_bits`` is set and no layer's cache can be quantized.
+        """
+        if self.kv_bits is not None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            from kit.engine.kv import layer_kinds, refuse_unquantizable
+
+            plain = make_prompt_cache(model)
+            n, total = refuse_unquantizable(info.id, plain, self.kv_bits)
+            if n < total:
+                log.info("--kv-bits %d: %d of %d layers quantized; the %s layers keep full "
+                         "precision (mlx-lm has no quantized form of them)", self.kv_bits,
+                         n, total, ", ".join(layer_kinds(plain)[1]))
+        return self.new_cache(model)
+
+    def new_cache(self, model: Any = None) -> list[Any]:
+        """An empty prompt cache for ``model`` (default: the loaded one):
+        ``make_prompt_cache``, with every layer mlx-lm can quantize as a
+        ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``) when ``kv_bits`` is set
+        (:mod:`kit.engine.kv`)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model if model is None else model)
+        if self.kv_bits is None:
+            return cache
+        from kit.engine.kv import quantized_cache
+
+        return quantized_cache(cache, self.kv_bits, self.kv_group_size)
+
     def install(self, loaded: Loaded) -> None:
         """Make ``loaded`` the slot's model (release the old one first)."""
         self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
         self.weights_bytes = loaded.weights_bytes
         self.ceiling, self.kv_per_token = loaded.ceiling, loaded.kv_per_token
+        if self.kv_bits is not None:  # QuantizedKVCache layers have ``bits``
+            cache = self.new_cache()
+            self.kv_layers = (sum(1 for c in cache if hasattr(c, "bits")), len(cache))
 
     def release(self, keep_tokenizer: bool = False) -> None:
         """Drop the model (and, unless ``keep_tokenizer``, the tokenizer) and give mlx's

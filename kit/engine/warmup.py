@@ -172,11 +172,12 @@ def _tokens(tokenizer: Any, n: int, shift: int = 0) -> list[int]:
 
 
 def _run_stream(model: Any, tokenizer: Any, shape: Shape, step_size: int,
-                kv: dict[str, Any]) -> None:
+                new_cache: Callable[[], Any] | None) -> None:
     from mlx_lm import stream_generate
 
+    cache = {} if new_cache is None else {"prompt_cache": new_cache()}
     for _ in stream_generate(model, tokenizer, _tokens(tokenizer, shape.tokens),
-                             max_tokens=DECODE_STEPS, prefill_step_size=step_size, **kv):
+                             max_tokens=DECODE_STEPS, prefill_step_size=step_size, **cache):
         pass
 
 
@@ -198,8 +199,9 @@ def _run_batch(model: Any, tokenizer: Any, shape: Shape, step_size: int,
         bg.close()
 
 
-def warm_up(model: Any, tokenizer: Any, *, max_batch: int, kv_bits: int | None = None,
-            kv_group_size: int = 64, limit_s: float = LIMIT_S,
+def warm_up(model: Any, tokenizer: Any, *, max_batch: int,
+            new_cache: Callable[[], Any] | None = None, batching: bool = True,
+            limit_s: float = LIMIT_S,
             on_shape: Callable[[Shape, int, int], None] | None = None,
             clock: Callable[[], float] = time.monotonic) -> Report:
     """Run the shapes of :func:`plan` on ``model``; never raises (a failure is logged and
@@ -208,8 +210,11 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int, kv_bits: int | None =
     Args:
         model, tokenizer: mlx-lm's, as loaded.
         max_batch: the engine's most requests decoded together.
-        kv_bits, kv_group_size: a quantized KV cache (mlx-lm's ``kv_bits``, from the
-            first token: its kernels are warmed too); no batching then.
+        new_cache: ``() -> cache``: the prompt cache a request starts from
+            (:meth:`kit.engine.slot.ModelSlot.new_cache`: quantized with ``--kv-bits``,
+            so those kernels are warmed too); None: mlx-lm's default cache.
+        batching: whether requests can be batched (False with ``--kv-bits``: mlx-lm's
+            ``BatchGenerator`` cannot merge quantized caches): only single-stream shapes.
         limit_s: seconds after which no new shape starts.
         on_shape: called before each shape with ``(shape, its 1-based number, count)``.
         clock: seconds, monotonic (tests pass their own).
@@ -222,9 +227,7 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int, kv_bits: int | None =
     from kit.engine.sampling import prefill_step_size
 
     step = prefill_step_size()
-    kv = {} if kv_bits is None else {"kv_bits": kv_bits, "kv_group_size": kv_group_size,
-                                     "quantized_kv_start": 0}
-    shapes = plan(max_batch, step, batching=kv_bits is None)
+    shapes = plan(max_batch, step, batching=batching)
     report = Report()
     t0 = clock()
     for i, shape in enumerate(shapes, 1):
@@ -238,7 +241,7 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int, kv_bits: int | None =
             on_shape(shape, i, len(shapes))
         try:
             if shape.kind == "stream":
-                _run_stream(model, tokenizer, shape, step, kv)
+                _run_stream(model, tokenizer, shape, step, new_cache)
             else:
                 _run_batch(model, tokenizer, shape, step, max_batch)
         except Exception as e:  # the server becomes ready anyway; a request pays the rest
@@ -256,11 +259,13 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int, kv_bits: int | None =
     return report
 
 
-def first_use(model: Any, tokenizer: Any) -> None:
+def first_use(model: Any, tokenizer: Any, cache: Any = None) -> None:
     """One tiny generation, so the first request does not pay first-use costs where no
     full warm-up runs (allocator growth, lazy imports inside mlx-lm; on Metal and CPU the
-    kernels need no compilation worth a warm-up)."""
+    kernels need no compilation worth a warm-up). ``cache``: the prompt cache to run it
+    in (None: mlx-lm's default); raises whatever generation raises."""
     from mlx_lm import stream_generate
 
-    for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2):
+    extra = {} if cache is None else {"prompt_cache": cache}
+    for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2, **extra):
         pass

@@ -55,21 +55,45 @@ def weights_bytes(folder: Path) -> int:
     return total
 
 
-def kv_bytes_per_token(config: dict) -> int:
-    """K and V for every layer: 2 x layers x kv_heads x head_dim x activation bytes."""
+def kv_bytes_per_token(config: dict, kv_bits: int | None = None, group_size: int = 64) -> int:
+    """KV cache bytes one token of context costs, over every layer.
+
+    Full precision: 2 (K and V) x layers x kv_heads x head_dim x activation bytes (4 for
+    a float32 model, else 2). With ``kv_bits`` (mlx-lm's ``QuantizedKVCache``, what
+    ``serve --kv-bits`` keeps): each head's K and V are ``head_dim`` values of ``kv_bits``
+    bits packed in uint32 words, plus a scale and a bias in the activation dtype for every
+    ``group_size`` values (``mx.quantize``'s layout). E.g. head_dim 128, float16: 256
+    bytes a head at full precision, 136 with 8 bits, 72 with 4 (group 64).
+
+    An estimate for models whose every layer keeps a KV cache of the whole context
+    (sliding-window and recurrent layers are counted as full ones: an upper bound).
+    """
     cfg = config.get("text_config") or config
     layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0
     heads = cfg.get("num_attention_heads") or 1
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16")
-    return 2 * layers * kv_heads * head_dim * (4 if "32" in dtype else 2)
+    act = 4 if "32" in dtype else 2
+    if kv_bits is None:
+        per_head = head_dim * act
+    else:
+        words = math.ceil(head_dim * kv_bits / 32)  # packed values, whole uint32 words
+        per_head = words * 4 + 2 * math.ceil(head_dim / group_size) * act
+    return 2 * layers * kv_heads * per_head
 
 
-def estimate(folder: Path, context: int) -> Estimate:
-    """Estimate the bytes the model in ``folder`` needs for ``context`` tokens."""
+def estimate(folder: Path, context: int, kv_bits: int | None = None,
+             kv_group_size: int = 64) -> Estimate:
+    """Estimate the bytes the model in ``folder`` needs for ``context`` tokens, its KV
+    cache quantized to ``kv_bits`` (None: full precision; see :func:`kv_bytes_per_token`).
+
+    Raises:
+        OSError, ValueError: config.json or a safetensors header cannot be read.
+    """
     config = json.loads((folder / "config.json").read_text())
-    return Estimate(weights_bytes(folder), kv_bytes_per_token(config), context)
+    return Estimate(weights_bytes(folder), kv_bytes_per_token(config, kv_bits, kv_group_size),
+                    context)
 
 
 def parse_size(text: str) -> int:

@@ -174,6 +174,7 @@ class ServerState:
                 "memory": e.memory() if memory is None else memory, "error": e.error,
                 # memory/disk hits, sizes and writes (None until the engine reported them)
                 "prompt_cache": getattr(e, "prompt_cache", None),
+                **({"kv_cache": e.kv_cache} if getattr(e, "kv_cache", None) else {}),
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
                                       for k in ("temperature", "top_p", "top_k", "min_p")},
                 **({"admission": e.admission} if getattr(e, "admission", None) else {}),
