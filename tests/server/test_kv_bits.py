@@ -140,7 +140,7 @@ def test_fit_kv_bits_4_shows_the_larger_window(hf_home, tmp_path):
     assert r.returncode == 0, r.stderr
     # 30 layers x 3 KV heads x (K, V) x (64 values at 4 bits + 1 f32 scale and bias per
     # group of 64) = 7200 bytes a token, against 46080 at full precision (f32)
-    assert "KV cache: 29.49 MB (4-bit: 7200 bytes/token x 4096 tokens)" in r.stdout
+    assert "KV cache: 28.12 MiB (4-bit: 7200 bytes/token x 4096 tokens)" in r.stdout
     rows = _window_rows(r.stdout)
     assert list(rows) == ["full precision", "--kv-bits 8", "--kv-bits 4"]
     assert rows["--kv-bits 4"] > rows["--kv-bits 8"] > rows["full precision"] > 0
