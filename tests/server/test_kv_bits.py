@@ -130,7 +130,7 @@ def test_serve_refuses_kv_settings_it_cannot_run_naming_the_flags(tmp_path, args
 
 def _window_rows(stdout: str) -> dict[str, int]:
     """``fit``'s table: KV setting -> tokens that fit."""
-    rows = re.findall(r"^  (full precision|--kv-bits \d)\s+[\d.]+ [KMG]?B\s+(\d+)", stdout,
+    rows = re.findall(r"^  (full precision|--kv-bits \d)\s+[\d.]+ [KMG]?i?B\s+(\d+)", stdout,
                       re.M)
     return {name: int(tokens) for name, tokens in rows}
 
