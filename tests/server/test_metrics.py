@@ -158,6 +158,18 @@ def test_unmatched_paths_share_one_route_label():
     assert not any(r.startswith("/scan") for r in routes)
 
 
+def test_invented_methods_share_one_method_label():
+    client = TestClient(make_app(), client=LOOPBACK)
+    for i in range(20):
+        client.request(f"X-SCAN{i}", "/health")
+    client.request("PATCH", "/health")
+    text = client.get("/metrics").text
+    methods = {s.labels["method"] for f in text_string_to_metric_families(text)
+               if f.name == "mlx_kit_http_requests" for s in f.samples}
+    assert methods == {"other", "PATCH"}  # this GET is counted after its own answer
+    assert value(text, "mlx_kit_http_requests_total", route="/health", method="other") == 20
+
+
 def test_refused_requests_are_counted_with_their_status():
     client = TestClient(make_app(api_key="sekret"), client=LOOPBACK)
     assert client.get("/v1/models").status_code == 401
