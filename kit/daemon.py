@@ -23,6 +23,7 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
 from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError
+from kit.logfile import RUN_SEPARATOR, open_private
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -68,8 +69,6 @@ def read_pid_file(url: ServerURL) -> dict | None:
         return None
 
 
-#: start_detached writes this before each start, so a tail can show the current run only.
-RUN_SEPARATOR = "\n--- "
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -101,13 +100,13 @@ def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = 
     """Start ``mlx-kit serve`` in its own session, logging to the log file (its stdout
     and stderr too, until ``serve`` takes the file over: kit/logfile.py rotates it)."""
     log = log_file(url)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log_dir(create=True)  # 0700 when we create it
     cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),
            "--log-file", str(log)]
     if model:
         cmd += ["--model", model]
     cmd += extra or []
-    with open(log, "ab") as out:
+    with open_private(log, "ab") as out:  # 0600: it holds prompts and command lines
         out.write(f"{RUN_SEPARATOR}{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n"
                   .encode())
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,

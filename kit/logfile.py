@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,17 @@ MAX_BYTES_ENV = "MLX_KIT_LOG_MAX_BYTES"
 #: Set by ``serve --log-file`` for its engine process: the file it appends to.
 LOG_FILE_ENV = "MLX_KIT_SERVER_LOG"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The mode a log file is created with: only its user reads it (it holds prompts, tokens
+#: in command lines, paths).
+FILE_MODE = 0o600
+#: ``start_detached`` writes this before each start, so a tail can show the current run only.
+RUN_SEPARATOR = "\n--- "
+#: A line :data:`FORMAT` writes ("2026-12-01 21:58:44,123 INFO mlx_kit.serve: ..."), or
+#: the run separator: how a file shows it is one of our logs (:func:`check_rotation_targets`).
+_OUR_LINE = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(,\d{3})? [A-Z]+ \S+: |--- )",
+                       re.MULTILINE)
+#: Bytes read from the start of a file to decide whether it is ours.
+_SNIFF_BYTES = 64 * 1024
 
 
 def max_bytes() -> int:
@@ -74,7 +86,67 @@ class _StdStreams:
             os.dup2(stream.fileno(), fd)
 
 
-class ServerLogFile(logging.handlers.RotatingFileHandler):
+def open_private(path: Path | str, mode: str = "a", encoding: str | None = "utf-8",
+                 errors: str | None = None):
+    """Open ``path`` for appending (``mode`` "a" or "ab"), creating it with
+    :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode.
+
+    Raises:
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    if "b" in mode:
+        return open(fd, mode)
+    return open(fd, mode, encoding=encoding, errors=errors)
+
+
+class _PrivateOpen:
+    """Mixin for the stdlib file handlers: ``_open`` (used at start and by every
+    rotation/reopen) creates the file 0600 instead of with the umask."""
+
+    def _open(self):
+        return open_private(self.baseFilename, self.mode, self.encoding, self.errors)
+
+
+def looks_like_our_log(path: Path) -> bool:
+    """Whether the file at ``path`` is empty or has, in its first 64 KiB, a line our
+    :data:`FORMAT` or :data:`RUN_SEPARATOR` writes, or is this process's stdout/stderr
+    (what started us opened it for us to log into). A missing file counts as ours (there
+    is nothing to lose); an unreadable one does not.
+    """
+    if any(_is_file(fd, path) for fd in (1, 2)):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return not head or _OUR_LINE.search(head) is not None
+
+
+def check_rotation_targets(path: Path) -> None:
+    """Refuse a log file whose rotation would overwrite or delete files that are not
+    ours: rotating renames ``path`` to ``path.1``, ``path.1`` to ``path.2``, ... and
+    deletes the last (:data:`BACKUPS`), so each of ``path`` and ``path.1`` ..
+    ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`).
+
+    Raises:
+        ConfigError: naming the files that are not our logs.
+    """
+    from kit.errors import ConfigError
+
+    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
+    foreign = [str(p) for p in names if p.exists() and not looks_like_our_log(p)]
+    if foreign:
+        raise ConfigError(
+            f"the log file's rotation would overwrite or delete files that are not mlx-kit "
+            f"logs: {', '.join(foreign)}",
+            hint="pass another --log-file, or move those files away")
+
+
+class ServerLogFile(_PrivateOpen, logging.handlers.RotatingFileHandler):
     """The server's handler: a RotatingFileHandler (:func:`max_bytes`, :data:`BACKUPS`)
     that also moves fds 1/2 to the new file after a rotation (when they were the file).
 
@@ -92,7 +164,7 @@ class ServerLogFile(logging.handlers.RotatingFileHandler):
         self.std.follow(self.stream)
 
 
-class EngineLogFile(logging.handlers.WatchedFileHandler):
+class EngineLogFile(_PrivateOpen, logging.handlers.WatchedFileHandler):
     """The engine process's handler: appends to the server's file and reopens it when
     the server has rotated it (WatchedFileHandler compares the path's inode at each
     record), moving fds 1/2 along when they were the file."""
@@ -129,7 +201,9 @@ def _handlers(path: Path | None, make: Callable[[Path], logging.Handler]
               ) -> list[logging.Handler]:
     if path is None:
         return [logging.StreamHandler()]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from kit.paths import private_dir
+
+    private_dir(path.parent)
     handler = make(path)
     if handler.std.fds:  # type: ignore[attr-defined]
         return [handler]
@@ -140,7 +214,14 @@ def setup_server(level: str, log_file: Path | None) -> None:
     """Configure the ``serve`` process's logging: the root logger at INFO into
     ``log_file`` (rotated, see the module doc) or stderr, ``mlx_kit`` at ``level``
     ("debug", "info", ...), ``/health`` out of uvicorn's access log. With a log file, its
-    path goes into the environment for the engine process (:func:`setup_engine`)."""
+    path goes into the environment for the engine process (:func:`setup_engine`).
+
+    Raises:
+        ConfigError: ``log_file``'s rotation would destroy files that are not our logs
+            (:func:`check_rotation_targets`).
+    """
+    if log_file is not None:
+        check_rotation_targets(log_file)
     logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
                         handlers=_handlers(log_file, ServerLogFile))
     logging.getLogger("mlx_kit").setLevel(level.upper())
