@@ -40,8 +40,8 @@ class ExitCode(IntEnum):
     """
 
     OK = 0
-    ERROR = 1          # an expected error: `error: ...` and `hint: ...` on stderr
-    USAGE = 2          # bad flags or arguments (click)
+    ERROR = 1          # an expected error (a bad size, URL...): `error: ...`, `hint: ...`
+    USAGE = 2          # click's usage errors: unknown flag, missing argument, not an int
     NO_SERVER = 3      # no mlx-kit server answers at the URL
     NOT_READY = 4      # `status`: the server answers but is loading, restarting or stopping
     DOES_NOT_FIT = 5   # the model does not fit the memory budget (`fit`, `serve`)
@@ -52,8 +52,10 @@ class ExitCode(IntEnum):
 #: (code, meaning) for help texts and docs, in :class:`ExitCode` order.
 EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
     (ExitCode.OK, "success"),
-    (ExitCode.ERROR, "expected error (the message says what and the hint what to do)"),
-    (ExitCode.USAGE, "usage error: a bad flag or argument"),
+    (ExitCode.ERROR, "expected error, a flag value mlx-kit checks included (the message "
+                     "says what and the hint what to do)"),
+    (ExitCode.USAGE, "usage error (click's): an unknown flag, a missing argument, a value "
+                     "not of the flag's type or range"),
     (ExitCode.NO_SERVER, "no mlx-kit server is running at the URL"),
     (ExitCode.NOT_READY, "status: the server is loading, restarting or stopping"),
     (ExitCode.DOES_NOT_FIT, "the model does not fit in memory"),

@@ -67,6 +67,19 @@ def test_usage_error_exits_2(home):
     assert "No such option: --no-such-flag" in r.stderr and "unexpected" not in r.stderr
 
 
+def test_bad_flag_values_exit_as_the_table_says(home, tiny_model):
+    """A value mlx-kit checks itself (a size) is an expected error, 1; a value click
+    rejects for its type or range is a usage error, 2: the table's rows say which."""
+    size = run_kit(home, "fit", str(tiny_model), "--memory-budget", "lots")
+    assert size.returncode == ExitCode.ERROR, size.stderr
+    assert "error: not a size: 'lots'" in size.stderr
+    rng = run_kit(home, "logs", "-n", "-1")
+    assert rng.returncode == ExitCode.USAGE, rng.stderr
+    meanings = dict(EXIT_CODE_MEANINGS)
+    assert "flag value" in meanings[ExitCode.ERROR]
+    assert "type or range" in meanings[ExitCode.USAGE]
+
+
 def test_no_server_exits_3_for_status_and_swap(home):
     url = f"http://127.0.0.1:{free_port()}"
     status = run_kit(home, "status", "--url", url)
