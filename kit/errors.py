@@ -36,7 +36,8 @@ class ExitCode(IntEnum):
     in docs/cli.md). ``kit.cli.main`` maps errors to them in one place.
 
     2 is click's usage error; 3 "not running" follows LSB/systemctl ``status``; 70 is
-    sysexits' EX_SOFTWARE; 130 is the shell's 128 + SIGINT.
+    sysexits' EX_SOFTWARE; 130 is the shell's 128 + SIGINT; 141 the shell's 128 + SIGPIPE
+    (what ``git log | head`` leaves in ``$?``: git dies of SIGPIPE, Python ignores it).
     """
 
     OK = 0
@@ -47,6 +48,7 @@ class ExitCode(IntEnum):
     DOES_NOT_FIT = 5   # the model does not fit the memory budget (`fit`, `serve`)
     SOFTWARE = 70      # an unexpected error (a bug): the message names a log with the traceback
     INTERRUPTED = 130  # Ctrl-C
+    BROKEN_PIPE = 141  # stdout's reader left (`| head`): silent, the shell's 128 + SIGPIPE
 
 
 #: (code, meaning) for help texts and docs, in :class:`ExitCode` order.
@@ -61,6 +63,8 @@ EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
     (ExitCode.DOES_NOT_FIT, "the model does not fit in memory"),
     (ExitCode.SOFTWARE, "unexpected error (a bug): the message names a log file"),
     (ExitCode.INTERRUPTED, "interrupted (Ctrl-C)"),
+    (ExitCode.BROKEN_PIPE, "stdout was closed early (`| head`): nothing printed, as git "
+                           "and ls"),
 )
 
 

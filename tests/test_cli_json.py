@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from kit.errors import ExitCode
 from kit.harness.spec_loader import all_specs
 from kit.models.memory import human, parse_size
 from tests.helpers import clean_env, free_port, run_kit
@@ -89,6 +92,41 @@ def test_a_refused_dry_run_json_is_one_error_document(home, dead_url):
     error = as_json(r)["error"]  # json.loads fails on two documents
     assert str(target) in error["message"] and error["exit_code"] == 1
     assert target.read_text() == "// the user's own extension\n"
+
+
+def run_into(home: Path, stdout, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home),
+                          cwd=home, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [("harness", "show", "pi", "--json"),
+                                  ("harness", "list"),
+                                  ("status", "--json", "--url", "http://127.0.0.1:1")])
+def test_a_closed_stdout_pipe_exits_141_silently(home, args):
+    """`mlx-kit ... | true`: the reader has left before the first write (its end closed
+    here before the start, so the write fails for sure), as with git and ls."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = run_into(home, write, *args)
+    finally:
+        os.close(write)
+    assert r.returncode == ExitCode.BROKEN_PIPE == 141
+    assert r.stderr == "" or "error:" in r.stderr  # status's own error line only
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    assert not list(home.rglob("crash-*.log"))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_full_stdout_is_reported_once_without_a_second_failure(home, json_flag):
+    with open("/dev/full", "w") as full:
+        r = run_into(home, full, "harness", "show", "pi", *json_flag)
+    assert r.returncode == ExitCode.SOFTWARE, r.stderr
+    assert r.stderr.count("unexpected error: OSError") == 1
+    assert "No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
 def test_fit_json_is_in_bytes(home, tmp_path):

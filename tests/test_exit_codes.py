@@ -52,7 +52,7 @@ def test_help_documents_every_exit_code(home):
     table = r.stdout.split("Exit codes (every command):")[1]
     for code, meaning in EXIT_CODE_MEANINGS:
         assert f"{code:>3}  {meaning}" in table
-    assert [c for c, _ in EXIT_CODE_MEANINGS] == [0, 1, 2, 3, 4, 5, 70, 130]
+    assert [c for c, _ in EXIT_CODE_MEANINGS] == [0, 1, 2, 3, 4, 5, 70, 130, 141]
 
 
 def test_expected_error_exits_1_with_a_hint(home):
