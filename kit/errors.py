@@ -63,8 +63,8 @@ EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
     (ExitCode.DOES_NOT_FIT, "the model does not fit in memory"),
     (ExitCode.SOFTWARE, "unexpected error (a bug): the message names a log file"),
     (ExitCode.INTERRUPTED, "interrupted (Ctrl-C)"),
-    (ExitCode.BROKEN_PIPE, "stdout was closed early (`| head`): nothing printed, as git "
-                           "and ls"),
+    (ExitCode.BROKEN_PIPE, "stdout's reader left early (e.g. head): silent, as git and "
+                           "ls"),
 )
 
 
