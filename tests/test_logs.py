@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kit.logfile import (BACKUPS, MAX_BYTES_ENV, ServerLogFile, _handlers,
+from kit.logfile import (BACKUPS, MAX_BYTES_ENV, Follower, ServerLogFile, _handlers,
                          check_rotation_targets, follow, last_lines)
 from tests.helpers import (clean_env, free_port, run_kit, spawn_server, stop, wait_health,
                            wait_until)
@@ -126,6 +127,76 @@ def test_follow_reads_every_line_across_rotations(tmp_path, monkeypatch):
         reader.join(10)
         handler.close()
     assert [int(line.split()[1]) for line in "".join(got).splitlines()] == list(range(120))
+
+
+class Followed:
+    """A :class:`Follower` iterated by a thread; ``text()`` is what it yielded so far."""
+
+    def __init__(self, follower: Follower) -> None:
+        self.follower, self.got, self.done = follower, [], threading.Event()
+        follower.stop, follower.poll = self.done.is_set, 0.01
+        self.thread = threading.Thread(target=lambda: self.got.extend(follower))
+        self.thread.start()
+
+    def text(self) -> str:
+        return "".join(self.got)
+
+    def end(self) -> None:
+        self.done.set()
+        self.thread.join(10)
+
+
+def test_follow_holds_back_a_line_until_its_newline(tmp_path):
+    path = tmp_path / "server.log"
+    path.write_bytes(b"")
+    followed = Followed(Follower(path, start=0))
+    try:
+        with open(path, "ab", buffering=0) as w:
+            w.write(b"one\ntw")
+            wait_until(lambda: followed.text() == "one\n", timeout=30, what="line one")
+            wait_until(lambda: followed.follower.pending == "tw", timeout=30, what="held")
+            assert followed.text() == "one\n"  # "tw" not printed as a line of its own
+            w.write(b"o\nthr")
+            wait_until(lambda: followed.text() == "one\ntwo\n", timeout=30, what="two")
+    finally:
+        followed.end()
+    assert followed.text() == "one\ntwo\n" and followed.follower.pending == "thr"
+    # follow() gives the unended line when it stops
+    assert list(follow(path, start=0, stop=lambda: True)) == []
+    done = iter([False, True])
+    assert "".join(follow(path, start=0, poll=0.01, stop=lambda: next(done, True))) == \
+        "one\ntwo\nthr\n"
+
+
+def test_follow_from_a_measured_handle_reads_a_file_rotated_in_between(tmp_path):
+    """`logs -f` takes the size and the file from one handle: a rotation right after it
+    measured cannot make it start the new file at the old size (skipping its start)."""
+    path = tmp_path / "server.log"
+    path.write_bytes(b"old 1\nold 2\n" + b"x" * 100 + b"\n")
+    log = open(path, "rb")
+    size = os.fstat(log.fileno()).st_size
+    path.rename(tmp_path / "server.log.1")  # the server rotates now
+    path.write_bytes(b"new 1\nunended")
+    followed = Followed(Follower(path, start=size, file=log))
+    try:
+        wait_until(lambda: followed.text() == "new 1\n", timeout=30, what="the new start")
+    finally:
+        followed.end()
+    assert followed.follower.pending == "unended"
+
+
+def test_a_rotated_files_unended_line_is_ended_not_joined_to_the_next(tmp_path):
+    path = tmp_path / "server.log"
+    path.write_bytes(b"a\npartial")
+    followed = Followed(Follower(path, start=0))
+    try:
+        wait_until(lambda: followed.text() == "a\n", timeout=30, what="a")
+        path.rename(tmp_path / "server.log.1")
+        path.write_bytes(b"b\n")
+        wait_until(lambda: followed.text() == "a\npartial\nb\n", timeout=30,
+                   what="the old file's last line, ended, then the new file")
+    finally:
+        followed.end()
 
 
 def test_log_files_are_created_0600_across_rotations_in_a_0700_dir(tmp_path, monkeypatch):
