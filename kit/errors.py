@@ -28,6 +28,7 @@ CLI's exit codes.
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -100,6 +101,29 @@ class KitError(Exception):
         self.hint = hint
 
     __reduce__ = reduce_error
+
+
+def error_kind(error: BaseException) -> str:
+    """The snake-case kind of an error, as /health's ``error_type`` reports it: the class
+    name without ``Error`` (``ModelDoesNotFitError`` -> ``"model_does_not_fit"``)."""
+    return _kind(type(error).__name__)
+
+
+def _kind(name: str) -> str:
+    name = name[:-len("Error")] if name.endswith("Error") and name != "Error" else name
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def error_class_of_kind(kind: str | None) -> type[KitError] | None:
+    """The :class:`KitError` subclass whose :func:`error_kind` a server reported (its
+    ``exit_code`` is the CLI's for it); None for None or a kind that is not one of ours."""
+    todo: list[type[KitError]] = [KitError]
+    while kind is not None and todo:
+        cls = todo.pop()
+        if _kind(cls.__name__) == kind:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return None
 
 
 class ConfigError(KitError):

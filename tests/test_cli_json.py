@@ -259,6 +259,39 @@ def test_status_models_swap_json_use_the_servers_field_names(server, tmp_path):
     assert httpx.get(server.root + "/health").json()["swaps"] == health["swaps"]
 
 
+def test_a_model_that_does_not_fit_exits_5_from_status_and_launch_with_one_log_line(
+        hf_home, tmp_path):
+    """A server whose model does not fit its --memory-budget: /health names the kind,
+    `status` exits 5 (and its --json error is the documented object), launch's wait
+    exits 5 too, and the log says it in one line, no traceback."""
+    from kit.daemon import wait_ready
+    from kit.errors import ModelDoesNotFitError
+    from kit.urls import parse_url
+    from tests.helpers import spawn_server, stop, wait_until
+
+    s = spawn_server(tmp_path, hf_home, "--memory-budget", "1MiB")
+    try:
+        health = wait_until(lambda: (h := s.health())["status"] == "failed" and h,
+                            timeout=120, what="the load to fail")
+        assert health["error_type"] == "model_does_not_fit" and "does not fit" in \
+            health["error"]
+        text = run_kit(clean_env(s.home, hf_home), "status", "--url", s.root)
+        assert text.returncode == ExitCode.DOES_NOT_FIT, text.stderr
+        assert f"error: {health['error']}" in text.stderr and "hint: " in text.stderr
+        r = run_kit(clean_env(s.home, hf_home), "status", "--json", "--url", s.root)
+        assert r.returncode == ExitCode.DOES_NOT_FIT == 5, r.stderr
+        out = as_json(r)
+        assert out["error"] == {"message": health["error"], "hint": out["error"]["hint"],
+                                "exit_code": 5, "type": "ModelDoesNotFitError"}
+        assert out["health_error"] == health["error"] and out["status"] == "failed"
+        with pytest.raises(ModelDoesNotFitError, match="does not fit"):
+            wait_ready(parse_url(s.root), None, s.log, 10)
+        log = s.log_text()
+        assert log.count("model load failed: ") == 1 and "Traceback" not in log
+    finally:
+        stop(s)
+
+
 def test_launch_progress_never_says_serving_before_ready(hf_home, tmp_path, monkeypatch):
     """Regression: launch's spinner showed the server's "serving X as 'local'" log line
     while the model still loaded. Its text now starts with /health's status (and load

@@ -80,6 +80,19 @@ def test_bad_flag_values_exit_as_the_table_says(home, tiny_model):
     assert "type or range" in meanings[ExitCode.USAGE]
 
 
+def test_a_servers_error_type_maps_back_to_its_exit_code():
+    """/health's error_type is kit.errors.error_kind of the engine's error; the CLI maps it
+    back to that error's class (and exit code) with error_class_of_kind."""
+    from kit.errors import (ModelDoesNotFitError, ModelError, ModelNotFoundError,
+                            error_class_of_kind, error_kind)
+
+    assert error_kind(ModelDoesNotFitError("x")) == "model_does_not_fit"
+    assert error_kind(ModelNotFoundError("m", [])) == "model_not_found"
+    assert error_class_of_kind("model_does_not_fit").exit_code == ExitCode.DOES_NOT_FIT
+    assert error_class_of_kind("model") is ModelError
+    assert error_class_of_kind(None) is None and error_class_of_kind("value") is None
+
+
 def test_no_server_exits_3_for_status_and_swap(home):
     url = f"http://127.0.0.1:{free_port()}"
     status = run_kit(home, "status", "--url", url)

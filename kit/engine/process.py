@@ -98,6 +98,7 @@ class EngineProcess:
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
+        self.error_type: str | None = None  # the engine's (kit.engine.engine.Engine)
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
         self.ttl = options.get("ttl")
@@ -264,6 +265,7 @@ class EngineProcess:
         self.restarts += 1
         self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
         self.state, self.error, self._ready = state, error, threading.Event()
+        self.error_type = None
         self.start()
 
     def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:

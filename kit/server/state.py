@@ -171,6 +171,8 @@ class ServerState:
                 "engine_pid": e.pid, "ttl": e.ttl,
                 "load_seconds": e.load_seconds, "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
+                # the error's kind (kit.errors.error_kind), e.g. "model_does_not_fit"
+                "error_type": getattr(e, "error_type", None) if e.error else None,
                 # memory/disk hits, sizes and writes (None until the engine reported them)
                 "prompt_cache": getattr(e, "prompt_cache", None),
                 "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
