@@ -140,6 +140,26 @@ def test_fit_json_is_in_bytes(home, tmp_path):
     assert huge.returncode == 5 and as_json(huge)["fits"] is False
 
 
+def test_fit_ranks_honours_memory_budget_and_names_the_ceiling_like_fit(home, tmp_path):
+    folder = llama_like(tmp_path / "tiny")
+    single = as_json(run_kit(home, "fit", str(folder), "--json", "--ctx", "100",
+                             "--memory-budget", "1MiB"))
+    r = run_kit(home, "fit", str(folder), "--json", "--ranks", "3", "--ctx", "100",
+                "--memory-budget", "1MiB")
+    split = as_json(r)
+    assert r.returncode == 0 and split["fits"] is True
+    for key in ("model", "context_window", "ceiling_bytes", "ceiling_source", "fits"):
+        assert split[key] == single[key], key
+    assert split["ceiling_bytes"] == 2**20 and split["ceiling_source"] == "budget"
+    assert "available_bytes" not in split
+    tight = run_kit(home, "fit", str(folder), "--json", "--ranks", "3", "--ctx", "100",
+                    "--memory-budget", "1KiB")
+    assert tight.returncode == ExitCode.DOES_NOT_FIT, tight.stderr
+    assert as_json(tight)["fits"] is False and as_json(tight)["ceiling_bytes"] == 1024
+    text = run_kit(home, "fit", str(folder), "--ranks", "3", "--memory-budget", "1KiB")
+    assert text.returncode == 5 and "ceiling: budget 1.00 KiB -> does NOT fit" in text.stdout, text.stdout
+
+
 # --- plain tables --------------------------------------------------------------------------
 
 def test_tables_never_break_a_model_id_or_a_path_at_80_columns(home, tmp_path):

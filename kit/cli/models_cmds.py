@@ -135,17 +135,20 @@ def fit(
     --json: {"model", "context_window", "weights_bytes", "kv_bytes",
     "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
     "context_that_fits", "fits"}; with --ranks or --hosts also "ranks", "mode",
-    "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}] and
-    "this_machine_bytes" (what "fits" compares).
+    "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}],
+    "this_machine_bytes" (what "fits" compares with "ceiling_bytes", which
+    --memory-budget sets here too) and "unchecked_hosts"; without
+    "kv_bytes_per_token" and "context_that_fits".
     """
     from kit.models.memory import (context_that_fits, estimate, fit_context, human,
                                    memory_ceiling, parse_size)
     from kit.models.resolve import resolve_model
 
+    budget = parse_size(memory_budget) if memory_budget else None
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window)
-        ceiling = memory_ceiling(parse_size(memory_budget) if memory_budget else None)
+        ceiling = memory_ceiling(budget)
         room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
         # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
         # (memory admission caps longer requests); --ctx N asks about N tokens exactly
@@ -170,13 +173,15 @@ def fit(
         if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
-    _fit_split(model, ctx, ranks, hosts, pipeline, as_json)
+    _fit_split(model, ctx, ranks, hosts, pipeline, as_json, budget)
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,
-               pipeline: bool, as_json: bool = False) -> None:
+               pipeline: bool, as_json: bool = False, budget: int | None = None) -> None:
     """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
-    placed on this machine fit its memory (other hosts' memory is not checked)."""
+    placed on this machine fit its memory ceiling (``budget`` bytes, ``--memory-budget``,
+    else the machine's: :func:`kit.models.memory.memory_ceiling`); other hosts' memory is
+    not checked."""
     from kit.errors import ConfigError
     from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
@@ -205,7 +210,7 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
     where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
-    ceiling = memory_ceiling()
+    ceiling = memory_ceiling(budget)
     avail = ceiling.bytes
     lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
                  f"{plan.largest.rank})")
@@ -219,8 +224,8 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
                        {"rank": s.rank, "layers": list(s.layers),
                         "weights_bytes": s.weights_bytes, "kv_bytes": s.kv_bytes,
                         "total_bytes": s.total_bytes} for s in plan.per_rank],
-                   "this_machine_bytes": here, "available_bytes": avail,
-                   "fits": here <= avail,
+                   "this_machine_bytes": here, "ceiling_bytes": ceiling.bytes,
+                   "ceiling_source": ceiling.source, "fits": here <= avail,
                    "unchecked_hosts": host_list[1:] if host_list else []})
     else:
         console.print("\n".join(lines), markup=False, highlight=False)
