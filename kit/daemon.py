@@ -22,7 +22,8 @@ import psutil
 from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
-from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError
+from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError, error_kind
+from kit.logfile import RUN_SEPARATOR, open_private
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -68,8 +69,6 @@ def read_pid_file(url: ServerURL) -> dict | None:
         return None
 
 
-#: start_detached writes this before each start, so a tail can show the current run only.
-RUN_SEPARATOR = "\n--- "
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -101,13 +100,13 @@ def start_detached(url: ServerURL, model: str | None, extra: list[str] | None = 
     """Start ``mlx-kit serve`` in its own session, logging to the log file (its stdout
     and stderr too, until ``serve`` takes the file over: kit/logfile.py rotates it)."""
     log = log_file(url)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log_dir(create=True)  # 0700 when we create it
     cmd = [sys.executable, "-m", "kit", "serve", "--host", url.host, "--port", str(url.port),
            "--log-file", str(log)]
     if model:
         cmd += ["--model", model]
     cmd += extra or []
-    with open(log, "ab") as out:
+    with open_private(log, "ab") as out:  # 0600: it holds prompts and command lines
         out.write(f"{RUN_SEPARATOR}{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n"
                   .encode())
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -129,6 +128,8 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         ServerError: the process died, the server says ``failed`` (the model failed to
             load, or the engine died while loading or too often), or ``timeout`` seconds
             passed; the message carries the log's tail.
+        ModelDoesNotFitError: the server says ``failed`` because the model does not fit
+            (/health's ``error_type`` ``model_does_not_fit``; exit 5).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -137,9 +138,12 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
             return p
         if p.kind == "ours" and p.health and p.health.get("status") == "failed":
             # (an engine that died is restarted by the server: "restarting", waited for)
-            raise ServerError(f"the server's engine failed: {p.health.get('error')}"
-                              f"\n{tail(log)}", hint=f"`mlx-kit swap MODEL` to a model that "
-                              f"loads, or `mlx-kit stop` and retry; full log: {log}")
+            message = (f"the server's engine failed: {p.health.get('error')}\n{tail(log)}")
+            hint = (f"`mlx-kit swap MODEL` to a model that loads, or `mlx-kit stop` and "
+                    f"retry; full log: {log}")
+            if p.health.get("error_type") == error_kind(ModelDoesNotFitError("")):
+                raise ModelDoesNotFitError(message, hint)  # the CLI's exit 5
+            raise ServerError(message, hint=hint)
         if proc is not None and proc.poll() is not None:
             raise ServerError(f"the server exited (code {proc.returncode}) before it was "
                               f"ready:\n{tail(log)}", hint=f"full log: {log}")

@@ -28,6 +28,7 @@ CLI's exit codes.
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -36,29 +37,35 @@ class ExitCode(IntEnum):
     in docs/cli.md). ``kit.cli.main`` maps errors to them in one place.
 
     2 is click's usage error; 3 "not running" follows LSB/systemctl ``status``; 70 is
-    sysexits' EX_SOFTWARE; 130 is the shell's 128 + SIGINT.
+    sysexits' EX_SOFTWARE; 130 is the shell's 128 + SIGINT; 141 the shell's 128 + SIGPIPE
+    (what ``git log | head`` leaves in ``$?``: git dies of SIGPIPE, Python ignores it).
     """
 
     OK = 0
-    ERROR = 1          # an expected error: `error: ...` and `hint: ...` on stderr
-    USAGE = 2          # bad flags or arguments (click)
+    ERROR = 1          # an expected error (a bad size, URL...): `error: ...`, `hint: ...`
+    USAGE = 2          # click's usage errors: unknown flag, missing argument, not an int
     NO_SERVER = 3      # no mlx-kit server answers at the URL
     NOT_READY = 4      # `status`: the server answers but is loading, restarting or stopping
     DOES_NOT_FIT = 5   # the model does not fit the memory budget (`fit`, `serve`)
     SOFTWARE = 70      # an unexpected error (a bug): the message names a log with the traceback
     INTERRUPTED = 130  # Ctrl-C
+    BROKEN_PIPE = 141  # stdout's reader left (`| head`): silent, the shell's 128 + SIGPIPE
 
 
 #: (code, meaning) for help texts and docs, in :class:`ExitCode` order.
 EXIT_CODE_MEANINGS: tuple[tuple[int, str], ...] = (
     (ExitCode.OK, "success"),
-    (ExitCode.ERROR, "expected error (the message says what and the hint what to do)"),
-    (ExitCode.USAGE, "usage error: a bad flag or argument"),
+    (ExitCode.ERROR, "expected error, a flag value mlx-kit checks included (the message "
+                     "says what and the hint what to do)"),
+    (ExitCode.USAGE, "usage error (click's): an unknown flag, a missing argument, a value "
+                     "not of the flag's type or range"),
     (ExitCode.NO_SERVER, "no mlx-kit server is running at the URL"),
     (ExitCode.NOT_READY, "status: the server is loading, restarting or stopping"),
     (ExitCode.DOES_NOT_FIT, "the model does not fit in memory"),
     (ExitCode.SOFTWARE, "unexpected error (a bug): the message names a log file"),
     (ExitCode.INTERRUPTED, "interrupted (Ctrl-C)"),
+    (ExitCode.BROKEN_PIPE, "stdout's reader left early (e.g. head): silent, as git and "
+                           "ls"),
 )
 
 
@@ -94,6 +101,29 @@ class KitError(Exception):
         self.hint = hint
 
     __reduce__ = reduce_error
+
+
+def error_kind(error: BaseException) -> str:
+    """The snake-case kind of an error, as /health's ``error_type`` reports it: the class
+    name without ``Error`` (``ModelDoesNotFitError`` -> ``"model_does_not_fit"``)."""
+    return _kind(type(error).__name__)
+
+
+def _kind(name: str) -> str:
+    name = name[:-len("Error")] if name.endswith("Error") and name != "Error" else name
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def error_class_of_kind(kind: str | None) -> type[KitError] | None:
+    """The :class:`KitError` subclass whose :func:`error_kind` a server reported (its
+    ``exit_code`` is the CLI's for it); None for None or a kind that is not one of ours."""
+    todo: list[type[KitError]] = [KitError]
+    while kind is not None and todo:
+        cls = todo.pop()
+        if _kind(cls.__name__) == kind:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return None
 
 
 class ConfigError(KitError):

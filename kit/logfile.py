@@ -18,7 +18,7 @@ No library does the "follow the other process's rotation and move fds 1/2 along"
 the rotation and the reopening themselves are the standard library's handlers.
 
 Also here: :class:`HealthPolls`, the access-log filter that drops ``/health`` polls, and
-:func:`last_lines` / :func:`follow`, the readers behind ``mlx-kit logs``.
+:func:`last_lines` / :class:`Follower`, the readers behind ``mlx-kit logs``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 #: Bytes of one log file before it is rotated, and how many rotated files are kept.
 MAX_BYTES = 10 * 2**20
@@ -39,6 +41,17 @@ MAX_BYTES_ENV = "MLX_KIT_LOG_MAX_BYTES"
 #: Set by ``serve --log-file`` for its engine process: the file it appends to.
 LOG_FILE_ENV = "MLX_KIT_SERVER_LOG"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The mode a log file is created with: only its user reads it (it holds prompts, tokens
+#: in command lines, paths).
+FILE_MODE = 0o600
+#: ``start_detached`` writes this before each start, so a tail can show the current run only.
+RUN_SEPARATOR = "\n--- "
+#: A line :data:`FORMAT` writes ("2026-12-01 21:58:44,123 INFO mlx_kit.serve: ..."), or
+#: the run separator: how a file shows it is one of our logs (:func:`check_rotation_targets`).
+_OUR_LINE = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(,\d{3})? [A-Z]+ \S+: |--- )",
+                       re.MULTILINE)
+#: Bytes read from the start of a file to decide whether it is ours.
+_SNIFF_BYTES = 64 * 1024
 
 
 def max_bytes() -> int:
@@ -74,7 +87,67 @@ class _StdStreams:
             os.dup2(stream.fileno(), fd)
 
 
-class ServerLogFile(logging.handlers.RotatingFileHandler):
+def open_private(path: Path | str, mode: str = "a", encoding: str | None = "utf-8",
+                 errors: str | None = None):
+    """Open ``path`` for appending (``mode`` "a" or "ab"), creating it with
+    :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode.
+
+    Raises:
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    if "b" in mode:
+        return open(fd, mode)
+    return open(fd, mode, encoding=encoding, errors=errors)
+
+
+class _PrivateOpen:
+    """Mixin for the stdlib file handlers: ``_open`` (used at start and by every
+    rotation/reopen) creates the file 0600 instead of with the umask."""
+
+    def _open(self):
+        return open_private(self.baseFilename, self.mode, self.encoding, self.errors)
+
+
+def looks_like_our_log(path: Path) -> bool:
+    """Whether the file at ``path`` is empty or has, in its first 64 KiB, a line our
+    :data:`FORMAT` or :data:`RUN_SEPARATOR` writes, or is this process's stdout/stderr
+    (what started us opened it for us to log into). A missing file counts as ours (there
+    is nothing to lose); an unreadable one does not.
+    """
+    if any(_is_file(fd, path) for fd in (1, 2)):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return not head or _OUR_LINE.search(head) is not None
+
+
+def check_rotation_targets(path: Path) -> None:
+    """Refuse a log file whose rotation would overwrite or delete files that are not
+    ours: rotating renames ``path`` to ``path.1``, ``path.1`` to ``path.2``, ... and
+    deletes the last (:data:`BACKUPS`), so each of ``path`` and ``path.1`` ..
+    ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`).
+
+    Raises:
+        ConfigError: naming the files that are not our logs.
+    """
+    from kit.errors import ConfigError
+
+    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
+    foreign = [str(p) for p in names if p.exists() and not looks_like_our_log(p)]
+    if foreign:
+        raise ConfigError(
+            f"the log file's rotation would overwrite or delete files that are not mlx-kit "
+            f"logs: {', '.join(foreign)}",
+            hint="pass another --log-file, or move those files away")
+
+
+class ServerLogFile(_PrivateOpen, logging.handlers.RotatingFileHandler):
     """The server's handler: a RotatingFileHandler (:func:`max_bytes`, :data:`BACKUPS`)
     that also moves fds 1/2 to the new file after a rotation (when they were the file).
 
@@ -92,7 +165,7 @@ class ServerLogFile(logging.handlers.RotatingFileHandler):
         self.std.follow(self.stream)
 
 
-class EngineLogFile(logging.handlers.WatchedFileHandler):
+class EngineLogFile(_PrivateOpen, logging.handlers.WatchedFileHandler):
     """The engine process's handler: appends to the server's file and reopens it when
     the server has rotated it (WatchedFileHandler compares the path's inode at each
     record), moving fds 1/2 along when they were the file."""
@@ -129,7 +202,9 @@ def _handlers(path: Path | None, make: Callable[[Path], logging.Handler]
               ) -> list[logging.Handler]:
     if path is None:
         return [logging.StreamHandler()]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from kit.paths import private_dir
+
+    private_dir(path.parent)
     handler = make(path)
     if handler.std.fds:  # type: ignore[attr-defined]
         return [handler]
@@ -140,7 +215,14 @@ def setup_server(level: str, log_file: Path | None) -> None:
     """Configure the ``serve`` process's logging: the root logger at INFO into
     ``log_file`` (rotated, see the module doc) or stderr, ``mlx_kit`` at ``level``
     ("debug", "info", ...), ``/health`` out of uvicorn's access log. With a log file, its
-    path goes into the environment for the engine process (:func:`setup_engine`)."""
+    path goes into the environment for the engine process (:func:`setup_engine`).
+
+    Raises:
+        ConfigError: ``log_file``'s rotation would destroy files that are not our logs
+            (:func:`check_rotation_targets`).
+    """
+    if log_file is not None:
+        check_rotation_targets(log_file)
     logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
                         handlers=_handlers(log_file, ServerLogFile))
     logging.getLogger("mlx_kit").setLevel(level.upper())
@@ -165,76 +247,121 @@ def setup_engine(level: int) -> None:
 _BLOCK = 64 * 1024
 
 
-def last_lines(path: Path, n: int, limit: int = 16 * 2**20, end: int | None = None
-               ) -> list[str]:
+def last_lines(path: Path, n: int, limit: int = 16 * 2**20, end: int | None = None,
+               file: BinaryIO | None = None) -> list[str]:
     """The last ``n`` lines of the file at ``path`` before byte ``end`` (default: its
     end), without their newlines, reading backwards in blocks and at most ``limit`` bytes.
+    ``file``: that file already open (binary; read, not closed), so the caller can go on
+    following the very file it measured.
 
     Raises:
         OSError: the file cannot be opened.
     """
     if n <= 0:
         return []
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        end = size if end is None else min(end, size)
-        data, pos = b"", end
-        while pos > 0 and data.count(b"\n") <= n and end - pos < limit:
-            step = min(_BLOCK, pos)
-            pos -= step
-            f.seek(pos)
-            data = f.read(step) + data
+    if file is None:
+        with open(path, "rb") as f:
+            return last_lines(path, n, limit, end, f)
+    f = file
+    size = f.seek(0, os.SEEK_END)
+    end = size if end is None else min(end, size)
+    data, pos = b"", end
+    while pos > 0 and data.count(b"\n") <= n and end - pos < limit:
+        step = min(_BLOCK, pos)
+        pos -= step
+        f.seek(pos)
+        data = f.read(step) + data
     lines = data.decode("utf-8", errors="replace").splitlines()
     if pos > 0 and lines:
         lines = lines[1:]  # the first one is cut
     return lines[-n:]
 
 
-def follow(path: Path, start: int | None = None, poll: float = 0.2,
-           stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
-    """Yield the text appended to ``path`` from byte ``start`` (default: its end), as
+class Follower:
+    """Follows the text appended to ``path`` from byte ``start`` (default: its end), as
     ``tail -F`` does: when the file is rotated (the path names another file) or
     truncated, the rest of the old file is read and then the new one from its start; a
-    missing file is waited for. Ends when ``stop()`` is true (checked every ``poll``
-    seconds while nothing arrives).
+    missing file is waited for. Iterating yields whole lines (each with its newline): a
+    line the writer has not ended yet is held back (:attr:`pending`) until its newline
+    comes, or its file is rotated away. Iteration ends when ``stop()`` is true (checked
+    every ``poll`` seconds while nothing arrives).
+
+    Args:
+        file: ``path`` already opened (binary) by the caller, who measured ``start`` on
+            it: followed from there, so a rotation between the caller's look and ours
+            cannot make us skip the new file's start. Closed when iteration ends.
 
     Own code: no maintained library follows a file across a rename (``tailer`` and
     ``pygtail`` read from an offset, without rotation)."""
-    import codecs
 
-    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-    f = None
-    try:
-        while not stop():
-            if f is None:
-                try:
-                    f = open(path, "rb")
-                except FileNotFoundError:
-                    start = 0  # created later: all of it is new
-                    time.sleep(poll)
-                    continue
-                f.seek(0, os.SEEK_END) if start is None else f.seek(start)
-                start = 0  # a file opened after this one is new from its start
-            chunk = f.read(_BLOCK)
-            if chunk:
-                yield decode(chunk)
-                continue
-            try:
-                now = os.stat(path)
-            except FileNotFoundError:
-                now = None
-            mine = os.fstat(f.fileno())
-            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
-                rest = f.read()  # rotated: what was written before the rename
-                if rest:
-                    yield decode(rest)
-                f.close()
-                f = None
-                continue
-            if now.st_size < f.tell():  # truncated in place
-                f.seek(0)
-                continue
-            time.sleep(poll)
-    finally:
+    def __init__(self, path: Path, start: int | None = None, poll: float = 0.2,
+                 stop: Callable[[], bool] = lambda: False,
+                 file: BinaryIO | None = None) -> None:
+        import codecs
+
+        self.path, self.start, self.poll, self.stop, self.file = path, start, poll, stop, file
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        #: the text after the last newline seen: a line not ended yet
+        self.pending = ""
+
+    def _lines(self, data: bytes, final: bool = False) -> str:
+        """The whole lines ``data`` completes (``final``: the file ends here, so its
+        unended last line too, given a newline)."""
+        text = self.pending + self._decode(data, final)
+        cut = text.rfind("\n") + 1
+        self.pending = text[cut:]
+        if final and self.pending:
+            text, cut, self.pending = text + "\n", len(text) + 1, ""
+        return text[:cut]
+
+    def __iter__(self) -> Iterator[str]:
+        f, start, path = self.file, self.start, self.path
         if f is not None:
-            f.close()
+            f.seek(0, os.SEEK_END) if start is None else f.seek(start)
+            start = 0
+        try:
+            while not self.stop():
+                if f is None:
+                    try:
+                        f = open(path, "rb")
+                    except FileNotFoundError:
+                        start = 0  # created later: all of it is new
+                        time.sleep(self.poll)
+                        continue
+                    f.seek(0, os.SEEK_END) if start is None else f.seek(start)
+                    start = 0  # a file opened after this one is new from its start
+                chunk = f.read(_BLOCK)
+                if chunk:
+                    if text := self._lines(chunk):
+                        yield text
+                    continue
+                try:
+                    now = os.stat(path)
+                except FileNotFoundError:
+                    now = None
+                mine = os.fstat(f.fileno())
+                if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                    # rotated: what was written before the rename, its last line ended
+                    if text := self._lines(f.read(), final=True):
+                        yield text
+                    f.close()
+                    f = None
+                    continue
+                if now.st_size < f.tell():  # truncated in place
+                    f.seek(0)
+                    continue
+                time.sleep(self.poll)
+        finally:
+            if f is not None:
+                f.close()
+
+
+def follow(path: Path, start: int | None = None, poll: float = 0.2,
+           stop: Callable[[], bool] = lambda: False, file: BinaryIO | None = None
+           ) -> Iterator[str]:
+    """Iterate a :class:`Follower` (same arguments): whole lines, then when ``stop()``
+    ends it, the unended last line (if any, given a newline)."""
+    follower = Follower(path, start, poll, stop, file)
+    yield from follower
+    if follower.pending:
+        yield follower.pending + "\n"

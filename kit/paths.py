@@ -14,6 +14,7 @@ Agent specs are looked up in :func:`spec_roots`: the bundled agents, then the us
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,9 +38,30 @@ def state_dir(create: bool = False) -> Path:
     return _dir(platformdirs.user_state_dir(APP), create)
 
 
+def private_dir(path: Path) -> Path:
+    """Create the directory ``path`` (and its parents) if it is missing, ``path`` itself
+    with mode 0700 (only this user reads what goes in: logs hold prompts and tokens). A
+    directory that already exists is left as it is: never chmod one we did not create.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    if path.is_dir():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:  # made by someone else meanwhile: theirs, leave it
+        return path
+    os.chmod(path, 0o700)  # mkdir's mode is masked by the umask
+    return path
+
+
 def log_dir(create: bool = False) -> Path:
-    """Directory for server and crash logs; created only with ``create=True``."""
-    return _dir(platformdirs.user_log_dir(APP), create)
+    """Directory for server and crash logs; created (0700, see :func:`private_dir`) only
+    with ``create=True``."""
+    p = Path(platformdirs.user_log_dir(APP))
+    return private_dir(p) if create else p
 
 
 def data_dir(create: bool = False) -> Path:

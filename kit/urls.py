@@ -41,13 +41,15 @@ def parse_url(url: str | None = None) -> ServerURL:
         ConfigError: the URL is not ``http(s)://host[:port][/v1]``.
     """
     raw = (url or os.environ.get(URL_ENV) or DEFAULT_URL).strip()
-    parts = urlsplit(raw)
+    hint = "use http://HOST:PORT, with or without /v1, e.g. " + DEFAULT_URL
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname
+    except ValueError:  # an unclosed IPv6 bracket ("http://[::1"), a bad address in one
+        raise ConfigError(f"not a server URL: {raw!r}", hint=hint) from None
     path = parts.path.rstrip("/")
-    if parts.scheme not in ("http", "https") or not parts.hostname or path not in ("", "/v1"):
-        raise ConfigError(
-            f"not a server URL: {raw!r}",
-            hint="use http://HOST:PORT, with or without /v1, e.g. " + DEFAULT_URL,
-        )
+    if parts.scheme not in ("http", "https") or not hostname or path not in ("", "/v1"):
+        raise ConfigError(f"not a server URL: {raw!r}", hint=hint)
     if parts.query or parts.fragment:
         raise ConfigError(f"server URL must not have a query or fragment: {raw!r}")
     try:
@@ -58,6 +60,6 @@ def parse_url(url: str | None = None) -> ServerURL:
         raise ConfigError(f"bad port in server URL {raw!r}: 0")
     if port is None:
         port = 443 if parts.scheme == "https" else 80
-    host = parts.hostname
+    host = hostname
     netloc_host = f"[{host}]" if ":" in host else host
     return ServerURL(root=f"{parts.scheme}://{netloc_host}:{port}", host=host, port=port)

@@ -120,6 +120,17 @@ def test_parse_url_rejects_bad_urls(raw):
         parse_url(raw)
 
 
+@pytest.mark.parametrize("raw", ["http://[::1", "http://[not-an-ip]:8090"])
+def test_a_malformed_url_is_a_config_error_with_the_hint_not_a_crash(tmp_path, raw):
+    with pytest.raises(ConfigError, match="not a server URL"):
+        parse_url(raw)
+    r = run_kit(tmp_path, "status", MLX_KIT_URL=raw)
+    assert r.returncode == 1, r.stderr
+    assert f"error: not a server URL: {raw!r}" in r.stderr
+    assert "hint: use http://HOST:PORT" in r.stderr
+    assert "unexpected error" not in r.stderr and not list(tmp_path.rglob("crash-*.log"))
+
+
 def test_parse_url_honours_the_env_var(monkeypatch):
     monkeypatch.setenv("MLX_KIT_URL", "http://127.0.0.1:9911/v1/")
     assert parse_url().root == "http://127.0.0.1:9911"

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from kit.errors import ExitCode
 from kit.harness.spec_loader import all_specs
 from kit.models.memory import human, parse_size
 from tests.helpers import clean_env, free_port, run_kit
@@ -91,6 +94,41 @@ def test_a_refused_dry_run_json_is_one_error_document(home, dead_url):
     assert target.read_text() == "// the user's own extension\n"
 
 
+def run_into(home: Path, stdout, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kit", *args], env=clean_env(home),
+                          cwd=home, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [("harness", "show", "pi", "--json"),
+                                  ("harness", "list"),
+                                  ("status", "--json", "--url", "http://127.0.0.1:1")])
+def test_a_closed_stdout_pipe_exits_141_silently(home, args):
+    """`mlx-kit ... | true`: the reader has left before the first write (its end closed
+    here before the start, so the write fails for sure), as with git and ls."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = run_into(home, write, *args)
+    finally:
+        os.close(write)
+    assert r.returncode == ExitCode.BROKEN_PIPE == 141
+    assert r.stderr == "" or "error:" in r.stderr  # status's own error line only
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    assert not list(home.rglob("crash-*.log"))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_full_stdout_is_reported_once_without_a_second_failure(home, json_flag):
+    with open("/dev/full", "w") as full:
+        r = run_into(home, full, "harness", "show", "pi", *json_flag)
+    assert r.returncode == ExitCode.SOFTWARE, r.stderr
+    assert r.stderr.count("unexpected error: OSError") == 1
+    assert "No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+
+
 def test_fit_json_is_in_bytes(home, tmp_path):
     folder = llama_like(tmp_path / "tiny")
     r = run_kit(home, "fit", str(folder), "--json", "--ctx", "1000")
@@ -100,6 +138,26 @@ def test_fit_json_is_in_bytes(home, tmp_path):
     assert out["total_bytes"] == out["weights_bytes"] + out["kv_bytes"]
     huge = run_kit(home, "fit", str(folder), "--json", "--ctx", str(10**13))
     assert huge.returncode == 5 and as_json(huge)["fits"] is False
+
+
+def test_fit_ranks_honours_memory_budget_and_names_the_ceiling_like_fit(home, tmp_path):
+    folder = llama_like(tmp_path / "tiny")
+    single = as_json(run_kit(home, "fit", str(folder), "--json", "--ctx", "100",
+                             "--memory-budget", "1MiB"))
+    r = run_kit(home, "fit", str(folder), "--json", "--ranks", "3", "--ctx", "100",
+                "--memory-budget", "1MiB")
+    split = as_json(r)
+    assert r.returncode == 0 and split["fits"] is True
+    for key in ("model", "context_window", "ceiling_bytes", "ceiling_source", "fits"):
+        assert split[key] == single[key], key
+    assert split["ceiling_bytes"] == 2**20 and split["ceiling_source"] == "budget"
+    assert "available_bytes" not in split
+    tight = run_kit(home, "fit", str(folder), "--json", "--ranks", "3", "--ctx", "100",
+                    "--memory-budget", "1KiB")
+    assert tight.returncode == ExitCode.DOES_NOT_FIT, tight.stderr
+    assert as_json(tight)["fits"] is False and as_json(tight)["ceiling_bytes"] == 1024
+    text = run_kit(home, "fit", str(folder), "--ranks", "3", "--memory-budget", "1KiB")
+    assert text.returncode == 5 and "ceiling: budget 1.00 KiB -> does NOT fit" in text.stdout, text.stdout
 
 
 # --- plain tables --------------------------------------------------------------------------
@@ -219,6 +277,39 @@ def test_status_models_swap_json_use_the_servers_field_names(server, tmp_path):
     text = run_kit(env, "swap", "local", "--url", server.root)
     assert text.stdout == f"local -> {health['model']} (already loaded)\n"
     assert httpx.get(server.root + "/health").json()["swaps"] == health["swaps"]
+
+
+def test_a_model_that_does_not_fit_exits_5_from_status_and_launch_with_one_log_line(
+        hf_home, tmp_path):
+    """A server whose model does not fit its --memory-budget: /health names the kind,
+    `status` exits 5 (and its --json error is the documented object), launch's wait
+    exits 5 too, and the log says it in one line, no traceback."""
+    from kit.daemon import wait_ready
+    from kit.errors import ModelDoesNotFitError
+    from kit.urls import parse_url
+    from tests.helpers import spawn_server, stop, wait_until
+
+    s = spawn_server(tmp_path, hf_home, "--memory-budget", "1MiB")
+    try:
+        health = wait_until(lambda: (h := s.health())["status"] == "failed" and h,
+                            timeout=120, what="the load to fail")
+        assert health["error_type"] == "model_does_not_fit" and "does not fit" in \
+            health["error"]
+        text = run_kit(clean_env(s.home, hf_home), "status", "--url", s.root)
+        assert text.returncode == ExitCode.DOES_NOT_FIT, text.stderr
+        assert f"error: {health['error']}" in text.stderr and "hint: " in text.stderr
+        r = run_kit(clean_env(s.home, hf_home), "status", "--json", "--url", s.root)
+        assert r.returncode == ExitCode.DOES_NOT_FIT == 5, r.stderr
+        out = as_json(r)
+        assert out["error"] == {"message": health["error"], "hint": out["error"]["hint"],
+                                "exit_code": 5, "type": "ModelDoesNotFitError"}
+        assert out["health_error"] == health["error"] and out["status"] == "failed"
+        with pytest.raises(ModelDoesNotFitError, match="does not fit"):
+            wait_ready(parse_url(s.root), None, s.log, 10)
+        log = s.log_text()
+        assert log.count("model load failed: ") == 1 and "Traceback" not in log
+    finally:
+        stop(s)
 
 
 def test_launch_progress_never_says_serving_before_ready(hf_home, tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def test_help_documents_every_exit_code(home):
     table = r.stdout.split("Exit codes (every command):")[1]
     for code, meaning in EXIT_CODE_MEANINGS:
         assert f"{code:>3}  {meaning}" in table
-    assert [c for c, _ in EXIT_CODE_MEANINGS] == [0, 1, 2, 3, 4, 5, 70, 130]
+    assert [c for c, _ in EXIT_CODE_MEANINGS] == [0, 1, 2, 3, 4, 5, 70, 130, 141]
 
 
 def test_expected_error_exits_1_with_a_hint(home):
@@ -65,6 +65,32 @@ def test_usage_error_exits_2(home):
     r = run_kit(home, "fit", "--no-such-flag")
     assert r.returncode == ExitCode.USAGE == 2
     assert "No such option: --no-such-flag" in r.stderr and "unexpected" not in r.stderr
+
+
+def test_bad_flag_values_exit_as_the_table_says(home, tiny_model):
+    """A value mlx-kit checks itself (a size) is an expected error, 1; a value click
+    rejects for its type or range is a usage error, 2: the table's rows say which."""
+    size = run_kit(home, "fit", str(tiny_model), "--memory-budget", "lots")
+    assert size.returncode == ExitCode.ERROR, size.stderr
+    assert "error: not a size: 'lots'" in size.stderr
+    rng = run_kit(home, "logs", "-n", "-1")
+    assert rng.returncode == ExitCode.USAGE, rng.stderr
+    meanings = dict(EXIT_CODE_MEANINGS)
+    assert "flag value" in meanings[ExitCode.ERROR]
+    assert "type or range" in meanings[ExitCode.USAGE]
+
+
+def test_a_servers_error_type_maps_back_to_its_exit_code():
+    """/health's error_type is kit.errors.error_kind of the engine's error; the CLI maps it
+    back to that error's class (and exit code) with error_class_of_kind."""
+    from kit.errors import (ModelDoesNotFitError, ModelError, ModelNotFoundError,
+                            error_class_of_kind, error_kind)
+
+    assert error_kind(ModelDoesNotFitError("x")) == "model_does_not_fit"
+    assert error_kind(ModelNotFoundError("m", [])) == "model_not_found"
+    assert error_class_of_kind("model_does_not_fit").exit_code == ExitCode.DOES_NOT_FIT
+    assert error_class_of_kind("model") is ModelError
+    assert error_class_of_kind(None) is None and error_class_of_kind("value") is None
 
 
 def test_no_server_exits_3_for_status_and_swap(home):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
+import stat
 import subprocess
 import sys
 import threading
@@ -19,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kit.logfile import BACKUPS, MAX_BYTES_ENV, ServerLogFile, follow, last_lines
+from kit.logfile import (BACKUPS, MAX_BYTES_ENV, Follower, ServerLogFile, _handlers,
+                         check_rotation_targets, follow, last_lines)
 from tests.helpers import (clean_env, free_port, run_kit, spawn_server, stop, wait_health,
                            wait_until)
 
@@ -124,6 +127,152 @@ def test_follow_reads_every_line_across_rotations(tmp_path, monkeypatch):
         reader.join(10)
         handler.close()
     assert [int(line.split()[1]) for line in "".join(got).splitlines()] == list(range(120))
+
+
+class Followed:
+    """A :class:`Follower` iterated by a thread; ``text()`` is what it yielded so far."""
+
+    def __init__(self, follower: Follower) -> None:
+        self.follower, self.got, self.done = follower, [], threading.Event()
+        follower.stop, follower.poll = self.done.is_set, 0.01
+        self.thread = threading.Thread(target=lambda: self.got.extend(follower))
+        self.thread.start()
+
+    def text(self) -> str:
+        return "".join(self.got)
+
+    def end(self) -> None:
+        self.done.set()
+        self.thread.join(10)
+
+
+def test_follow_holds_back_a_line_until_its_newline(tmp_path):
+    path = tmp_path / "server.log"
+    path.write_bytes(b"")
+    followed = Followed(Follower(path, start=0))
+    try:
+        with open(path, "ab", buffering=0) as w:
+            w.write(b"one\ntw")
+            wait_until(lambda: followed.text() == "one\n", timeout=30, what="line one")
+            wait_until(lambda: followed.follower.pending == "tw", timeout=30, what="held")
+            assert followed.text() == "one\n"  # "tw" not printed as a line of its own
+            w.write(b"o\nthr")
+            wait_until(lambda: followed.text() == "one\ntwo\n", timeout=30, what="two")
+    finally:
+        followed.end()
+    assert followed.text() == "one\ntwo\n" and followed.follower.pending == "thr"
+    # follow() gives the unended line when it stops
+    assert list(follow(path, start=0, stop=lambda: True)) == []
+    done = iter([False, True])
+    assert "".join(follow(path, start=0, poll=0.01, stop=lambda: next(done, True))) == \
+        "one\ntwo\nthr\n"
+
+
+def test_follow_from_a_measured_handle_reads_a_file_rotated_in_between(tmp_path):
+    """`logs -f` takes the size and the file from one handle: a rotation right after it
+    measured cannot make it start the new file at the old size (skipping its start)."""
+    path = tmp_path / "server.log"
+    path.write_bytes(b"old 1\nold 2\n" + b"x" * 100 + b"\n")
+    log = open(path, "rb")
+    size = os.fstat(log.fileno()).st_size
+    path.rename(tmp_path / "server.log.1")  # the server rotates now
+    path.write_bytes(b"new 1\nunended")
+    followed = Followed(Follower(path, start=size, file=log))
+    try:
+        wait_until(lambda: followed.text() == "new 1\n", timeout=30, what="the new start")
+    finally:
+        followed.end()
+    assert followed.follower.pending == "unended"
+
+
+def test_a_rotated_files_unended_line_is_ended_not_joined_to_the_next(tmp_path):
+    path = tmp_path / "server.log"
+    path.write_bytes(b"a\npartial")
+    followed = Followed(Follower(path, start=0))
+    try:
+        wait_until(lambda: followed.text() == "a\n", timeout=30, what="a")
+        path.rename(tmp_path / "server.log.1")
+        path.write_bytes(b"b\n")
+        wait_until(lambda: followed.text() == "a\npartial\nb\n", timeout=30,
+                   what="the old file's last line, ended, then the new file")
+    finally:
+        followed.end()
+
+
+def test_log_files_are_created_0600_across_rotations_in_a_0700_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(MAX_BYTES_ENV, "1024")
+    path = tmp_path / "new" / "server.log"
+    handlers = _handlers(path, ServerLogFile)
+    handler = handlers[0]
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    try:
+        for i in range(100):
+            handler.emit(logging.makeLogRecord({"msg": f"record {i:04d} " + "y" * 40}))
+    finally:
+        handler.close()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names == ["server.log", "server.log.1", "server.log.2", "server.log.3"]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in path.parent.iterdir()} == {0o600}
+
+
+def test_a_log_dir_that_exists_keeps_its_mode(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    _handlers(shared / "server.log", ServerLogFile)[0].close()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert stat.S_IMODE((shared / "server.log").stat().st_mode) == 0o600
+
+
+def test_a_detached_servers_log_is_0600_in_a_0700_dir(tmp_path, monkeypatch):
+    """start_detached creates the log (before serve takes it over); serve is made to stop
+    at once here by a foreign file where its rotation would go (no model needed)."""
+    from kit.daemon import log_file, start_detached
+    from kit.urls import parse_url
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    url = parse_url(f"http://127.0.0.1:{free_port()}")
+    log = log_file(url)
+    log.parent.parent.mkdir(parents=True)  # the state dir exists, the log dir not yet
+    foreign = tmp_path / "elsewhere"
+    foreign.write_text("not a log")
+    proc, got = start_detached(url, None, ["--log-file", str(foreign)])  # the last wins
+    try:
+        assert proc.wait(60) == 1 and got == log
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # only the process this test started
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+def test_rotation_never_overwrites_files_that_are_not_our_logs(tmp_path):
+    """A relative --log-file whose .2 is someone's notes: serve refuses before it logs
+    (naming the file by its absolute path), and the notes keep every byte."""
+    (tmp_path / "rel").mkdir()
+    notes = tmp_path / "rel" / "server.log.2"
+    notes.write_bytes(b"my notes\nnot a log\n")
+    ours = tmp_path / "rel" / "server.log.1"
+    ours.write_text("2026-12-01 10:00:00,123 INFO mlx_kit.serve: an old run\n")
+    r = run_kit(tmp_path, "serve", "--port", str(free_port()), "--log-file",
+                "rel/server.log", "--model", "/nonexistent")
+    assert r.returncode == 1, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "error: the log file's rotation would overwrite or delete files that are not " \
+           f"mlx-kit logs: {notes}" in said and str(ours) not in said
+    assert "Traceback" not in r.stderr
+    assert notes.read_bytes() == b"my notes\nnot a log\n"
+    assert not (tmp_path / "rel" / "server.log").exists()
+
+
+def test_an_empty_file_or_our_own_log_is_fine_to_rotate(tmp_path):
+    path = tmp_path / "server.log"
+    (tmp_path / "server.log.1").write_text("")
+    (tmp_path / "server.log.3").write_text("\n--- 2026-12-01 10:00:00 python -m kit serve\n")
+    check_rotation_targets(path)  # no error
 
 
 def test_logs_with_no_server_and_no_log_exits_3_and_says_so(tmp_path):

@@ -14,6 +14,7 @@ help is what docs/cli.md is generated from.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import traceback
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
 
     click runs in non-standalone mode so that usage errors (2), ``--help`` (0), Ctrl-C
     (130) and our errors are all turned into exit codes here."""
-    from kit.cli.output import emit_json, error_json, json_mode, reset
+    from kit.cli.output import error_json, json_mode, reset
 
     reset()
     try:
@@ -88,11 +89,17 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, typer.Abort):
         err_console.print("interrupted", highlight=False)
         code = ExitCode.INTERRUPTED
+    except SystemExit as e:
+        if not _stdout_pipe_closed():
+            raise
+        code = ExitCode.BROKEN_PIPE  # click has already silenced stdout/stderr
+    except BrokenPipeError:  # a write outside the command (never expected; same outcome)
+        code = ExitCode.BROKEN_PIPE
     except KitError as e:
         code = int(e.exit_code)
         _print_error(e.message, e.hint)
         if json_mode():
-            emit_json(error_json(e.message, e.hint, code, type(e).__name__))
+            code = _emit_error(error_json(e.message, e.hint, code, type(e).__name__), code)
     except Exception as e:
         from rich.markup import escape
 
@@ -104,10 +111,50 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print(f"[bold red]unexpected error:[/] {type(e).__name__}: "
                           f"{escape(str(e))}\ndetails: {escape(f.name)}", highlight=False)
         code = ExitCode.SOFTWARE
-        if json_mode():
-            emit_json(error_json(f"unexpected error: {type(e).__name__}: {e}",
-                                 f"details: {f.name}", code, type(e).__name__))
+        if isinstance(e, OSError):  # maybe stdout itself (>/dev/full): its buffer would
+            _discard_stdout()       # fail again at exit (exit 120, "Exception ignored")
+        elif json_mode():  # the crash may be stdout itself failing (>/dev/full): once only
+            code = _emit_error(error_json(f"unexpected error: {type(e).__name__}: {e}",
+                                          f"details: {f.name}", code, type(e).__name__),
+                               code)
+    if code == ExitCode.BROKEN_PIPE:
+        _discard_stdout()
     sys.exit(int(code or 0))
+
+
+def _stdout_pipe_closed() -> bool:
+    """Whether click's EPIPE handler ran: on a BrokenPipeError from a command it wraps
+    stdout/stderr in its ``PacifyFlushWrapper`` and calls ``sys.exit(1)`` (typer/core.py),
+    which would make ``... --json | true`` fail with no message. The wrapper is the one
+    sign it leaves (by name: typer vendors its own click)."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _emit_error(value: dict, code: int) -> int:
+    """Print an error's JSON on stdout; returns ``code``, or :attr:`ExitCode.BROKEN_PIPE`
+    when stdout's reader has left. Another failure to write (a full disk) is not raised
+    again: the ``error:`` line on stderr already says what happened."""
+    from kit.cli.output import emit_json
+
+    try:
+        emit_json(value)
+    except BrokenPipeError:
+        return ExitCode.BROKEN_PIPE
+    except OSError:
+        _discard_stdout()  # else the interpreter's last flush fails again (exit 120)
+    return code
+
+
+def _discard_stdout() -> None:
+    """Point fd 1 at /dev/null, so what is still buffered for stdout is dropped at exit
+    instead of raising (and printing "Exception ignored ... BrokenPipeError") again: the
+    Python docs' recipe for SIGPIPE (signal module, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
 
 
 def _print_error(message: str, hint: str | None) -> None:

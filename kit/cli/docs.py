@@ -52,8 +52,10 @@ Commands that report (`status`, `stop`, `models`, `fit`, `swap`, `pull`, `harnes
   "type"}}`, with the same `error:`/`hint:` lines on stderr as without `--json`, and the
   exit code of the table above;
 - each command's `--help` below gives its JSON shape;
-- a usage error (exit 2: a bad flag, a missing argument) is found before `--json` is read:
-  it prints click's usage text on stderr and nothing on stdout.
+- a usage error (exit 2: an unknown flag, a missing argument, a value not of the flag's
+  type or range) is found before `--json` is read: it prints click's usage text on stderr
+  and nothing on stdout;
+- a flag value mlx-kit checks itself (a size, a URL) is an expected error (exit 1).
 
 `launch` has no `--json`: it becomes the agent, whose output is its own.
 

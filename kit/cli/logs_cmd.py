@@ -49,6 +49,15 @@ def _log_of(port: int) -> tuple[Path, bool]:
     raise typer.Exit(EXIT_NO_SERVER)
 
 
+def _after_last_newline(f, size: int) -> int:
+    """The offset just after the last newline in the last 64 KiB before ``size`` of the
+    binary file ``f`` (``size`` when there is none: a line that long is printed cut)."""
+    pos = max(0, size - 64 * 1024)
+    f.seek(pos)
+    cut = f.read(size - pos).rfind(b"\n")
+    return pos + cut + 1 if cut >= 0 else (0 if pos == 0 else size)
+
+
 def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the "
                                 "server writes (across its log's rotation) until Ctrl-C."),
@@ -71,7 +80,7 @@ def logs(
       1  the server runs in the foreground without a log file (the message says where)
       3  no server is running on that port and there is no log
     """
-    from kit.logfile import follow as follow_file, last_lines
+    from kit.logfile import Follower, last_lines
     from kit.urls import parse_url
 
     path, running = _log_of(port or parse_url(None).port)
@@ -79,20 +88,34 @@ def logs(
         err_console.print(f"no server is running on this port; its last log: {path}",
                           markup=False)
     try:
-        start = path.stat().st_size
-        text = "\n".join(last_lines(path, lines, end=start))  # -f goes on from start
+        # One handle for both: the size is that file's, and -f follows that file, even
+        # when the server rotates it between the two.
+        log = open(path, "rb")
     except OSError as e:
         raise ServerError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        start = os.fstat(log.fileno()).st_size
+        if follow:  # a last line not ended yet is printed whole, by the follower
+            start = _after_last_newline(log, start)
+        text = "\n".join(last_lines(path, lines, end=start, file=log))
+    except OSError as e:
+        log.close()
+        raise ServerError(f"cannot read {path}: {e.strerror}") from None
     out = sys.stdout
+    follower = Follower(path, start=start, file=log)
     try:
         if text:
             out.write(text + "\n")
         out.flush()
         if follow:
-            for chunk in follow_file(path, start=start):
+            for chunk in follower:
                 out.write(chunk)
                 out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how -f ends: not an error
-        pass
+        if follower.pending:
+            out.write(follower.pending + "\n")
+            out.flush()
     except BrokenPipeError:  # `mlx-kit logs -f | head`: the reader is done, so are we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        log.close()

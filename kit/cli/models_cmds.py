@@ -141,9 +141,10 @@ def fit(
     "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
     "context_that_fits", "kv_bits", "kv_group_size", "kv_settings" [{"kv_bits",
     "kv_bytes_per_token", "context_that_fits"}], "fits"}; with --ranks or --hosts also
-    "ranks", "mode",
-    "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes", "total_bytes"}] and
-    "this_machine_bytes" (what "fits" compares).
+    "ranks", "mode", "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes",
+    "total_bytes"}], "this_machine_bytes" (what "fits" compares with "ceiling_bytes",
+    which --memory-budget sets here too) and "unchecked_hosts"; without
+    "kv_bytes_per_token", "context_that_fits" and the kv keys.
     """
     from kit.engine.kv import check_kv
     from kit.models.memory import (context_that_fits, estimate, fit_context, human,
@@ -151,10 +152,11 @@ def fit(
     from kit.models.resolve import resolve_model
 
     check_kv(kv_bits, kv_group_size)
+    budget = parse_size(memory_budget) if memory_budget else None
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)
-        ceiling = memory_ceiling(parse_size(memory_budget) if memory_budget else None)
+        ceiling = memory_ceiling(budget)
         room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
         # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
         # (memory admission caps longer requests); --ctx N asks about N tokens exactly
@@ -185,7 +187,7 @@ def fit(
         if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
-    _fit_split(model, ctx, ranks, hosts, pipeline, as_json)
+    _fit_split(model, ctx, ranks, hosts, pipeline, as_json, budget)
 
 
 def _kv_rows(info, ceiling: int, group_size: int) -> list[dict]:
@@ -219,9 +221,11 @@ def _kv_windows(info, rows: list[dict], ceiling: int) -> str:
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,
-               pipeline: bool, as_json: bool = False) -> None:
+               pipeline: bool, as_json: bool = False, budget: int | None = None) -> None:
     """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
-    placed on this machine fit its memory (other hosts' memory is not checked)."""
+    placed on this machine fit its memory ceiling (``budget`` bytes, ``--memory-budget``,
+    else the machine's: :func:`kit.models.memory.memory_ceiling`); other hosts' memory is
+    not checked."""
     from kit.errors import ConfigError
     from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
@@ -250,7 +254,7 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
     where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
-    ceiling = memory_ceiling()
+    ceiling = memory_ceiling(budget)
     avail = ceiling.bytes
     lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
                  f"{plan.largest.rank})")
@@ -264,8 +268,8 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
                        {"rank": s.rank, "layers": list(s.layers),
                         "weights_bytes": s.weights_bytes, "kv_bytes": s.kv_bytes,
                         "total_bytes": s.total_bytes} for s in plan.per_rank],
-                   "this_machine_bytes": here, "available_bytes": avail,
-                   "fits": here <= avail,
+                   "this_machine_bytes": here, "ceiling_bytes": ceiling.bytes,
+                   "ceiling_source": ceiling.source, "fits": here <= avail,
                    "unchecked_hosts": host_list[1:] if host_list else []})
     else:
         console.print("\n".join(lines), markup=False, highlight=False)

@@ -222,11 +222,14 @@ def serve(
     _check_port_free(host, port)
     from kit.logfile import setup_server
 
-    setup_server(log_level.value, Path(log_file) if log_file else None)
+    # Absolute once, here: the pid file stores it for `logs` and `status`, which run in
+    # other directories, and the engine process gets it through the environment.
+    log_path = Path(log_file).expanduser().resolve() if log_file else None
+    setup_server(log_level.value, log_path)
     log = logging.getLogger("mlx_kit.serve")
-    if log_file and log_level is LogLevel.debug:
+    if log_path and log_level is LogLevel.debug:
         log.warning("log level debug: the text of every generated answer is written to %s",
-                    log_file)
+                    log_path)
 
     import uvicorn
 
@@ -278,7 +281,7 @@ def serve(
         progress(f"starting {world.size} ranks ({world.backend}, {world.mode} parallel)")
     engine.start()
     admin_token = secrets.token_urlsafe(24)
-    write_pid_file(url, info.id, Path(log_file) if log_file else None, admin_token)
+    write_pid_file(url, info.id, log_path, admin_token)
     # not "serving": the engine is still loading (and maybe warming) the model; /health
     # says when it is ready
     log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)

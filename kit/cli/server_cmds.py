@@ -27,10 +27,14 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
          (the reason and the fix are printed), or it is not mlx-kit
       3  no server answers at the URL
       4  not ready yet: loading, restarting an engine that died, or stopping
+      5  failed: the model does not fit in memory (the numbers are printed)
 
     \b
-    --json prints /health's body (same keys) plus "url", "log" and "running";
-    with no server: {"url": ..., "running": false}.
+    --json prints /health's body (same keys) plus "url", "log", "running"
+    and "health_error" (/health's "error": the reason, or null); "error"
+    is null, or when it exits 1 or 5 the error object every --json error
+    is ({"message", "hint", "exit_code", "type"}); with no server:
+    {"url": ..., "running": false}.
     """
     from kit.daemon import log_file, read_pid_file
     from kit.probe import probe
@@ -51,11 +55,16 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
     h = p.health or {}
     info = read_pid_file(u) or {}
     log = info.get("log") if info.get("pid") == h.get("pid") else None
+    where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
+    failed = _failure(h, where) if not p.ready and h.get("status") == "failed" else None
     if as_json:
-        emit_json({**h, "url": u.v1, "log": log, "running": True})
+        # "error" is the CLI's error object (docs/cli.md) or null; /health's own string
+        # (the reason, also while not ready) is under "health_error"
+        emit_json({**h, "health_error": h.get("error"), "url": u.v1, "log": log,
+                   "running": True, **(failed or {"error": None})})
         if p.ready:
             return
-        raise typer.Exit(EXIT_FAILED if h.get("status") == "failed" else EXIT_NOT_READY)
+        raise typer.Exit(failed["error"]["exit_code"] if failed else EXIT_NOT_READY)
     phase = f", {h['phase']}" if h.get("phase") else ""  # issue 16's load phase, if any
     console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model "
                   f"{h.get('model_state')}{phase})\n"
@@ -68,17 +77,28 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
         console.print(_world_lines(h["distributed"]), markup=False)
     if p.ready:
         return
-    where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
-    if h.get("status") != "failed":  # loading, restarting, stopped (shutting down)
+    if failed is None:  # loading, restarting, stopped (shutting down)
         reason = h.get("error") or ("the server is shutting down" if h.get("status") ==
                                     "stopped" else "the model is loading")
         err_console.print(f"not ready yet: {reason}", markup=False)
         raise typer.Exit(EXIT_NOT_READY)
-    err_console.print(f"error: {h.get('error') or 'the server is ' + str(h.get('status'))}\n"
-                      "hint: `mlx-kit swap MODEL` to a model that loads, or `mlx-kit stop` "
-                      f"and start it again (the next request also retries){where}",
-                      markup=False)
-    raise typer.Exit(EXIT_FAILED)
+    err = failed["error"]
+    err_console.print(f"error: {err['message']}\nhint: {err['hint']}", markup=False)
+    raise typer.Exit(err["exit_code"])
+
+
+def _failure(h: dict, where: str) -> dict:
+    """The error of a server whose /health says ``failed``, as ``--json`` prints errors
+    (:func:`kit.cli.output.error_json`): its exit code and type from /health's
+    ``error_type`` (5 and ModelDoesNotFitError for ``model_does_not_fit``, else 1)."""
+    from kit.cli.output import error_json
+    from kit.errors import error_class_of_kind
+
+    cls = error_class_of_kind(h.get("error_type")) or ServerError
+    return error_json(h.get("error") or f"the server is {h.get('status')}",
+                      "`mlx-kit swap MODEL` to a model that loads (or fits), or `mlx-kit "
+                      f"stop` and start it again (the next request also retries){where}",
+                      cls.exit_code, cls.__name__)
 
 
 def _world_lines(world: dict) -> str:

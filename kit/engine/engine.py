@@ -52,7 +52,7 @@ from kit.engine.types import (
     ModelLoadError,
     ModelUnavailable,
 )
-from kit.errors import KitError, ModelError
+from kit.errors import KitError, ModelError, error_kind
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -131,6 +131,9 @@ class Engine:
         self.state = "loading"
         self.phase: str | None = None
         self.error: str | None = None
+        #: the failed load's kind (kit.errors.error_kind: "model_does_not_fit", ...): what
+        #: /health's ``error_type`` says, so the CLI picks the error's exit code
+        self.error_type: str | None = None
         self.requests_served = 0
         self.swaps = 0
         self.reloads = 0
@@ -215,6 +218,7 @@ class Engine:
     def snapshot(self) -> dict[str, Any]:
         """The public state as plain values: what ``/health`` and ``/v1/models`` read."""
         return {"model_info": self.model_info, "state": self.state, "error": self.error,
+                "error_type": self.error_type,
                 "requests_served": self.requests_served, "swaps": self.swaps,
                 "reloads": self.reloads, "unloads": self.unloads,
                 "load_seconds": self.load_seconds, "phase": self.phase,
@@ -307,9 +311,13 @@ class Engine:
             self.slot.install(self._load(self.model_info, replacing=0))
             self.load_seconds = time.perf_counter() - t0
             self.state = "ready"
+        except KitError as e:  # expected (does not fit, not a model...): one line, no trace
+            log.error("model load failed: %s", e)
+            self.state, self.error, self.error_type = "failed", str(e), error_kind(e)
         except Exception as e:  # reported through state/error and /health; requests get it
             log.exception("model load failed")
             self.state, self.error = "failed", str(e)
+            self.error_type = error_kind(ModelError(""))  # "model": not of a kind of ours
         finally:
             self._on_change()
             self._ready.set()
@@ -468,7 +476,7 @@ class Engine:
             return
         self._release()  # drop every reference to the old model before taking the new one
         self.slot.install(loaded)
-        self.state, self.error = "ready", None
+        self.state, self.error, self.error_type = "ready", None, None
         self.swaps += 1
         self._on_change()
         took = time.perf_counter() - t0

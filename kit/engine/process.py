@@ -99,6 +99,7 @@ class EngineProcess:
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
+        self.error_type: str | None = None  # the engine's (kit.engine.engine.Engine)
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
@@ -275,6 +276,7 @@ class EngineProcess:
         self._base = {k: getattr(self, k) for k in _COUNTERS}  # the new one counts from 0
         self.state, self.error, self._ready = state, error, threading.Event()
         self.phase = "loading weights"
+        self.error_type = None
         self.start()
 
     def _call(self, kind: str, arg: Any) -> concurrent.futures.Future:

@@ -90,11 +90,13 @@ class Renderer:
 
 
 async def begin(request: Request, model: str, body: Any, translate: Translate,
-                id_prefix: str) -> tuple[ChatRequest, Started, AsyncIterator]:
+                id_prefix: str, stream: bool | None = None
+                ) -> tuple[ChatRequest, Started, AsyncIterator]:
     """The preamble of every generating route: resolve ``model`` (which may swap), translate
     ``body`` with the then loaded model's sampling defaults, tool support and context
     window, give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
-    :func:`start` it.
+    :func:`start` it. ``stream``: whether the answer is streamed, for the status page
+    (default: ``body.stream``; Gemini chooses by route and passes it).
 
     Raises:
         APIError: 404 for an unknown model, or the translation's own 400.
@@ -112,7 +114,8 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
     else:
         started, events = await activity.watch(
             request.headers, request.url.path, req.request_id, real or state.model_id,
-            bool(getattr(body, "stream", False)), start(state, req))
+            bool(getattr(body, "stream", False)) if stream is None else stream,
+            start(state, req))
     request.state.started = started  # respond() reports a memory clamp from it
     return req, started, events
 

@@ -130,8 +130,9 @@ def _array(chunks):
 
 async def _generate(model: str, body: GenerateContentRequest, request: Request,
                     stream: bool):
+    # Gemini picks streaming by route, not by a body field: say which for the status page
     req, started, events = await begin(request, model.removeprefix("models/"), body,
-                                       to_engine_request, "")
+                                       to_engine_request, "", stream=stream)
     g = body.generation_config
     thoughts = bool(g and g.thinking_config and g.thinking_config.include_thoughts)
     renderer = GeminiRenderer({"modelVersion": started.model, "responseId": req.request_id},

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import count, islice
 from typing import Any
 
 from kit.engine.types import Finished, ReasoningDelta, Started, TextDelta, ToolCall
@@ -93,6 +93,9 @@ class Activity:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.live: dict[int, LiveRequest] = {}
+        #: how many of ``live`` are queued: kept as they change, so each arrival and end
+        #: costs O(1) even with thousands queued (not a rescan of ``live``)
+        self.queued = 0
         self.samples: deque[dict[str, Any]] = deque(maxlen=MAX_SAMPLES)
         self._keys = count()
 
@@ -108,6 +111,7 @@ class Activity:
                             stream)
         key = next(self._keys)
         self.live[key] = entry
+        self.queued += 1
         self._gauges()
         try:
             started, events = await starting
@@ -118,6 +122,7 @@ class Activity:
             self._end(key, entry, "error", None)
             raise
         entry.state, entry.model = "running", started.model
+        self.queued -= 1
         entry.prompt_tokens, entry.cached_tokens = started.prompt_tokens, started.cached_tokens
         self.metrics.started(started.prompt_tokens, started.cached_tokens)
         self._gauges()
@@ -146,6 +151,8 @@ class Activity:
     def _end(self, key: int, entry: LiveRequest, outcome: str, fin: Finished | None) -> None:
         if self.live.pop(key, None) is None:
             return
+        if entry.state == "queued":
+            self.queued -= 1
         self._gauges()
         now = time.monotonic()
         generated = fin.usage.completion_tokens if fin is not None else entry.outputs
@@ -163,16 +170,15 @@ class Activity:
             "tokens_per_s": round(1 / tpot, 2) if tpot else None})
 
     def _gauges(self) -> None:
-        queued = sum(1 for e in self.live.values() if e.state == "queued")
-        self.metrics.queue_depth.set(queued)
-        self.metrics.batch_size.set(len(self.live) - queued)
+        self.metrics.queue_depth.set(self.queued)
+        self.metrics.batch_size.set(len(self.live) - self.queued)
 
     def snapshot(self) -> dict[str, Any]:
         """The page's view, bounded: at most :data:`MAX_LIVE_LISTED` live generations
         (oldest first) and the samples of the last :data:`SAMPLE_WINDOW_S` seconds (at
         most :data:`MAX_SAMPLES`)."""
         now, wall = time.monotonic(), time.time()
-        live = list(self.live.values())
-        return {"live": [e.public(now) for e in live[:MAX_LIVE_LISTED]],
-                "live_total": len(live),
+        live = islice(self.live.values(), MAX_LIVE_LISTED)  # not a copy of all
+        return {"live": [e.public(now) for e in live],
+                "live_total": len(self.live),
                 "samples": [s for s in self.samples if wall - s["t"] <= SAMPLE_WINDOW_S]}

@@ -42,6 +42,11 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.
 #: A route label for every path no route matched (scanners, typos): the label's values stay
 #: bounded by the app's routes.
 OTHER_ROUTE = "other"
+#: The method label's values: the methods HTTP defines that clients send (RFC 9110);
+#: anything else a client writes (h11 accepts any token) counts as :data:`OTHER_METHOD`, so
+#: a client cannot grow the label set.
+KNOWN_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})
+OTHER_METHOD = "other"
 #: The prompt cache keys read from the engine (``/health``'s ``prompt_cache``).
 _CACHE_HITS = {"memory_hits": "memory", "disk_hits": "disk"}
 _CACHE_BYTES = {"memory_bytes": "memory", "disk_bytes": "disk"}
@@ -207,10 +212,18 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def method_label(scope: Scope) -> str:
+    """The request's method as a label value: one of :data:`KNOWN_METHODS`, or
+    :data:`OTHER_METHOD` for whatever else the client sent."""
+    method = scope.get("method")
+    return method if method in KNOWN_METHODS else OTHER_METHOD
+
+
 class RequestCounter:
     """Pure ASGI middleware: counts every HTTP response in ``mlx_kit_http_requests_total``
     by the matched route's path template (``/v1/chat/completions``; :data:`OTHER_ROUTE` for
-    none, so a scanner's random paths cannot grow the label set), method and status.
+    none, so a scanner's random paths cannot grow the label set), method (one of
+    :data:`KNOWN_METHODS` or :data:`OTHER_METHOD`) and status (the server's own codes).
     Outside the Host/Origin guard and the key check, so their refusals count too. Own code:
     prometheus_client has no ASGI request counter, and starlette-exporter /
     prometheus-fastapi-instrumentator would add a dependency and their own metric names for
@@ -238,7 +251,7 @@ class RequestCounter:
         try:
             await self.app(scope, receive, sending)
         finally:
-            self.metrics.http_requests.labels(self._route(scope), scope["method"],
+            self.metrics.http_requests.labels(self._route(scope), method_label(scope),
                                               str(status[0])).inc()
 
     def _route(self, scope: Scope) -> str:

@@ -172,6 +172,8 @@ class ServerState:
                 "load_seconds": e.load_seconds, "phase": getattr(e, "phase", None),
                 "swaps_pending": self.swaps_pending,
                 "memory": e.memory() if memory is None else memory, "error": e.error,
+                # the error's kind (kit.errors.error_kind), e.g. "model_does_not_fit"
+                "error_type": getattr(e, "error_type", None) if e.error else None,
                 # memory/disk hits, sizes and writes (None until the engine reported them)
                 "prompt_cache": getattr(e, "prompt_cache", None),
                 **({"kv_cache": e.kv_cache} if getattr(e, "kv_cache", None) else {}),

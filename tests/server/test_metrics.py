@@ -158,6 +158,18 @@ def test_unmatched_paths_share_one_route_label():
     assert not any(r.startswith("/scan") for r in routes)
 
 
+def test_invented_methods_share_one_method_label():
+    client = TestClient(make_app(), client=LOOPBACK)
+    for i in range(20):
+        client.request(f"X-SCAN{i}", "/health")
+    client.request("PATCH", "/health")
+    text = client.get("/metrics").text
+    methods = {s.labels["method"] for f in text_string_to_metric_families(text)
+               if f.name == "mlx_kit_http_requests" for s in f.samples}
+    assert methods == {"other", "PATCH"}  # this GET is counted after its own answer
+    assert value(text, "mlx_kit_http_requests_total", route="/health", method="other") == 20
+
+
 def test_refused_requests_are_counted_with_their_status():
     client = TestClient(make_app(api_key="sekret"), client=LOOPBACK)
     assert client.get("/v1/models").status_code == 401
@@ -273,6 +285,80 @@ def test_live_list_and_samples_are_bounded_and_a_queued_request_shows():
             assert activity.snapshot()["live_total"] == 0
             data = (await c.get("/ui/data")).json()
             assert len(data["samples"]) == n and data["totals"]["generated_tokens"] == 2 * n
+
+    asyncio.run(run())
+
+
+class NoScan(dict):
+    """The live table, refusing to be scanned: arrivals and ends must keep counts."""
+
+    scans_allowed = False
+
+    def values(self):
+        assert self.scans_allowed, "the live table was rescanned"
+        return super().values()
+
+    def __iter__(self):
+        assert self.scans_allowed, "the live table was rescanned"
+        return super().__iter__()
+
+
+def test_queue_gauges_keep_counts_without_rescanning_the_live_requests():
+    """Regression: each arrival and end recounted every live entry (O(n^2) with thousands
+    queued). Counts are kept instead, and they match a recount at every step."""
+    engine = StandInEngine(words=1)
+    app = make_app(engine)
+    activity: Activity = app.state.activity
+    activity.live = NoScan()
+    n = 300
+
+    async def run() -> None:
+        engine.gate = asyncio.Event()
+        transport = httpx.ASGITransport(app=app, client=LOOPBACK)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            tasks = [asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
+                     for _ in range(n)]
+            while len(activity.live) < n:
+                await asyncio.sleep(0.01)
+            assert activity.metrics.queue_depth._value.get() == n == activity.queued
+            tasks[0].cancel()  # one leaves while queued
+            await asyncio.sleep(0.05)
+            assert activity.queued == n - 1 and len(activity.live) == n - 1
+            engine.gate.set()
+            await asyncio.gather(*tasks[1:])
+            assert activity.queued == 0 and len(activity.live) == 0
+            activity.live.scans_allowed = True
+            metrics = (await c.get("/metrics")).text
+            assert value(metrics, "mlx_kit_queue_depth") == 0
+            assert value(metrics, "mlx_kit_batch_size") == 0
+            assert value(metrics, "mlx_kit_generations_total", protocol="openai-chat",
+                         outcome="stop") == n - 1
+
+    asyncio.run(run())
+
+
+def test_a_gemini_stream_is_listed_as_streamed():
+    """Gemini chooses streaming by route (:streamGenerateContent), not by a body field."""
+    engine = StandInEngine(words=2)
+    app = make_app(engine)
+    activity: Activity = app.state.activity
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+    async def run() -> None:
+        engine.gate = asyncio.Event()
+        transport = httpx.ASGITransport(app=app, client=LOOPBACK)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            streamed = asyncio.create_task(c.post(
+                "/v1beta/models/local:streamGenerateContent?alt=sse", json=body))
+            plain = asyncio.create_task(c.post("/v1beta/models/local:generateContent",
+                                               json=body))
+            while len(activity.live) < 2:
+                await asyncio.sleep(0.01)
+            listed = {e["stream"] for e in activity.snapshot()["live"]}
+            engine.gate.set()
+            assert (await streamed).status_code == 200 and (await plain).status_code == 200
+            assert listed == {True, False}
+            assert {e["protocol"] for e in activity.snapshot()["live"]} == set()
 
     asyncio.run(run())
 
