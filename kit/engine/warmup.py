@@ -95,8 +95,10 @@ def wanted(mode: str) -> bool:
 @dataclass(frozen=True)
 class Shape:
     """One thing to run: ``kind`` ``"stream"`` (``stream_generate`` over ``tokens`` prompt
-    tokens, then decode) or ``"batch"`` (``BatchGenerator`` with ``rows`` prompts of about
-    ``tokens`` tokens decoding together)."""
+    tokens, then greedy decode), ``"sampled"`` (the same with a temperature, top-p/min-p/
+    top-k filters and logits processors: the path a request with sampling takes) or
+    ``"batch"`` (``BatchGenerator`` with ``rows`` prompts of about ``tokens`` tokens
+    decoding together)."""
 
     kind: str
     rows: int
@@ -104,9 +106,12 @@ class Shape:
 
     @property
     def label(self) -> str:
-        """How the log names it, e.g. ``prefill 2048 + decode`` or ``batch x4``."""
+        """How the log names it, e.g. ``prefill 2048 + decode``, ``sampled decode`` or
+        ``batch x4``."""
         if self.kind == "stream":
             return f"prefill {self.tokens - 1} + decode"
+        if self.kind == "sampled":
+            return "sampled decode"
         return f"batch x{self.rows}"
 
 
@@ -148,6 +153,9 @@ def plan(max_batch: int, step_size: int, batching: bool) -> list[Shape]:
     """
     # n + 1 prompt tokens: one chunk of exactly n, then the last token's step
     shapes = [Shape("stream", 1, n + 1) for n in prefill_chunks(step_size)]
+    # the sampling path most requests take (agents send a temperature; the greedy shapes
+    # above only compile argmax): sampler filters and logits processors
+    shapes.append(Shape("sampled", 1, SMALLEST_CHUNK + 1))
     if batching and max_batch > 1:
         shapes += [Shape("batch", n, BATCH_PROMPT) for n in batch_sizes(max_batch)]
     return shapes
@@ -175,9 +183,16 @@ def _run_stream(model: Any, tokenizer: Any, shape: Shape, step_size: int,
                 new_cache: Callable[[], Any] | None) -> None:
     from mlx_lm import stream_generate
 
-    cache = {} if new_cache is None else {"prompt_cache": new_cache()}
+    extra: dict[str, Any] = {} if new_cache is None else {"prompt_cache": new_cache()}
+    if shape.kind == "sampled":
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        # every filter and processor kit.engine.sampling.Sampling.build can make
+        extra["sampler"] = make_sampler(temp=0.7, top_p=0.95, min_p=0.05, top_k=40)
+        extra["logits_processors"] = make_logits_processors(
+            logit_bias={0: -1.0}, presence_penalty=0.1, frequency_penalty=0.1)
     for _ in stream_generate(model, tokenizer, _tokens(tokenizer, shape.tokens),
-                             max_tokens=DECODE_STEPS, prefill_step_size=step_size, **cache):
+                             max_tokens=DECODE_STEPS, prefill_step_size=step_size, **extra):
         pass
 
 
@@ -240,7 +255,7 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int,
         if on_shape is not None:
             on_shape(shape, i, len(shapes))
         try:
-            if shape.kind == "stream":
+            if shape.kind in ("stream", "sampled"):
                 _run_stream(model, tokenizer, shape, step, new_cache)
             else:
                 _run_batch(model, tokenizer, shape, step, max_batch)

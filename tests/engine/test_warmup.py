@@ -44,7 +44,7 @@ def test_the_plan_warms_a_full_prefill_chunk_one_per_shorter_range_and_every_bat
     labels = [s.label for s in warmup.plan(max_batch=4, step_size=2048, batching=True)]
     assert labels == ["prefill 2048 + decode", "prefill 769 + decode", "prefill 385 + decode",
                       "prefill 193 + decode", "prefill 97 + decode", "prefill 49 + decode",
-                      "prefill 25 + decode", "prefill 13 + decode",
+                      "prefill 25 + decode", "prefill 13 + decode", "sampled decode",
                       "batch x1", "batch x2", "batch x3", "batch x4"]
     assert warmup.prefill_chunks(512) == [512, 193, 97, 49, 25, 13]  # CPU's chunk
 
@@ -52,7 +52,7 @@ def test_the_plan_warms_a_full_prefill_chunk_one_per_shorter_range_and_every_bat
 def test_without_batching_only_the_single_stream_shapes_are_warmed():
     # max_batch 1 (requests one at a time), or a quantized KV cache (no batching)
     for plan in (warmup.plan(1, 512, batching=True), warmup.plan(8, 512, batching=False)):
-        assert {s.kind for s in plan} == {"stream"} and len(plan) == 6
+        assert {s.kind for s in plan} == {"stream", "sampled"} and len(plan) == 7
 
 
 def test_large_max_batch_warms_each_size_to_8_then_powers_of_two_and_the_maximum():

@@ -49,11 +49,12 @@ def test_warmup_on_reports_warming_up_before_ready_and_logs_the_shapes(hf_home, 
         assert seen[-1] == ("ok", None)
         assert seen.index(("loading", "warming up")) < seen.index(("ok", None))
         log = server.log_text()
-        assert ("warmed up 8 shapes in" in log and "(prefill 512 + decode, prefill 193 + "
+        assert ("warmed up 9 shapes in" in log and "(prefill 512 + decode, prefill 193 + "
                 "decode, prefill 97 + decode, prefill 49 + decode, prefill 25 + decode, "
-                "prefill 13 + decode, batch x1, batch x2); kernel cache:" in log), log[-3000:]
+                "prefill 13 + decode, sampled decode, batch x1, batch x2); kernel cache:" in
+                log), log[-3000:]
         # the startup lines never said "serving" before the model was ready
-        warmed_at = log.index("warmed up 8 shapes")
+        warmed_at = log.index("warmed up 9 shapes")
         assert "serving" not in log[:warmed_at]
         assert "ready: mlx-kit/SmolLM2-135M-Instruct as 'local'" in log[warmed_at:]
         assert ask(server)
@@ -100,7 +101,7 @@ def test_launch_shows_the_warm_up_as_a_step_of_its_progress(hf_home, tmp_path):
         steps = re.findall(r"server ([^\r\n\x1b]*)", r.stderr)
         warming = [i for i, s in enumerate(steps) if s.startswith("loading, warming up: ")]
         assert warming, steps
-        assert any(steps[i].endswith("warming up: batch x8 (14 of 14)")  # max-batch 8
+        assert any(steps[i].endswith("warming up: batch x8 (15 of 15)")  # max-batch 8
                    for i in warming), steps
         assert not any("serving" in s for s in steps[:warming[-1]]), steps
         assert "started mlx-kit server" in r.stderr
