@@ -16,11 +16,12 @@ function headers(extra) {
   return h;
 }
 
+// binary units, as the CLI prints sizes (kit.models.memory.human)
 function bytes(n) {
   if (n === null || n === undefined) return "?";
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (Math.abs(n) >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return (i === 0 ? n.toFixed(0) : n.toFixed(2)) + " " + units[i];
 }
 
