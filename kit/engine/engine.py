@@ -308,7 +308,7 @@ class Engine:
         thread)."""
         try:
             t0 = time.perf_counter()
-            self.slot.install(self._load(self.model_info, replacing=0))
+            self._install(self._load(self.model_info, replacing=0))
             self.load_seconds = time.perf_counter() - t0
             self.state = "ready"
         except KitError as e:  # expected (does not fit, not a model...): one line, no trace
@@ -360,6 +360,12 @@ class Engine:
                                             join=self._next_is_job)) is not None:
                     backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
                                              joined=joined))
+
+    def _install(self, loaded: Any) -> None:
+        """Make ``loaded`` the slot's model and let the prompt cache take its identity
+        now (the disk tier's: a folder re-converted in place later is not this model)."""
+        self.slot.install(loaded)
+        self.pipeline.cache.model_installed()
 
     def _served(self) -> None:
         self.requests_served += 1
@@ -413,7 +419,7 @@ class Engine:
         self.state = "loading"
         self._on_change()
         try:
-            self.slot.install(self._load(self.model_info, replacing=0))
+            self._install(self._load(self.model_info, replacing=0))
         except KitError as e:
             self.state = "unloaded"
             self._on_change()
@@ -475,7 +481,7 @@ class Engine:
             item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))
             return
         self._release()  # drop every reference to the old model before taking the new one
-        self.slot.install(loaded)
+        self._install(loaded)
         self.state, self.error, self.error_type = "ready", None, None
         self.swaps += 1
         self._on_change()

@@ -393,3 +393,26 @@ def test_model_identity_changes_with_mlxs_version(tmp_path, monkeypatch):
     monkeypatch.setattr(md, "version", lambda p: "0.0.1" if p == "mlx" else real(p))
     assert model_identity(tmp_path, 8, 64) != base  # the quantized KV layout is mlx's
 
+
+def test_a_model_folder_reconverted_after_the_load_keeps_the_identity_taken_at_load(tmp_path):
+    # Regression: the identity was computed at the first disk use, so a folder
+    # re-converted in place before the first long request labelled the loaded (old)
+    # model's caches with the new files' identity.
+    from types import SimpleNamespace
+
+    import mlx.nn as nn
+
+    from kit.engine.disk_tier import DiskTier
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"v": 1}')
+    slot = SimpleNamespace(model=nn.Linear(4, 4), info=SimpleNamespace(path=model_dir, id="m"),
+                           kv_bits=None, kv_group_size=64)
+    tier = DiskTier.for_slot(tmp_path / "cache", 1 << 30, slot)
+    at_load = model_identity(model_dir, None, 64)
+    tier.model_installed()
+    (model_dir / "config.json").write_text('{"v": 2}')  # re-converted in place
+    tier.queue(tokens(300), kv_cache(300))
+    tier.write_one()
+    assert [p.parent.name for p in (tmp_path / "cache").glob("*/*.safetensors")] == [at_load]
