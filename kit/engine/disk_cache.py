@@ -11,11 +11,12 @@ the token ids as JSON, the model identity and :data:`FORMAT`). A write goes to
 ``<name>.<pid>.tmp`` in the same folder, is fsynced and renamed into place, so a crash
 mid-write leaves only a ``.tmp`` (removed at the next start once its writer is gone).
 Only names of that shape, in folders named like an identity, are ever read or deleted:
-anything else in the folder is left alone.
+anything else in the folder is left alone, symlinks included (never followed). Folders
+we create are 0700 and files 0600: they hold the prompts' token ids.
 
 The model identity (:func:`model_identity`) hashes the model folder, config.json's bytes,
-every file's name, size and mtime, the KV settings and mlx-lm's version: a model whose
-files changed gets a new folder, and its old entries are never loaded (they age out by
+every file's name, size and mtime, the KV settings and mlx-lm's and mlx's versions
+(taken when the model is loaded): a model whose files changed gets a new folder, and its old entries are never loaded (they age out by
 LRU). Bounded: after each write the least recently used files (mtime, touched on every
 hit) are deleted until all of them fit ``max_bytes``.
 """
