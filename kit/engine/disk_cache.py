@@ -29,7 +29,6 @@ import logging
 import os
 import re
 import stat
-import struct
 import time
 import weakref
 from dataclasses import dataclass
@@ -37,6 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kit.engine.safe_files import NOFOLLOW as _NOFOLLOW
+from kit.engine.safe_files import fsync_dir as _fsync_dir
+from kit.engine.safe_files import header_metadata as _header_metadata
+from kit.engine.safe_files import open_file as _open_file
+from kit.engine.safe_files import real_dir as _real_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -46,8 +51,6 @@ _FOLDER = re.compile(r"^[0-9a-f]{32}$")
 _FILE = re.compile(r"^([0-9a-f]{64})\.safetensors$")
 _TMP = re.compile(r"^[0-9a-f]{64}\.(\d+)\.tmp$")
 _STALE_TMP_S = 3600.0  # a tmp whose writer's pid was reused: stale after an hour anyway
-_HEADER_MAX = 64 << 20  # a safetensors header over this is not ours (128k tokens: ~1 MiB)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX; the folder checks below still hold without
 
 
 def model_identity(folder: Path, kv_bits: int | None, kv_group_size: int) -> str:
@@ -386,76 +389,3 @@ def _classes_fit(stored: tuple[str, ...], expected: tuple[str, ...]) -> bool:
     return len(stored) == len(expected) and all(
         s == e or (e == "KVCache" and s == "QuantizedKVCache")
         for s, e in zip(stored, expected))
-
-
-def _real_dir(path: Path) -> bool:
-    """Whether ``path`` is a folder itself, not a symlink to one."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _open_file(path: Path) -> Any:
-    """``path`` opened for reading (binary) without following a symlink; a file object
-    named ``path`` (mx.load picks the format from the name).
-
-    Raises:
-        OSError: it cannot be opened, is a link (ELOOP) or is not a regular file.
-    """
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or \
-                (not _NOFOLLOW and os.path.islink(path)):
-            raise OSError(f"{path} is not a regular file")
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    f.raw.name = str(path)
-    return f
-
-
-def _header_metadata(f: Any) -> dict[str, str]:
-    """The ``__metadata__`` of the safetensors file open in ``f``, from its header only
-    (an 8-byte little-endian length, then that much JSON), checked against the file's
-    size. Our own few lines because
-    safetensors' ``safe_open`` takes only a path, and a path would follow a symlink.
-
-    Raises:
-        ValueError: not a safetensors header (or one over :data:`_HEADER_MAX` bytes).
-    """
-    head = f.read(8)
-    if len(head) != 8:
-        raise ValueError("no safetensors header")
-    (n,) = struct.unpack("<Q", head)
-    if n > _HEADER_MAX:
-        raise ValueError(f"a {n}-byte header")
-    body = f.read(n)
-    if len(body) != n:
-        raise ValueError("a truncated header")
-    header = json.loads(body)
-    # the tensors must end where the file does (safe_open checks this too): a file cut
-    # short by a crash or a full disk is not a cache
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
-              default=0)
-    if 8 + n + end != os.fstat(f.fileno()).st_size:
-        raise ValueError("its tensors do not end with the file (truncated?)")
-    meta = header.get("__metadata__") or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise ValueError("its metadata is not strings")
-    return meta
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
