@@ -11,11 +11,12 @@ the token ids as JSON, the model identity and :data:`FORMAT`). A write goes to
 ``<name>.<pid>.tmp`` in the same folder, is fsynced and renamed into place, so a crash
 mid-write leaves only a ``.tmp`` (removed at the next start once its writer is gone).
 Only names of that shape, in folders named like an identity, are ever read or deleted:
-anything else in the folder is left alone.
+anything else in the folder is left alone, symlinks included (never followed). Folders
+we create are 0700 and files 0600: they hold the prompts' token ids.
 
 The model identity (:func:`model_identity`) hashes the model folder, config.json's bytes,
-every file's name, size and mtime, the KV settings and mlx-lm's version: a model whose
-files changed gets a new folder, and its old entries are never loaded (they age out by
+every file's name, size and mtime, the KV settings and mlx-lm's and mlx's versions
+(taken when the model is loaded): a model whose files changed gets a new folder, and its old entries are never loaded (they age out by
 LRU). Bounded: after each write the least recently used files (mtime, touched on every
 hit) are deleted until all of them fit ``max_bytes``.
 """
@@ -27,6 +28,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 import weakref
 from dataclasses import dataclass
@@ -34,6 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kit.engine.safe_files import NOFOLLOW as _NOFOLLOW
+from kit.engine.safe_files import fsync_dir as _fsync_dir
+from kit.engine.safe_files import header_metadata as _header_metadata
+from kit.engine.safe_files import open_file as _open_file
+from kit.engine.safe_files import real_dir as _real_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -51,7 +59,7 @@ def model_identity(folder: Path, kv_bits: int | None, kv_group_size: int) -> str
 
     Hashes the resolved folder, config.json's bytes, every top-level file's name, size
     and mtime_ns (weights, tokenizer; symlinks of the hub cache followed), ``kv_bits``,
-    ``kv_group_size`` and mlx-lm's version.
+    ``kv_group_size``, mlx-lm's version and mlx's (the quantized KV layout is mlx's).
 
     Raises:
         OSError: the folder cannot be read.
@@ -69,11 +77,13 @@ def model_identity(folder: Path, kv_bits: int | None, kv_group_size: int) -> str
         if entry.is_file():  # follows symlinks (the hub cache's blobs)
             st = entry.stat()
             h.update(f"\n{entry.name} {st.st_size} {st.st_mtime_ns}".encode())
-    try:
-        mlx_lm = version("mlx-lm")
-    except PackageNotFoundError:
-        mlx_lm = "unknown"
-    h.update(f"\nkv {kv_bits} {kv_group_size}\nmlx-lm {mlx_lm}".encode())
+    h.update(f"\nkv {kv_bits} {kv_group_size}".encode())
+    for package in ("mlx-lm", "mlx"):
+        try:
+            v = version(package)
+        except PackageNotFoundError:
+            v = "unknown"
+        h.update(f"\n{package} {v}".encode())
     return h.hexdigest()[:32]
 
 
@@ -185,7 +195,8 @@ class DiskCache:
         from mlx_lm.models.cache import load_prompt_cache
 
         try:
-            cache, meta = load_prompt_cache(str(entry.path), return_metadata=True)
+            with _open_file(entry.path) as f:  # never through a link
+                cache, meta = load_prompt_cache(f, return_metadata=True)
             mx.eval([c.state for c in cache])  # a bad tensor fails here, not mid-request
             names = tuple(type(c).__name__ for c in cache)
             if meta.get("tokens") != json.dumps(entry.tokens.tolist()) or \
@@ -222,26 +233,39 @@ class DiskCache:
         name = hashlib.sha256(arr.tobytes()).hexdigest()
         folder = self.root / identity
         final = folder / f"{name}.safetensors"
-        if final.exists():
+        if os.path.lexists(final):  # a link of that name is not ours either: leave it
             return False
         tmp = folder / f"{name}.{os.getpid()}.tmp"
         meta = {"tokens": json.dumps(arr.tolist()), "model": identity, "format": FORMAT}
+        made = False
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            from kit.paths import private_dir
+
+            private_dir(self.root)  # 0700 when we create them: files hold prompts' tokens
+            private_dir(folder)
+            if not _real_dir(folder):  # a link in our folder is never followed
+                raise OSError(f"{folder} is not a folder of ours (a symlink?)")
+            # O_EXCL|O_NOFOLLOW: never write through a link; 0600 whatever the umask
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            made = True
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 save_prompt_cache(f, cache, meta)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, final)
+            os.replace(tmp, final)  # replaces a name in a real folder; follows no link
+            made = False
             _fsync_dir(folder)
         except OSError as e:
             log.warning("cannot write a prompt cache to %s: %s", folder, e)
-            tmp.unlink(missing_ok=True)
             return False
+        finally:  # any failure (not only OSError) must not leave our tmp behind
+            if made:
+                tmp.unlink(missing_ok=True)
         self.writes += 1
         entries = self._index.setdefault(identity, {})
         entries[final.name] = Entry(final, arr, tuple(type(c).__name__ for c in cache),
-                                    final.stat().st_size)
+                                    final.lstat().st_size)
         if trimmable:
             for other in list(entries.values()):
                 if len(other.tokens) < len(arr) and common_prefix(arr, other.tokens) == \
@@ -279,7 +303,7 @@ class DiskCache:
             for e in os.scandir(folder):
                 if _FILE.match(e.name) and e.is_file(follow_symlinks=False):
                     try:
-                        st = e.stat()
+                        st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
                     files.append((st.st_mtime, st.st_size, Path(e.path)))
@@ -293,10 +317,11 @@ class DiskCache:
         for folder in self._ours():
             for e in os.scandir(folder):
                 m = _TMP.match(e.name)
-                if not m or int(m.group(1)) == os.getpid():
+                if not m or int(m.group(1)) == os.getpid() or \
+                        not e.is_file(follow_symlinks=False):  # links: not ours, left alone
                     continue
                 try:
-                    old = time.time() - e.stat().st_mtime > _STALE_TMP_S
+                    old = time.time() - e.stat(follow_symlinks=False).st_mtime > _STALE_TMP_S
                 except FileNotFoundError:
                     continue
                 if old or not psutil.pid_exists(int(m.group(1))):
@@ -307,13 +332,13 @@ class DiskCache:
         """The index of ``identity``'s folder, brought up to date with what is on disk
         (files another server wrote or evicted): new files' headers are read (not their
         tensors); a header that does not parse or match is deleted with a warning."""
-        from safetensors import safe_open
-
         folder = self.root / identity
         entries = self._index.setdefault(identity, {})
         try:
+            # a symlinked identity folder is not ours: never read or delete through it
             names = {e.name for e in os.scandir(folder)
-                     if _FILE.match(e.name) and e.is_file(follow_symlinks=False)}
+                     if _FILE.match(e.name) and e.is_file(follow_symlinks=False)} \
+                if _real_dir(folder) else set()
         except FileNotFoundError:
             names = set()
         for gone in set(entries) - names:
@@ -321,8 +346,8 @@ class DiskCache:
         for name in names - set(entries):
             path = folder / name
             try:
-                with safe_open(str(path), framework="numpy") as f:  # header only
-                    meta = f.metadata() or {}
+                with _open_file(path) as f:
+                    meta = _header_metadata(f)
                 if meta.get("0.format") != FORMAT or meta.get("0.model") != identity:
                     raise ValueError("another format or model")
                 tokens = np.asarray(json.loads(meta["0.tokens"]), dtype=np.int32)
@@ -331,7 +356,7 @@ class DiskCache:
                 layers = sorted((int(k[2:]), v) for k, v in meta.items()
                                 if re.fullmatch(r"1\.\d+", k))
                 entries[name] = Entry(path, tokens, tuple(v for _, v in layers),
-                                      path.stat().st_size)
+                                      path.lstat().st_size)
             except FileNotFoundError:
                 continue
             except Exception as e:  # truncated, corrupt, foreign: a miss, and it goes
@@ -344,8 +369,12 @@ class DiskCache:
         self._scan()
 
     def _delete(self, identity: str, path: Path) -> None:
+        """Delete our file ``path``: only a regular file in a real (not symlinked) folder
+        of ours; a link is left alone."""
         self._index.get(identity, {}).pop(path.name, None)
         try:
+            if not _real_dir(path.parent) or not stat.S_ISREG(path.lstat().st_mode):
+                return
             path.unlink()
         except FileNotFoundError:
             pass
@@ -360,17 +389,3 @@ def _classes_fit(stored: tuple[str, ...], expected: tuple[str, ...]) -> bool:
     return len(stored) == len(expected) and all(
         s == e or (e == "KVCache" and s == "QuantizedKVCache")
         for s, e in zip(stored, expected))
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,6 +1,7 @@
 """The disk tier behind :class:`kit.engine.pipeline.PromptCachePolicy`: which file a prompt
 starts from when memory holds less of it, and the queue of caches waiting to be written
-(the engine worker writes one whenever it is idle). The files themselves are
+(the engine worker writes one once it has been idle for
+:data:`kit.engine.engine.IDLE_WRITE_S`). The files themselves are
 :class:`kit.engine.disk_cache.DiskCache`'s.
 """
 
@@ -41,6 +42,11 @@ class DiskTier:
 
         disk = DiskCache(Path(folder) if folder else prompt_cache_dir(), max_bytes)
         return cls(disk, lambda: disk.identity(slot))
+
+    def model_installed(self) -> None:
+        """Take the just-loaded model's identity now, from its files as they were loaded
+        (a folder re-converted in place afterwards must not label this model's caches)."""
+        self._identity()
 
     # -- writes ----------------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ log = logging.getLogger("mlx_kit.engine")
 
 _FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
                 # EngineProcess.stop waits)
+IDLE_WRITE_S = 5.0  # a queued prompt cache is written once no request came for this long:
+                    # an agent's next turn comes ms after an answer and must not wait for
+                    # a write (GBs for a big model); its newer cache replaces the queued one
 
 
 class Engine:
@@ -308,7 +311,7 @@ class Engine:
         thread)."""
         try:
             t0 = time.perf_counter()
-            self.slot.install(self._load(self.model_info, replacing=0))
+            self._install(self._load(self.model_info, replacing=0))
             self.load_seconds = time.perf_counter() - t0
             self.state = "ready"
         except KitError as e:  # expected (does not fit, not a model...): one line, no trace
@@ -329,19 +332,24 @@ class Engine:
         while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self.slot.loaded else None
             item = None  # a served request's prompt must not live on until the next one
+            idle_write = self.pipeline.cache.pending() and not backlog
             if self.pipeline.reclaim and not backlog and self.inbox.empty():
                 self.pipeline.reclaim = False
                 from kit.engine import reclaim
 
                 reclaim.give_back()
-            if self.pipeline.cache.pending() and not backlog and self.inbox.empty():
-                self.pipeline.cache.write_pending()  # idle: after the answers, not before
-                self._on_change()
-                continue
             try:
-                item = backlog.popleft() if backlog else self.inbox.get(timeout=timeout)
+                # with a write queued, wait IDLE_WRITE_S for a request first (the TTL,
+                # much longer, counts again after the write)
+                wait = min(timeout, IDLE_WRITE_S) if idle_write and timeout else (
+                    IDLE_WRITE_S if idle_write else timeout)
+                item = backlog.popleft() if backlog else self.inbox.get(timeout=wait)
             except queue.Empty:
-                self._unload()
+                if idle_write:  # idle for IDLE_WRITE_S: a request now waits for one file
+                    self.pipeline.cache.write_pending()
+                    self._on_change()
+                else:
+                    self._unload()
                 continue
             if item is None:
                 self.pipeline.cache.flush(_FLUSH_S)
@@ -360,6 +368,12 @@ class Engine:
                                             join=self._next_is_job)) is not None:
                     backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
                                              joined=joined))
+
+    def _install(self, loaded: Any) -> None:
+        """Make ``loaded`` the slot's model and let the prompt cache take its identity
+        now (the disk tier's: a folder re-converted in place later is not this model)."""
+        self.slot.install(loaded)
+        self.pipeline.cache.model_installed()
 
     def _served(self) -> None:
         self.requests_served += 1
@@ -413,7 +427,7 @@ class Engine:
         self.state = "loading"
         self._on_change()
         try:
-            self.slot.install(self._load(self.model_info, replacing=0))
+            self._install(self._load(self.model_info, replacing=0))
         except KitError as e:
             self.state = "unloaded"
             self._on_change()
@@ -475,7 +489,7 @@ class Engine:
             item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))
             return
         self._release()  # drop every reference to the old model before taking the new one
-        self.slot.install(loaded)
+        self._install(loaded)
         self.state, self.error, self.error_type = "ready", None, None
         self.swaps += 1
         self._on_change()

@@ -161,12 +161,18 @@ class PromptCachePolicy:
         """Back this cache with ``tier`` (a :class:`kit.engine.disk_tier.DiskTier`)."""
         self._disk = tier
 
+    def model_installed(self) -> None:
+        """A model was just loaded: the disk tier takes its identity now."""
+        if self._disk is not None:
+            self._disk.model_installed()
+
     def pending(self) -> bool:
         """Whether caches wait to be written to disk."""
         return self._disk is not None and self._disk.pending()
 
     def write_pending(self) -> None:
-        """Write the newest cache queued for the disk (the worker calls it when idle)."""
+        """Write the newest cache queued for the disk (the worker calls it once idle for
+        :data:`kit.engine.engine.IDLE_WRITE_S`)."""
         self._disk.write_one()
 
     def flush(self, seconds: float) -> None:

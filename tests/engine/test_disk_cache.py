@@ -292,3 +292,127 @@ def test_a_reloaded_models_identity_is_computed_again_without_comparing_the_mode
     assert disk.identity(slot) != first
     slot.model = None
     assert disk.identity(slot) is None
+
+
+# -- review 2026-12-01: permissions, symlinks, identity, tmp cleanup -------------------------
+
+def test_cache_folders_are_private_and_files_0600_whatever_the_umask(tmp_path):
+    # Regression: the root and model folders were made 0755 and files 0644 (the umask),
+    # so every user on the machine could read the prompts' token ids.
+    root = tmp_path / "cache"
+    old = os.umask(0o022)
+    try:
+        DiskCache(root, 1 << 30).save(IDENT, tokens(300), kv_cache(300), trimmable=True)
+    finally:
+        os.umask(old)
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert (root / IDENT).stat().st_mode & 0o777 == 0o700
+    (path,) = (root / IDENT).glob("*.safetensors")
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_existing_cache_folder_keeps_the_users_mode(tmp_path):
+    root = tmp_path / "shared-cache"
+    root.mkdir()
+    root.chmod(0o755)  # the user's own folder: never chmod one we did not create
+    DiskCache(root, 1 << 30).save(IDENT, tokens(300), kv_cache(300), trimmable=True)
+    assert root.stat().st_mode & 0o777 == 0o755
+    assert (root / IDENT).stat().st_mode & 0o777 == 0o700
+
+
+def test_a_symlinked_model_folder_in_the_cache_is_never_followed_and_its_files_stay(tmp_path):
+    # Regression: a symlink named like an identity folder was followed by find's refresh,
+    # and a file OUTSIDE the cache folder that did not parse was deleted.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / f"{'e' * 64}.safetensors"
+    victim.write_bytes(b"the user's file, not a cache")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / IDENT).symlink_to(outside, target_is_directory=True)
+    disk = DiskCache(root, 1)  # a bound nothing fits: eviction would run on it
+    assert disk.find(IDENT, tokens(300), LAYERS, True) is None
+    assert disk.save(IDENT, tokens(300), kv_cache(300), trimmable=True) is False
+    disk.evict()
+    assert victim.read_bytes() == b"the user's file, not a cache"
+    assert sorted(p.name for p in outside.iterdir()) == [victim.name]  # nothing written there
+    assert (root / IDENT).is_symlink()  # the link itself is left alone too
+
+
+def test_a_symlinked_cache_file_is_left_alone_and_its_target_is_never_read(tmp_path):
+    real = DiskCache(tmp_path / "elsewhere", 1 << 30)
+    real.save(IDENT, tokens(300), kv_cache(300), trimmable=True)
+    (target,) = (tmp_path / "elsewhere" / IDENT).glob("*.safetensors")
+    root = tmp_path / "cache"
+    (root / IDENT).mkdir(parents=True)
+    link = root / IDENT / target.name
+    link.symlink_to(target)
+    stale = root / IDENT / f"{'f' * 64}.999999999.tmp"  # a dead writer's name, as a link
+    stale.symlink_to(target)
+    disk = DiskCache(root, 1)
+    assert disk.find(IDENT, tokens(300), LAYERS, True) is None  # not an entry of ours
+    assert disk.save(IDENT, tokens(300), kv_cache(300), trimmable=True) is False
+    disk.evict()
+    assert link.is_symlink() and stale.is_symlink() and target.exists()
+
+
+def test_a_file_swapped_for_a_symlink_after_the_scan_is_not_loaded_or_deleted(tmp_path):
+    disk = DiskCache(tmp_path / "cache", 1 << 30)
+    disk.save(IDENT, tokens(300), kv_cache(300), trimmable=True)
+    found = disk.find(IDENT, tokens(300), LAYERS, True)
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(found.entry.path.read_bytes())
+    found.entry.path.unlink()
+    found.entry.path.symlink_to(other)  # O_NOFOLLOW: the load does not read through it
+    assert disk.load(IDENT, found.entry, LAYERS) is None
+    assert other.exists() and found.entry.path.is_symlink()
+
+
+def test_a_save_failing_with_any_exception_leaves_no_tmp(tmp_path, monkeypatch):
+    # Regression: only OSError removed the tmp file. A failure other than OSError cannot
+    # be produced on demand with a real cache, so mlx-lm's save is replaced (a mock).
+    import mlx_lm.models.cache as mlx_cache
+
+    def broken(f, cache, meta):
+        f.write(b"half")
+        raise RuntimeError("the writer broke")
+
+    monkeypatch.setattr(mlx_cache, "save_prompt_cache", broken)
+    disk = DiskCache(tmp_path, 1 << 30)
+    with pytest.raises(RuntimeError):
+        disk.save(IDENT, tokens(300), kv_cache(300), trimmable=True)
+    assert files(tmp_path) == []
+
+
+def test_model_identity_changes_with_mlxs_version(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    (tmp_path / "config.json").write_text("{}")
+    base = model_identity(tmp_path, 8, 64)
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda p: "0.0.1" if p == "mlx" else real(p))
+    assert model_identity(tmp_path, 8, 64) != base  # the quantized KV layout is mlx's
+
+
+def test_a_model_folder_reconverted_after_the_load_keeps_the_identity_taken_at_load(tmp_path):
+    # Regression: the identity was computed at the first disk use, so a folder
+    # re-converted in place before the first long request labelled the loaded (old)
+    # model's caches with the new files' identity.
+    from types import SimpleNamespace
+
+    import mlx.nn as nn
+
+    from kit.engine.disk_tier import DiskTier
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"v": 1}')
+    slot = SimpleNamespace(model=nn.Linear(4, 4), info=SimpleNamespace(path=model_dir, id="m"),
+                           kv_bits=None, kv_group_size=64)
+    tier = DiskTier.for_slot(tmp_path / "cache", 1 << 30, slot)
+    at_load = model_identity(model_dir, None, 64)
+    tier.model_installed()
+    (model_dir / "config.json").write_text('{"v": 2}')  # re-converted in place
+    tier.queue(tokens(300), kv_cache(300))
+    tier.write_one()
+    assert [p.parent.name for p in (tmp_path / "cache").glob("*/*.safetensors")] == [at_load]

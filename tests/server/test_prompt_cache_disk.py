@@ -213,3 +213,28 @@ def test_prompt_cache_disk_0_writes_nothing(hf_home, tmp_path):
     finally:
         helpers.stop(s)
     assert not cache.exists()
+
+
+def test_an_agents_next_turn_does_not_wait_for_a_disk_write_and_files_are_private(
+        hf_home, tmp_path):
+    # Regression: the worker wrote the cache as soon as its queue was empty, i.e. right
+    # after each answer, so an agent's next request (ms later) waited for the whole write.
+    # Now a write waits for IDLE_WRITE_S (5 s) without a request.
+    cache = tmp_path / "cache"
+    s = serve(tmp_path, hf_home, cache)
+    try:
+        messages = long_prompt("turns")
+        text, _, _ = ask(s, messages)
+        nxt = messages + [{"role": "assistant", "content": text},
+                          {"role": "user", "content": "Another one."}]
+        _, _, cached = ask(s, nxt)  # at once, as an agent's next turn comes
+        assert cached > 400  # from memory
+        assert counters(s)["disk_writes"] == 0  # nothing was written between the turns
+        c = wait_writes(s, 1)  # once the worker has been idle
+        assert c["disk_entries"] >= 1
+    finally:
+        helpers.stop(s)
+    assert cache.stat().st_mode & 0o777 == 0o700
+    for f in ours(cache):
+        assert f.parent.stat().st_mode & 0o777 == 0o700
+        assert f.stat().st_mode & 0o777 == 0o600
