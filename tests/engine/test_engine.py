@@ -249,3 +249,32 @@ def test_a_failed_batch_insert_releases_its_reservation_and_ends_its_stream(engi
     assert engine.admission["reserved_bytes"] == 0
     # and admission is not wedged: the next requests run
     assert asyncio.run(together(range(7, 9))) == ["finished", "finished"]
+
+
+def test_a_request_cancelled_while_it_waits_for_memory_is_forgotten(engine):
+    # Regression (review 2026-12-01, batch.py/admission.py): a request cancelled while
+    # deferred was ended by Pipeline.admit without leaving Admission's waiting set, so
+    # its id stayed there (a later job given the same id was never counted as deferred).
+    # The deferral is made with a room of 1000 tokens of KV that another job holds.
+    from kit.engine.admission import Deferred, Room
+    from kit.engine.bridge import END
+    from kit.engine.run import Job
+
+    admission, per = engine.pipeline.admission, 46_080
+    room = Room(1000 * per, "budget", 0, per, lambda: 0, lambda n: None)
+    posted: list = []
+    holder = object()
+    job = Job(ChatRequest(messages=[{"role": "user", "content": "Hi"}],
+                          params=SamplingParams(max_tokens=3)), posted.append)
+    before = admission.deferred
+    admission.admit(holder, "holder", 100, 900, room)
+    try:
+        with pytest.raises(Deferred):
+            admission.admit(job, "r1", 100, 10, room, running=True)
+        assert id(job) in admission._waiting and admission.deferred == before + 1
+        job.cancelled.set()
+        assert engine.pipeline.admit(job) is False  # what the batch asks before retrying
+        assert posted == [END] and id(job) not in admission._waiting
+    finally:
+        admission.release(holder)
+    assert admission.snapshot()["reserved_bytes"] == 0
