@@ -65,14 +65,28 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         finally:
             run.job.post(END)
 
+    def not_inserted(job: Job, e: Exception) -> None:
+        """``job`` was prepared (memory reserved, ``Started`` posted) but the batch would
+        not take it: give its reservation back and end its stream with the error (a leaked
+        reservation would make every later request wait for memory)."""
+        log.exception("%s: could not join the batch", job.request.request_id)
+        pipeline.admission.release(job)
+        pipeline.fatal(e)
+        job.post(e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}"))
+        job.post(END)
+
     try:
         if joined is not None:
             run = joined.run
-            (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
-                               caches=[run.cache], all_tokens=[joined.held],
-                               samplers=[run.sampler], logits_processors=[run.processors],
-                               stop_sequences=[stops])
-            active[uid] = (run, joined.detok)
+            try:
+                (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
+                                   caches=[run.cache], all_tokens=[joined.held],
+                                   samplers=[run.sampler], logits_processors=[run.processors],
+                                   stop_sequences=[stops])
+            except Exception as e:  # it fails alone; the queued requests still run
+                not_inserted(run.job, e)
+            else:
+                active[uid] = (run, joined.detok)
             run.cache = None
         while True:
             jobs.sync()
@@ -85,12 +99,12 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                 job = backlog.popleft()
                 if not pipeline.admit(job):
                     continue
-                if waiting and waiting[0] is job and \
+                if active and waiting and waiting[0] is job and \
                         waiting[1] == pipeline.admission.released:
                     backlog.appendleft(job)  # no memory came back since it last tried
                     break
-                try:
-                    run = pipeline.prepare(job)
+                try:  # only with rows decoding may it wait for memory (else: the 400)
+                    run = pipeline.prepare(job, running=bool(active))
                 except Deferred:  # it waits (first in line) until a running one completes
                     waiting = (job, pipeline.admission.released)
                     backlog.appendleft(job)
@@ -103,9 +117,16 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                     job.post(e)
                     job.post(END)
                     continue
-                (uid,) = bg.insert([run.rest], max_tokens=[run.max_tokens], caches=[run.cache],
-                                   all_tokens=[run.prompt[:run.cached]], samplers=[run.sampler],
-                                   logits_processors=[run.processors], stop_sequences=[stops])
+                waiting = None
+                try:
+                    (uid,) = bg.insert([run.rest], max_tokens=[run.max_tokens],
+                                       caches=[run.cache], all_tokens=[run.prompt[:run.cached]],
+                                       samplers=[run.sampler], logits_processors=[run.processors],
+                                       stop_sequences=[stops])
+                except Exception as e:  # this request fails alone; the batch goes on
+                    not_inserted(job, e)
+                    run.cache = None
+                    continue
                 active[uid] = (run, tokenizer.detokenizer)
                 run.cache = None  # the batch owns it now
             if not active:

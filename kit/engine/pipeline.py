@@ -231,18 +231,27 @@ class Pipeline:
         """Whether ``job`` should run now: not cancelled (else it is ended) and servable
         (see ``servable``)."""
         if job.cancelled.is_set():
+            self.admission.release(job)  # it may have waited for memory: forget it
             job.post(END)
             return False
-        return self._servable(job)
+        if not self._servable(job):
+            self.admission.release(job)
+            return False
+        return True
 
     def _reclaim_later(self) -> None:
         self.reclaim = True  # given back once the worker is idle
 
-    def prepare(self, job: Job) -> Run:
+    def prepare(self, job: Job, running: bool = False) -> Run:
         """Everything before the first token: sampling checks, chat template, context
         check, constraint, sampler, prompt-cache lookup; posts ``Started``.
 
+        Args:
+            running: other requests decode now (a batch with active rows): only then may
+                admission defer this one (see :meth:`Admission.admit`).
+
         Raises:
+            Deferred: only with ``running``: it fits once a running request completes.
             InvalidRequest: bad sampling parameters, the template rejects the messages,
                 the context is exceeded, or the constraint does not compile.
         """
@@ -269,7 +278,8 @@ class Pipeline:
         waited = self.admission.deferred
         try:  # the last step that may refuse it: nothing after it can fail (no leak)
             n_max, asked = self.admission.admit(job, req.request_id, len(prompt), n_max,
-                                                self.room())
+                                                self.room(), running=running,
+                                                sent=params.max_tokens is not None)
         except InvalidRequest:
             self.changed()  # /health's counters, at once (no request is served)
             raise

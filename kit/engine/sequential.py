@@ -63,7 +63,9 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
     from mlx_lm import stream_generate
     from mlx_lm.models.cache import trim_prompt_cache
 
-    run = pipeline.prepare(job)
+    # running=False: nothing else decodes here, so admission never defers this request
+    # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400
+    run = pipeline.prepare(job, running=False)
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
 
     def check_cancelled(_done: int, _total: int) -> None:

@@ -72,15 +72,15 @@ def test_concurrent_requests_share_the_room_and_a_later_one_waits_for_memory():
     r = room(1000)
     first, second, third = object(), object(), object()
     assert a.admit(first, "r1", 100, 5000, r) == (900, 5000)  # takes all of it
-    with pytest.raises(Deferred):
-        a.admit(second, "r2", 100, 5000, r)
+    with pytest.raises(Deferred):  # first is decoding: running
+        a.admit(second, "r2", 100, 5000, r, running=True)
     with pytest.raises(Deferred):  # tried again before memory came back: counted once
-        a.admit(second, "r2", 100, 5000, r)
+        a.admit(second, "r2", 100, 5000, r, running=True)
     assert a.deferred == 1 and a.released == 0
     a.release(first)
     assert a.released == 1 and a.reserved == {}
     assert a.admit(second, "r2", 100, 300, r) == (300, None)
-    assert a.admit(third, "r3", 100, 5000, r) == (500, 5000)
+    assert a.admit(third, "r3", 100, 5000, r, running=True) == (500, 5000)
     assert a.snapshot()["clamped"] == 2 and a.snapshot()["deferred"] == 1
 
 
@@ -94,6 +94,66 @@ def test_a_prompt_that_cannot_fit_alone_is_refused_with_the_numbers():
     assert "budget" in err.message and "--memory-budget" in err.message
     assert "--kv-bits" in err.message and "smaller model" in err.message
     assert a.rejected == 1 and a.reserved == {}
+
+
+def test_a_leaked_reservation_with_nothing_running_does_not_defer_forever(caplog):
+    # a job reserved memory, then failed before it ran (the batch's insert raised) and
+    # its reservation was never given back: with nothing running, a request must not
+    # wait for it (it would wait forever); the stale one is dropped, the request runs
+    a = Admission()
+    r = room(1000)
+    a.admit("leaked", "r1", 100, 5000, r)  # holds the whole room
+    assert a.admit("next", "r2", 100, 400, r, running=False) == (400, None)
+    assert a.deferred == 0 and a.reserved == {id("next"): 500 * KV}
+    assert "stale reservations" in caplog.text
+
+
+def test_with_nothing_running_a_prompt_too_big_is_refused_never_deferred():
+    a = Admission()
+    r = room(1000)
+    a.admit("leaked", "r1", 100, 5000, r)
+    with pytest.raises(InvalidRequest) as e:
+        a.admit("big", "r2", 1200, 10, r, running=False)
+    assert e.value.code == "insufficient_memory"
+    assert a.deferred == 0 and a.rejected == 1
+
+
+def test_a_deferred_or_refused_request_evicts_no_prompt_cache():
+    caches = Caches(held=600 * KV)
+    a = Admission()
+    r = room(1000, caches)
+    a.admit("first", "r1", 100, 200, r)  # 300 tokens: fits beside the caches, no eviction
+    assert caches.evicted_to == []
+    with pytest.raises(Deferred):  # 800 tokens of prompt: only once first completes
+        a.admit("second", "r2", 800, 10, r, running=True)
+    with pytest.raises(InvalidRequest):  # cannot fit even alone
+        a.admit("third", "r3", 1200, 10, r, running=False)
+    assert caches.evicted_to == [] and caches.held == 600 * KV
+
+
+def test_an_admitted_request_evicts_only_what_it_needs():
+    caches = Caches(held=600 * KV)
+    a = Admission()
+    # 1000 tokens of room, 600 held by caches: 500 needed -> the caches keep 500
+    assert a.admit("job", "r1", 100, 400, room(1000, caches)) == (400, None)
+    assert caches.evicted_to == [500 * KV] and caches.held == 500 * KV
+
+
+def test_a_request_that_sent_no_max_tokens_gets_what_fits_and_is_not_counted_clamped():
+    a = Admission()
+    # no max_tokens sent: the engine asks for the rest of the window (8000 here)
+    assert a.admit("job", "r1", 100, 8000, room(1000), sent=False) == (900, None)
+    assert a.clamped == 0 and a.reserved[id("job")] == 1000 * KV
+
+
+def test_a_request_cancelled_while_deferred_is_forgotten():
+    a = Admission()
+    r = room(1000)
+    a.admit("first", "r1", 100, 5000, r)
+    with pytest.raises(Deferred):
+        a.admit("second", "r2", 100, 10, r, running=True)
+    a.release("second")  # what Pipeline.admit does for a cancelled job
+    assert a._waiting == set() and a.deferred == 1
 
 
 def test_release_is_idempotent_and_no_estimate_admits_everything():

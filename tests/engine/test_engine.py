@@ -205,3 +205,76 @@ def test_a_lone_surrogate_is_a_400_naming_invalid_unicode(engine, kind):
     assert isinstance(error, InvalidRequest) and "lone UTF-16 surrogate" in str(error)
     with pytest.raises(InvalidRequest, match="surrogate"):
         engine.count_tokens(req)
+
+
+def test_a_failed_batch_insert_releases_its_reservation_and_ends_its_stream(engine,
+                                                                           monkeypatch):
+    # Regression (review 2026-12-01, batch.py): bg.insert raised after prepare() had
+    # reserved memory and posted Started; the request's stream never ended and its
+    # reservation was never given back, so admission deferred every later request
+    # forever. A failure that cannot happen on its own here: BatchGenerator.insert is
+    # made to raise once (mlx-lm's real one runs every other call).
+    from mlx_lm.generate import BatchGenerator
+
+    from kit.engine.types import EngineError
+
+    engine.max_batch = 8
+    real, calls = BatchGenerator.insert, []
+
+    def insert(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("insert failed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchGenerator, "insert", insert)
+
+    async def outcome(i: int) -> str:
+        try:
+            async for ev in engine.generate(ChatRequest(
+                    messages=[{"role": "user", "content": f"Count to {i}."}],
+                    params=SamplingParams(max_tokens=8, temperature=0.0))):
+                if isinstance(ev, Finished):
+                    return "finished"
+        except EngineError:
+            return "error"
+        return "ended without Finished"
+
+    async def together(ns: range) -> list[str]:
+        return await asyncio.wait_for(asyncio.gather(*(outcome(i) for i in ns)), 120)
+
+    results = asyncio.run(together(range(3)))
+    assert calls, "no batch ran"
+    assert sorted(results) == ["error", "finished", "finished"]  # each stream ended
+    assert engine.admission["reserved_bytes"] == 0
+    # and admission is not wedged: the next requests run
+    assert asyncio.run(together(range(7, 9))) == ["finished", "finished"]
+
+
+def test_a_request_cancelled_while_it_waits_for_memory_is_forgotten(engine):
+    # Regression (review 2026-12-01, batch.py/admission.py): a request cancelled while
+    # deferred was ended by Pipeline.admit without leaving Admission's waiting set, so
+    # its id stayed there (a later job given the same id was never counted as deferred).
+    # The deferral is made with a room of 1000 tokens of KV that another job holds.
+    from kit.engine.admission import Deferred, Room
+    from kit.engine.bridge import END
+    from kit.engine.run import Job
+
+    admission, per = engine.pipeline.admission, 46_080
+    room = Room(1000 * per, "budget", 0, per, lambda: 0, lambda n: None)
+    posted: list = []
+    holder = object()
+    job = Job(ChatRequest(messages=[{"role": "user", "content": "Hi"}],
+                          params=SamplingParams(max_tokens=3)), posted.append)
+    before = admission.deferred
+    admission.admit(holder, "holder", 100, 900, room)
+    try:
+        with pytest.raises(Deferred):
+            admission.admit(job, "r1", 100, 10, room, running=True)
+        assert id(job) in admission._waiting and admission.deferred == before + 1
+        job.cancelled.set()
+        assert engine.pipeline.admit(job) is False  # what the batch asks before retrying
+        assert posted == [END] and id(job) not in admission._waiting
+    finally:
+        admission.release(holder)
+    assert admission.snapshot()["reserved_bytes"] == 0

@@ -187,6 +187,23 @@ def test_a_prompt_that_alone_cannot_fit_is_a_400_with_the_numbers(tight, per_tok
     assert ok.choices[0].finish_reason in ("stop", "length")  # the server goes on
 
 
+def test_a_request_that_sent_no_max_tokens_gets_what_fits_without_a_clamp_header(tight):
+    # Regression (review 2026-12-01): a request with no max_tokens reserved the rest of
+    # the window, got an X-Mlx-Kit-Max-Tokens header for a value it never sent and was
+    # counted as clamped. It gets what fits, silently.
+    client = openai_for(tight)
+    messages = [{"role": "user", "content": STORY}]
+    prompt = chat_prompt_tokens(tight, messages)
+    before = admission(tight)["clamped"]
+    with holding(tight, leave=prompt + 6):
+        raw = client.chat.completions.with_raw_response.create(model="local",
+                                                               messages=messages)
+        header, done = raw.headers.get(MAX_TOKENS_HEADER), raw.parse()
+    assert header is None
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 6
+    assert admission(tight)["clamped"] == before
+
+
 # -- concurrent requests share the budget --------------------------------------------------------
 
 def test_four_concurrent_huge_requests_all_finish_clamped_and_wait_their_turn(tight):
