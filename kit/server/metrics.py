@@ -179,24 +179,14 @@ def prompt_cache_metrics(snapshot: Any) -> Iterator[Metric]:
     hits = CounterMetricFamily(PREFIX + "prompt_cache_hits", "requests whose prompt "
                                "reused a cached prefix, by where it was found",
                                labels=["tier"])
-    found = False
-    for key, tier in _CACHE_HITS.items():
-        if _number(snap.get(key)):
-            hits.add_metric([tier], snap[key])
-            found = True
-    if found:
+    if _by_tier(hits, _CACHE_HITS, snap):
         yield hits
     if _number(snap.get("misses")):
         yield _counter("prompt_cache_misses", "requests with no cached prefix",
                        snap["misses"])
     size = GaugeMetricFamily(PREFIX + "prompt_cache_bytes", "bytes the prompt cache holds",
                              labels=["tier"])
-    found = False
-    for key, tier in _CACHE_BYTES.items():
-        if _number(snap.get(key)):
-            size.add_metric([tier], snap[key])
-            found = True
-    if found:
+    if _by_tier(size, _CACHE_BYTES, snap):
         yield size
 
 
@@ -265,3 +255,14 @@ class RequestCounter:
             if isinstance(path, str) and route.matches(scope)[0] != Match.NONE:
                 return path  # PARTIAL: the path matched, the method did not (a 405)
         return OTHER_ROUTE
+
+
+def _by_tier(family: Any, keys: dict[str, str], snap: dict) -> bool:
+    """Add to ``family`` one sample per ``tier`` whose snapshot ``key`` holds a number
+    (``keys``: snapshot key -> tier label); whether any was added."""
+    found = False
+    for key, tier in keys.items():
+        if _number(snap.get(key)):
+            family.add_metric([tier], snap[key])
+            found = True
+    return found
