@@ -1,9 +1,10 @@
 """A 3-rank server (``serve --ranks 3``, tensor parallel on the ring backend) answers
-exactly as the single-process server does: the same greedy text and prompt token counts
+as the single-process server does: the same greedy text (up to a near-tie: the ranks'
+all_sum adds in another order, see tests/greedy.py) and the same prompt token counts
 through chat completions, Responses and Messages (official SDKs), streaming or not; the
 same texts batched as alone; the prompt cache hit on every rank; a cancelled stream, a
 swap and a failed swap leave every rank in step; /health names the 3 live ranks and
-their shares of the weights.
+their shares of the weights. The ranks agree with each other exactly (one computation).
 
 Every rank runs the same worker and logs what it did (``rank N`` lines in the server's
 log): where a test says "on every rank", it reads those lines.
@@ -21,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.greedy import assert_agrees
 from tests.helpers import anthropic_for, openai_for, wait_until
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
@@ -30,6 +32,14 @@ PARIS = "The capital of France is Paris."
 PROMPTS = [FRANCE, "Name a color."]
 MAX_TOKENS = 10  # PARIS is 8 tokens with its EOS; the others are cut here
 RANKS = 3
+
+
+def agrees(reference, prompt: str | list[dict], expected: str, got: str) -> None:
+    """``got`` is ``expected``, the greedy answer of ``reference`` (a server) to
+    ``prompt`` (one user turn, or messages), computed with other numerics
+    (:func:`tests.greedy.assert_agrees`, ``MAX_TOKENS``)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    assert_agrees(reference, messages, expected, got, max_tokens=MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -162,10 +172,10 @@ def test_health_names_three_live_ranks_each_holding_a_share_of_the_weights(
 def test_three_ranks_answer_as_one_process(ranks_server, single_server, api, stream, prompt):
     one = ask(single_server, api, prompt, stream)
     three = ask(ranks_server, api, prompt, stream)
-    assert three.text == one.text and three.text
+    agrees(single_server, prompt, one.text, three.text)
     assert three.prompt_tokens == one.prompt_tokens
     if prompt == FRANCE:
-        assert three.text == PARIS
+        assert one.text == PARIS
     if api == "chat":  # every rank decoded the same text, not only rank 0
         assert rank_texts(ranks_server, three.id) == {repr(three.text)}
 
@@ -217,18 +227,24 @@ def test_concurrent_requests_on_three_ranks_answer_as_each_alone(ranks_server, s
     alone_one = [chat(openai_for(single_server), [{"role": "user", "content": p}], False).text
                  for p in BATCH]
     batched_one = [s[2] for s in streams_at_once(single_server, BATCH)]
-    assert batched_one == alone_one  # the single process: batched == alone, greedy
+    for prompt, alone_text, batched in zip(BATCH, alone_one, batched_one):
+        agrees(single_server, prompt, alone_text, batched)  # one process: batched ~ alone
 
     alone = [chat(openai_for(ranks_server), [{"role": "user", "content": p}], False).text
              for p in BATCH]
     spans = streams_at_once(ranks_server, BATCH)
     assert max(s[0] for s in spans) < min(s[1] for s in spans)  # they decoded together
-    assert [s[2] for s in spans] == alone == alone_one
+    for prompt, alone_three, span, alone_text in zip(BATCH, alone, spans, alone_one):
+        agrees(ranks_server, prompt, alone_three, span[2])
+        agrees(single_server, prompt, alone_text, alone_three)
     assert ranks_server.health()["status"] == "ok"
 
 
-def test_sampling_with_a_seed_answers_as_one_process_and_every_rank_draws_the_same(
-        ranks_server, single_server):
+def test_sampling_with_a_seed_repeats_on_three_ranks_and_every_rank_draws_the_same(
+        ranks_server):
+    # Not compared with one process: a sampled step has no lead to judge a departure by
+    # (the draw depends on every logit), and the ranks' logits differ from one process's
+    # in the last bits (tests/greedy.py). Within the world the computation is one.
     joke = [{"role": "user", "content": "Tell me a joke."}]
 
     def sampled(server, **kw):
@@ -236,9 +252,8 @@ def test_sampling_with_a_seed_answers_as_one_process_and_every_rank_draws_the_sa
             model="local", messages=joke, max_tokens=MAX_TOKENS, temperature=1.0, **kw)
         return r.choices[0].message.content, r.id
 
-    one, _ = sampled(single_server, seed=7)
     three, rid = sampled(ranks_server, seed=7)
-    assert three == one and three
+    assert three and sampled(ranks_server, seed=7)[0] == three  # the seed is honoured
     assert rank_texts(ranks_server, rid) == {repr(three)}
     # no seed: rank 0's draws are not the others' unless their generators agree
     text, rid = sampled(ranks_server)
@@ -254,7 +269,8 @@ def test_a_second_turn_hits_the_prompt_cache_on_every_rank(ranks_server, single_
                      {"role": "user", "content": "And a vegetable?"}]
     three = chat(openai_for(ranks_server), again, False)
     one = chat(openai_for(single_server), again, False)
-    assert three.cached > 0 and three.text == one.text
+    assert three.cached > 0
+    agrees(single_server, again, one.text, three.text)
     assert three.prompt_tokens == one.prompt_tokens
     # every rank found the same cached prefix (a rank that missed it would run another
     # prefill than its peers: the world would be out of step)
@@ -265,7 +281,8 @@ def test_a_second_turn_hits_the_prompt_cache_on_every_rank(ranks_server, single_
 
 # --- a cancelled stream ------------------------------------------------------------------
 
-def test_a_cancelled_stream_leaves_every_rank_serving_the_same_answers(ranks_server):
+def test_a_cancelled_stream_leaves_every_rank_serving_the_same_answers(ranks_server,
+                                                                     single_server):
     client = openai_for(ranks_server)
     before = ranks_server.health()["requests_served"]
     stream = client.chat.completions.create(
@@ -282,7 +299,7 @@ def test_a_cancelled_stream_leaves_every_rank_serving_the_same_answers(ranks_ser
     generated = {re.search(r"generated (\d+)", line).group(1) for line in lines.values()}
     assert len(generated) == 1 and int(generated.pop()) < 64
     after = chat(client, [{"role": "user", "content": FRANCE}], False, max_tokens=MAX_TOKENS)
-    assert after.text == PARIS
+    agrees(single_server, FRANCE, PARIS, after.text)
     h = ranks_server.health()
     assert h["status"] == "ok" and h["model_state"] == "ready"
     assert h["requests_served"] == before + 2  # the cancelled one is counted too
@@ -314,7 +331,8 @@ def test_a_stream_cancelled_inside_a_batch_leaves_the_others_their_answers(ranks
         t.start()
     for t in threads:
         t.join(240)
-    assert got == alone
+    for prompt, alone_text, batched in zip(others, alone, got):
+        agrees(ranks_server, prompt, alone_text, batched)
     wait_ranks(ranks_server, cancelled["id"], "cancelled$")  # on every rank
     assert ranks_server.health()["status"] == "ok"
 
@@ -340,13 +358,16 @@ def test_a_swap_and_back_answers_as_one_process_and_a_failed_swap_keeps_every_ra
     assert ranks_server.health()["model"] == Q4
     q4_whole = single_server.health()["memory"]["weights_bytes"]
     assert all(0 < w < q4_whole for w in ranks_weights(ranks_server))
-    q4 = answers(ranks_server)
-    assert q4 == answers(single_server)
+    for prompt, one, three in zip(PROMPTS, answers(single_server), answers(ranks_server)):
+        agrees(single_server, prompt, one, three)
 
     for s in (ranks_server, single_server):
         r = s.swap(F32, timeout=240)
         assert r.status_code == 200 and r.json()["model"] == F32, r.text
-    assert answers(ranks_server) == f32_answers == answers(single_server)
+    for prompt, before, one, three in zip(PROMPTS, f32_answers, answers(single_server),
+                                          answers(ranks_server)):
+        agrees(single_server, prompt, before, one)  # the prompt cache's prefixes differ
+        agrees(single_server, prompt, before, three)
 
     weights = ranks_weights(ranks_server)
     r = ranks_server.swap("nobody/no-such-model")
@@ -357,12 +378,12 @@ def test_a_swap_and_back_answers_as_one_process_and_a_failed_swap_keeps_every_ra
     assert h["status"] == "ok" and h["model"] == F32 and h["swaps"] == 2
     assert ranks_weights(ranks_server) == weights  # every rank keeps its shard
     after = chat(openai_for(ranks_server), [{"role": "user", "content": FRANCE}], False)
-    assert after.text == PARIS
-    assert rank_texts(ranks_server, after.id) == {repr(PARIS)}
+    agrees(single_server, FRANCE, PARIS, after.text)
+    assert rank_texts(ranks_server, after.id) == {repr(after.text)}
 
 
 def test_a_swap_to_a_checkpoint_missing_weights_is_refused_on_every_rank(
-        ranks_server, hf_home, tmp_path):
+        ranks_server, single_server, hf_home, tmp_path):
     # mlx-lm's sharded_load loads with strict=False: a checkpoint missing four layers was
     # served with random weights in their place; the ranks now load strictly, agree, and
     # the old model keeps serving
@@ -389,4 +410,4 @@ def test_a_swap_to_a_checkpoint_missing_weights_is_refused_on_every_rank(
     assert h["status"] == "ok" and h["model"] == F32
     assert ranks_weights(ranks_server) == before
     after = chat(openai_for(ranks_server), [{"role": "user", "content": FRANCE}], False)
-    assert after.text == PARIS
+    agrees(single_server, FRANCE, PARIS, after.text)

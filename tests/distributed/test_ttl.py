@@ -10,7 +10,8 @@ import re
 import pytest
 
 from tests.distributed.conftest import COMMON, RANK_FLAGS
-from tests.distributed.test_equality import FRANCE, PARIS, chat, rank_texts
+from tests.distributed.test_equality import FRANCE, MAX_TOKENS, PARIS, chat, rank_texts
+from tests.greedy import assert_agrees
 from tests.helpers import openai_for, start_server, stop, wait_until
 
 WORLD = 3
@@ -29,7 +30,8 @@ def ranks_memory(server) -> list[dict]:
     return [r["memory"] for r in server.health()["distributed"]["ranks"]]
 
 
-def test_ttl_unloads_every_rank_and_the_next_request_reloads_and_answers_the_same(ttl_server):
+def test_ttl_unloads_every_rank_and_the_next_request_reloads_and_answers_the_same(ttl_server,
+                                                                                 server):
     s = ttl_server
     # loaded, then 2 s idle: unloaded (the wait covers the ranks' load, ~15-30 s here)
     wait_until(lambda: s.health()["model_state"] == "unloaded", 240, every=0.2,
@@ -43,9 +45,11 @@ def test_ttl_unloads_every_rank_and_the_next_request_reloads_and_answers_the_sam
     for m in ranks_memory(s):
         assert m["active_bytes"] < 60e6, m  # a shard of the f32 starter is ~255 MB
 
-    answer = chat(openai_for(s), [{"role": "user", "content": FRANCE}], False)
-    assert answer.text == PARIS
-    assert rank_texts(s, answer.id) == {repr(PARIS)}  # every rank decoded it
+    france = [{"role": "user", "content": FRANCE}]
+    answer = chat(openai_for(s), france, False)
+    # the single process's answer, up to a near-tie (the ranks add in another order)
+    assert_agrees(server, france, PARIS, answer.text, max_tokens=MAX_TOKENS)
+    assert rank_texts(s, answer.id) == {repr(answer.text)}  # every rank decoded it
     h = s.health()
     assert h["reloads"] == 1 and h["status"] == "ok"
     reloaded = set(re.findall(r" rank (\d+) \[[^\]]*\] mlx_kit\.engine: reloaded ", s.log_text()))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import concurrent.futures
 import re
 
+import httpx
 import pytest
 
+from tests.greedy import TIE_QUANTIZED, assert_agrees
 from tests.helpers import (anthropic_for, openai_for, run_kit, spawn_server, start_server,
                            stop, wait_until)
 
@@ -37,10 +39,14 @@ def chat(server, messages, max_tokens=12):
 
 
 def test_kv_bits_8_answers_chat_and_messages_and_health_shows_it(kv8):
+    # The text itself is not asserted: 8-bit KV moves the starter's logits by up to ~0.16
+    # nats, and France's first step leads by 0.1 at full precision ("The" over "L"), so
+    # which one wins under 8 bits depends on the machine's BLAS kernels (issue 30).
     text, usage = chat(kv8, FRANCE)
-    assert text == PARIS and usage.completion_tokens == 8
+    assert text.strip() and 0 < usage.completion_tokens <= 12
     m = anthropic_for(kv8).messages.create(model="local", max_tokens=12, messages=FRANCE)
-    assert m.content[0].text == PARIS and m.stop_reason == "end_turn"
+    assert m.content[0].text.strip() and m.stop_reason in ("end_turn", "max_tokens")
+    assert 0 < m.usage.output_tokens <= 12
     kv = kv8.health()["kv_cache"]
     # every one of the starter's 30 layers is a plain KVCache, so all are quantized
     assert kv == {"bits": 8, "group_size": 64, "quantized_start": 0, "quantized_layers": 30,
@@ -48,17 +54,31 @@ def test_kv_bits_8_answers_chat_and_messages_and_health_shows_it(kv8):
     assert "--kv-bits 8: requests decode one at a time (max batch 1)" in kv8.log_text()
 
 
-def test_kv_bits_8_greedy_text_agrees_with_full_precision(kv8, server):
-    # Measured on the starter (f32 activations, 8 bits in groups of 64): France's answer
-    # is the same to its EOS (8 tokens), "What is 2+2?" too (12 tokens); "Name a color."
-    # leaves the full-precision text after ~12 tokens, "List three prime numbers." after
-    # ~7 (bench/kv_bits.py has the mean over a prompt set). So the whole short answers
-    # that held are asserted, not a long generation.
-    for messages in (FRANCE, [{"role": "user", "content": "What is 2+2?"}]):
-        quantized, _ = chat(kv8, messages, max_tokens=16)
-        full, _ = chat(server, messages, max_tokens=16)
-        assert quantized == full
-    assert quantized == "The answer to this classic math problem is 4."
+def first_step(server, messages, top: int) -> dict[str, float]:
+    """The first generated step's ``top`` most likely tokens and their logprobs."""
+    r = httpx.post(server.v1 + "/chat/completions", timeout=120, json={
+        "model": "local", "messages": messages, "max_tokens": 1, "temperature": 0,
+        "logprobs": True, "top_logprobs": top})
+    r.raise_for_status()
+    entry = r.json()["choices"][0]["logprobs"]["content"][0]
+    return {t["token"]: t["logprob"] for t in entry["top_logprobs"]}
+
+
+@pytest.mark.parametrize("question", ["What is the capital of France?", "What is 2+2?",
+                                      "Name a color."])
+def test_kv_bits_8_keeps_the_first_steps_distribution_near_full_precision(kv8, server,
+                                                                          question):
+    # What 8-bit KV guarantees on every machine is closeness, not the greedy text: each of
+    # full precision's three likeliest first tokens is among the 8-bit server's ten, with
+    # a logprob within 0.5 nats (measured here over six BLAS kernels: at most 0.16 off).
+    # A garbled cache (wrong scales, wrong groups) moves them by nats. The greedy texts'
+    # agreement over a prompt set is bench/kv_bits.py's, with its floor.
+    messages = [{"role": "user", "content": question}]
+    full, quantized = first_step(server, messages, 3), first_step(kv8, messages, 10)
+    assert len(full) == 3
+    for token, logprob in full.items():
+        assert token in quantized, (token, full, quantized)
+        assert abs(quantized[token] - logprob) < 0.5, (token, full, quantized)
 
 
 def test_prompt_cache_with_quantized_kv_second_turn_is_cached_and_same_as_cold(kv8):
@@ -75,7 +95,9 @@ def test_prompt_cache_with_quantized_kv_second_turn_is_cached_and_same_as_cold(k
          max_tokens=2)
     cold, u3 = chat(kv8, turn2)
     assert u3.prompt_tokens_details.cached_tokens < 20  # at most the template's opening
-    assert warm == cold and warm
+    # the same text up to a near-tie: the cached turn's KV was quantized as it was decoded,
+    # the cold one's in one prefill, and their last bits round differently
+    assert_agrees(kv8, turn2, cold, warm, max_tokens=12, tie=TIE_QUANTIZED)
 
 
 def test_concurrent_requests_with_kv_bits_all_answer_one_at_a_time(kv8):
@@ -84,7 +106,9 @@ def test_concurrent_requests_with_kv_bits_all_answer_one_at_a_time(kv8):
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda p: chat(kv8, [{"role": "user", "content": p}],
                                                 max_tokens=6)[0], prompts))
-    assert together == alone and all(together)
+    for p, alone_text, text in zip(prompts, alone, together):  # the cache's prefixes differ
+        assert_agrees(kv8, [{"role": "user", "content": p}], alone_text, text, max_tokens=6,
+                      tie=TIE_QUANTIZED)
     assert "joins a batch" not in kv8.log_text()  # max batch 1: never batched
     assert kv8.health()["kv_cache"]["max_batch"] == 1
 

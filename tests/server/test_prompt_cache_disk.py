@@ -14,6 +14,7 @@ from huggingface_hub import snapshot_download
 
 from kit.models.starter import STARTER_4BIT_ID, STARTER_ID
 from tests import helpers
+from tests.greedy import assert_agrees
 
 pytestmark = pytest.mark.model
 
@@ -112,7 +113,9 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
     try:
         assert not stale.exists()  # removed at start
         text, _, cached = ask(s, messages)
-        assert text == cold_text and cached < 20
+        assert cached < 20
+        # cold here; `warm` had reused a short prompt's opening (another prefill split)
+        assert_agrees(s, messages, text, cold_text, max_tokens=8)
         assert not path.exists() or path.stat().st_size == len(data)  # gone (or rewritten)
         assert s.log_text().count("deleting prompt cache file") == 1
         wait_writes(s, 1)  # the answer's cache replaces it
