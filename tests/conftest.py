@@ -99,9 +99,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """How many server processes the tests started (each is ~5-8 s here)."""
+    """How many server processes the tests started (each is ~5-8 s here), and how many of
+    them were multi-rank worlds (~15-30 s each)."""
     if helpers.SESSION["server_starts"]:
-        terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']}")
+        terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
+                                    f"(of them rank worlds: {helpers.SESSION['world_starts']})")
 
 
 @pytest.fixture(scope="session")

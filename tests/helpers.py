@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: The test being run (set by conftest's ``pytest_runtest_protocol``), so that
 #: :func:`start_server` and :func:`require_binary` can check its markers; and how many
 #: servers this session started (conftest prints it in the summary).
-SESSION: dict[str, Any] = {"item": None, "server_starts": 0}
+SESSION: dict[str, Any] = {"item": None, "server_starts": 0, "world_starts": 0}
 
 
 # --- environment -------------------------------------------------------------------------
@@ -196,6 +196,7 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
         pytest.fail(f"{SESSION['item'].nodeid} starts a server but is not marked `model`: "
                     "take the hf_home fixture (or add @pytest.mark.model)")
     SESSION["server_starts"] += 1
+    SESSION["world_starts"] += any(a in ("--ranks", "--hosts", "--hostfile") for a in args)
     port = port or free_port()
     log = home / f"serve-{port}.log"
     extra = {"MLX_KIT_LOG_LEVEL": log_level} if log_level else {}
