@@ -10,7 +10,6 @@ import stat
 from pathlib import Path
 from typing import Callable, Optional
 
-import click
 import typer
 
 from kit.errors import ConfigError
@@ -18,7 +17,21 @@ from kit.errors import ConfigError
 API_KEY_ENV = "MLX_KIT_API_KEY"
 MAX_KEY_FILE = 4096  # bytes: a key, not a document; bounded before it is read
 
-API_KEY = typer.Option(None, "--api-key", envvar=API_KEY_ENV,
+class _ArgvKey(str):
+    """A key that came from ``--api-key`` on the command line (not the environment)."""
+
+
+def _mark_argv(ctx: typer.Context, param: typer.CallbackParam, value: Optional[str]
+               ) -> Optional[str]:
+    # typer hands the command no context to ask later, so the source is marked on the value;
+    # by name: click 8.5's ParameterSource is not the object click.core re-exports
+    source = ctx.get_parameter_source(param.name or "")
+    if value and getattr(source, "name", None) == "COMMANDLINE":
+        return _ArgvKey(value)
+    return value
+
+
+API_KEY = typer.Option(None, "--api-key", envvar=API_KEY_ENV, callback=_mark_argv,
                        help="Require this key (Bearer or x-api-key) on /v1. Prefer "
                             "--api-key-file or MLX_KIT_API_KEY: other local users can read "
                             "a command line.")
@@ -44,7 +57,7 @@ def read_key_file(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise ConfigError(f"--api-key-file {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         mode = stat.S_IMODE(st.st_mode)
         if not stat.S_ISREG(st.st_mode):
@@ -56,7 +69,9 @@ def read_key_file(path: Path) -> str:
             raise ConfigError(f"--api-key-file {path}: mode {mode:04o} lets other users "
                               "read or change it; it must be 0600 or stricter",
                               hint=f"chmod 600 {path}")
-        data = f.read(MAX_KEY_FILE + 1)
+        data = os.read(fd, MAX_KEY_FILE + 1)  # a regular file: one read returns it all
+    finally:
+        os.close(fd)
     if len(data) > MAX_KEY_FILE:
         raise ConfigError(f"--api-key-file {path}: larger than {MAX_KEY_FILE} bytes")
     try:
@@ -80,9 +95,7 @@ def resolve_api_key(api_key: Optional[str], api_key_file: Optional[str],
             and the file hold different keys (a client reading the variable would be
             refused); or the file fails :func:`read_key_file`.
     """
-    ctx = click.get_current_context(silent=True)
-    source = ctx.get_parameter_source("api_key") if ctx is not None else None
-    from_argv = source is click.core.ParameterSource.COMMANDLINE
+    from_argv = isinstance(api_key, _ArgvKey)
     if api_key_file is not None:
         if from_argv:
             raise ConfigError("--api-key and --api-key-file both give a key",
@@ -95,4 +108,4 @@ def resolve_api_key(api_key: Optional[str], api_key_file: Optional[str],
         return key
     if api_key and from_argv:
         warn(ARGV_WARNING)
-    return api_key or None
+    return str(api_key) if api_key else None
