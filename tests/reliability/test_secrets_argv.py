@@ -193,8 +193,10 @@ def test_launch_s_server_its_engine_and_the_agent_carry_the_key_off_their_comman
 
 def test_a_keyed_3_rank_world_has_the_key_on_no_command_line(hf_home, tmp_path):
     path = _key_file(tmp_path)
+    # the variable too (the same key): the ranks inherit the server's environment, which
+    # must not turn into arguments (mlx.launch's --env, an ssh command line)
     server = spawn_server(tmp_path, hf_home, "--api-key-file", str(path), "--ranks", "3",
-                          "--rank-timeout", "60")
+                          "--rank-timeout", "60", MLX_KIT_API_KEY=KEY)
     try:
         wait_health(server.root, server.proc, timeout=300)
         world = wait_until(lambda: server.health()["model_state"] == "ready"
