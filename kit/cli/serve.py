@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 
+from kit.cli.api_key import API_KEY, API_KEY_FILE, resolve_api_key
 from kit.cli.console import err_console
 from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
@@ -119,10 +120,10 @@ def serve(
                                         help="Hub repo id in the local cache, or a model folder. "
                                              "Default: the embedded starter."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind. Anything but "
-                             "loopback needs --api-key."),
+                             "loopback needs an API key (--api-key-file)."),
     port: int = typer.Option(8090, "--port", min=1, max=65535, help="TCP port."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="MLX_KIT_API_KEY",
-                                          help="Require this key (Bearer or x-api-key) on /v1."),
+    api_key_file: Optional[str] = API_KEY_FILE,
+    api_key: Optional[str] = API_KEY,
     ttl: float = typer.Option(0, "--ttl", min=0, help="Unload the model after this many idle "
                               "seconds; the next request reloads it (0: never)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Most memory a "
@@ -200,9 +201,12 @@ def serve(
              "contained ends up on disk."),
 ) -> None:
     """Run the OpenAI- and Anthropic-compatible server in the foreground (Ctrl-C stops it)."""
+    api_key = resolve_api_key(api_key, api_key_file,
+                              lambda line: err_console.print(line, markup=False, highlight=False))
     if not _is_loopback(host) and not api_key:
         raise ConfigError(f"refusing to listen on {host} without an API key",
-                          hint="pass --api-key KEY (or set MLX_KIT_API_KEY), or bind 127.0.0.1")
+                          hint="pass --api-key-file PATH (or set MLX_KIT_API_KEY), or bind "
+                               "127.0.0.1")
     from kit.models.aliases import AliasTable
     from kit.models.memory import parse_size
 

@@ -117,8 +117,9 @@ class FileSpec(_Table):
 class LaunchSpec(_Table):
     """[launch]: how `mlx-kit launch` runs the agent. Values may name {file0},
     {file1}... (our files' paths), {config_dir}, {root_url} (the server's root URL, no
-    /v1), {api_key} ($MLX_KIT_API_KEY, else a placeholder), {context_window} and
-    {max_tokens} (of the model behind `local`, as the server reports them)."""
+    /v1), {api_key} ($MLX_KIT_API_KEY, else a placeholder; in env only, never args),
+    {context_window} and {max_tokens} (of the model behind `local`, as the server reports
+    them)."""
 
     args: tuple[LaunchValue, ...] = Field(default=(), max_length=64, description=(
         "The argv after the binary (the user's own arguments after -- follow)."))
@@ -179,6 +180,11 @@ class HarnessSpec(_Table):
                 if name not in known:
                     raise SpecValueError(f"launch value {value!r} names {{{name}}}", key=key,
                                          hint="known: " + ", ".join(known))
+                if name == "api_key" and key[1] == "args":
+                    # an agent's argv is readable by every local user (/proc/PID/cmdline)
+                    raise SpecValueError("launch.args may not name {api_key}: other local "
+                                         "users can read a command line", key=key,
+                                         hint="pass it in launch.env instead")
         return self
 
     # --- where it came from ---------------------------------------------------------------

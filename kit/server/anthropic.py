@@ -47,6 +47,7 @@ from kit.server.content import (
     SystemBlock,
     Text,
     TextBlock,
+    TokenCount,
     ToolResultBlock,
     ToolUseBlock,
     either,
@@ -104,7 +105,7 @@ class MessagesRequest(LenientModel):
 
     model: Id
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    max_tokens: TokenCount
     system: either(Text, list[SystemBlock]) | None = None
     stop_sequences: list[Text] | None = Field(default=None, max_length=MAX_STOPS)
     temperature: float | None = number(0, 1)

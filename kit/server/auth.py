@@ -5,13 +5,18 @@ the admin token on ``/admin/*``. A pure ASGI middleware, so it leaves the reques
 from __future__ import annotations
 
 import hmac
-from urllib.parse import parse_qs
+import logging
+from typing import NamedTuple
+from urllib.parse import parse_qsl
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kit.server.errors import APIError, is_gemini_path
 from kit.server.state import ServerState
+
+#: what a redacted query value reads in the access log
+REDACTED = "REDACTED"
 
 
 def presented_key(headers: Headers) -> str:
@@ -22,11 +27,70 @@ def presented_key(headers: Headers) -> str:
     return headers.get("x-api-key") or ""
 
 
+class QueryField(NamedTuple):
+    """One ``&``-separated field of a query string: ``name`` and ``value`` decoded,
+    ``start:end`` the raw value's place in the query (``start == end``: no value)."""
+
+    name: str
+    value: str
+    start: int
+    end: int
+
+
+def query_fields(query: str) -> list[QueryField]:
+    """The fields of ``query`` (the raw text after ``?``), decoded one by one by
+    :func:`urllib.parse.parse_qsl` (``+`` as a space, then percent-escapes as UTF-8), which
+    splits on ``&`` only: so each field's name and value are exactly what parsing the
+    whole query gives, in order (empty fields left out). The one decoding of the key's
+    check (:func:`gemini_key`) and of its redaction (:func:`redact_query`), so whatever
+    spelling authenticates (percent-encoded, ``+``, repeated) is redacted."""
+    fields, pos = [], 0
+    for raw in query.split("&"):
+        start, pos = pos, pos + len(raw) + 1
+        pairs = parse_qsl(raw, keep_blank_values=True)
+        if pairs:
+            eq = raw.find("=")
+            value_at = start + (eq + 1 if eq >= 0 else len(raw))
+            fields.append(QueryField(pairs[0][0], pairs[0][1], value_at, start + len(raw)))
+    return fields
+
+
 def gemini_key(headers: Headers, query_string: bytes) -> str:
     """The key a Gemini API client sent: ``x-goog-api-key: KEY``, ``?key=KEY`` (Google's
-    two ways), or one of :func:`presented_key`'s."""
-    query = parse_qs(query_string.decode("latin-1")).get("key") or [""]
-    return headers.get("x-goog-api-key") or query[0] or presented_key(headers)
+    two ways; the first non-empty ``key`` field, see :func:`query_fields`), or one of
+    :func:`presented_key`'s."""
+    query = next((f.value for f in query_fields(query_string.decode("latin-1"))
+                  if f.name == "key" and f.value), "")
+    return headers.get("x-goog-api-key") or query or presented_key(headers)
+
+
+def redact_query(path: str) -> str:
+    """``path`` (``/path?query``, as uvicorn's access log writes it) with the value of every
+    field :func:`query_fields` names ``key`` (any case: a client that misspelled the name
+    may still have sent the real key) replaced by :data:`REDACTED`."""
+    head, sep, query = path.partition("?")
+    if not sep:
+        return path
+    for f in reversed(query_fields(query)):
+        if f.name.casefold() == "key" and f.start < f.end:  # an empty value shows nothing
+            query = query[:f.start] + REDACTED + query[f.end:]
+    return head + sep + query
+
+
+class RedactKeys(logging.Filter):
+    """Google's ``?key=KEY`` would put the API key into uvicorn's access log: redacted
+    (:func:`redact_query`), on every route. Reads the record's args, ``(client, method,
+    path, http_version, status)``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) \
+                and "?" in args[2]:
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
+
+
+logging.getLogger("uvicorn.access").addFilter(RedactKeys())
 
 
 class AuthMiddleware:

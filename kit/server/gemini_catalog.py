@@ -1,11 +1,9 @@
 """The Gemini API's model listing (``GET /v1beta/models``, ``/v1beta/models/{model}``), the
-404 for the methods not served, and the redaction of Google's ``?key=`` from the access
-log. Included by :mod:`kit.server.gemini` after its method routes."""
+404 for the methods not served (redacting Google's ``?key=`` from the access log is
+:mod:`kit.server.auth`'s job). Included by :mod:`kit.server.gemini` after its method routes."""
 
 from __future__ import annotations
 
-import logging
-import re
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,21 +13,6 @@ from kit.server.errors import APIError
 from kit.server.state import ServerState
 
 router = APIRouter()
-
-
-class _RedactKey(logging.Filter):
-    """Google's ``?key=KEY`` would put the API key into uvicorn's access log: redacted."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) \
-                and "key=" in args[2]:
-            path = re.sub(r"([?&]key=)[^&]*", r"\1REDACTED", args[2])
-            record.args = (*args[:2], path, *args[3:])
-        return True
-
-
-logging.getLogger("uvicorn.access").addFilter(_RedactKey())
 
 
 async def not_served(rest: str) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from kit.server.content.base import JSONObject, bounded_text
+from kit.server.content.base import JSONObject, TokenCount, bounded_text
 
 #: Bounds on what one request may carry (Google's own limits where it documents one:
 #: 5 stop sequences; the rest are far above what any agent sends).
@@ -148,7 +148,7 @@ class ThinkingConfig(G):
 class GenerationConfig(G):
     stop_sequences: list[str] | None = Field(default=None, max_length=5)
     candidate_count: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: TokenCount | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)

@@ -21,7 +21,6 @@ from kit.engine.types import (
 from kit.server import sse
 from kit.server.adapter import begin, protocol_router, respond
 from kit.server.content import (
-    MAX_TOKENS,
     ChatPart,
     ChatResponseFormat,
     ChatTool,
@@ -31,6 +30,7 @@ from kit.server.content import (
     LenientModel,
     TemplateKwargs,
     Text,
+    TokenCount,
     either,
 )
 from kit.server.openai_common import (
@@ -68,7 +68,7 @@ class ChatMessage(LenientModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ChatResponseFormat | None = None

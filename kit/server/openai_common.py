@@ -19,6 +19,7 @@ from kit.server.content import (
     Id,
     LenientModel,
     Text,
+    TokenCount,
     either,
     number,
 )
@@ -42,7 +43,7 @@ class SamplingFields(LenientModel):
     model: Id
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_tokens: TokenCount | None = None
     temperature: float | None = number(0, 2)
     top_p: float | None = number(0, 1, above=True)
     stop: either(Text, list[Text]) | None = Field(default=None)

@@ -19,7 +19,7 @@ from kit.engine.types import (
 )
 from kit.server import sse
 from kit.server.adapter import begin, protocol_router, respond
-from kit.server.content import MAX_TOKENS, Text
+from kit.server.content import Text, TokenCount
 from kit.server.errors import APIError
 from kit.server.openai_common import (
     OPENAI_FIELDS,
@@ -56,7 +56,7 @@ Prompt = Annotated[Union[Annotated[Text, Tag("text")], Annotated[list[Text], Tag
 class CompletionRequest(SamplingFields):
     prompt: Prompt = Field(description="text, a list of one text, token ids, or a list of "
                            "one list of token ids")
-    max_tokens: int | None = Field(default=16, ge=1, le=MAX_TOKENS)  # OpenAI's default here
+    max_tokens: TokenCount | None = 16  # OpenAI's default here
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: Text | None = None

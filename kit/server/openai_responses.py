@@ -32,7 +32,6 @@ from kit.engine.types import (
 from kit.server import sse
 from kit.server.adapter import Renderer, begin, protocol_router, respond
 from kit.server.content import (
-    MAX_TOKENS,
     FunctionCallItem,
     FunctionCallOutputItem,
     HistoryItem,
@@ -47,6 +46,7 @@ from kit.server.content import (
     ResponsesToolChoice,
     Text,
     TextConfig,
+    TokenCount,
     either,
     number,
 )
@@ -78,7 +78,7 @@ class ResponsesRequest(LenientModel):
     instructions: Text | None = None
     tools: list[ResponsesTool] | None = None
     tool_choice: either(Literal["auto", "none", "required"], ResponsesToolChoice) | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_output_tokens: TokenCount | None = None
     temperature: float | None = number(0, 2)
     top_p: float | None = number(0, 1, above=True)
     stream: bool = False

@@ -66,7 +66,8 @@ def check_access(request: Request, *, data: bool = True) -> None:
         if not _loopback_peer(request):
             raise APIError(403, "the status page and /metrics answer only clients on this "
                            "machine when the server has no API key; start it with "
-                           "--api-key KEY to reach them from elsewhere",
+                           "--api-key-file FILE (or MLX_KIT_API_KEY) to reach them from "
+                           "elsewhere",
                            type="permission_error", code="not_loopback")
         return
     if data and not hmac.compare_digest(presented_key(request.headers).encode(), key.encode()):

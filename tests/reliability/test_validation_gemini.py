@@ -92,3 +92,34 @@ def test_lone_surrogate_in_a_bounded_id_is_the_invalid_unicode_400(server):
     err = r.json()["error"]
     assert err["param"] == "messages.1.tool_calls.0.id"
     assert "invalid Unicode: a lone surrogate" in err["message"]
+
+
+# --- maxOutputTokens is a JSON integer (issue 25): shapes only, so in-process on the
+# stand-in engine (validation refuses them before any engine would see them)
+
+@pytest.fixture(scope="module")
+def stand_in():
+    from fastapi.testclient import TestClient
+
+    from tests.server.test_metrics import make_app
+
+    with TestClient(make_app()) as client:
+        yield client
+
+
+@pytest.mark.parametrize("path", [GENERATE, STREAM, "/v1beta/models/local:countTokens"])
+@pytest.mark.parametrize("name", ["maxOutputTokens", "max_output_tokens"])
+@pytest.mark.parametrize("value", [True, "5", 5.0], ids=["true", "string", "float"])
+def test_gemini_max_output_tokens_that_is_not_an_integer_is_400_naming_it(
+        stand_in, path, name, value):
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "generationConfig": {name: value}}
+    if path.endswith(":countTokens"):  # countTokens takes the config inside its request
+        body = {"generateContentRequest": {"model": "models/local", **body}}
+    err = google_error(stand_in.post(path, json=body))
+    assert f"generationConfig.{name}: " in err["message"]
+
+
+def test_gemini_integer_max_output_tokens_is_still_served(stand_in):
+    r = stand_in.post(GENERATE, json=user([{"text": "hi"}]))
+    assert r.status_code == 200, r.text[:500]

@@ -239,6 +239,51 @@ def test_numbers_outside_anthropics_documented_ranges_are_400(server, body, fiel
     assert anthropic_error(r)["message"].startswith(f"{field}: ")
 
 
+# --- token counts are JSON integers (issue 25) ------------------------------------------------
+# Shapes only, so in-process on the stand-in engine: validation refuses them before any
+# engine would see them; a well-formed count gets the stand-in's answer.
+
+@pytest.fixture(scope="module")
+def stand_in():
+    from fastapi.testclient import TestClient
+
+    from tests.server.test_metrics import make_app
+
+    with TestClient(make_app()) as client:
+        yield client
+
+
+NOT_INTEGERS = pytest.mark.parametrize("value", [True, False, "5", 5.0],
+                                       ids=["true", "false", "string", "float"])
+OPENAI_COUNTS = [(CHAT, {"messages": USER}, "max_tokens"),
+                 (CHAT, {"messages": USER}, "max_completion_tokens"),
+                 ("/completions", {"prompt": "hi"}, "max_tokens"),
+                 (RESPONSES, {"input": "hi"}, "max_output_tokens")]
+
+
+@NOT_INTEGERS
+@pytest.mark.parametrize("path,body,field", OPENAI_COUNTS)
+def test_a_token_count_that_is_not_an_integer_is_400_naming_it_on_openai_routes(
+        stand_in, path, body, field, value):
+    r = stand_in.post("/v1" + path, json={"model": "local", **body, field: value})
+    err = openai_error(r)
+    assert err["param"] == field and err["message"].startswith(f"{field}: ")
+
+
+@NOT_INTEGERS
+def test_anthropic_max_tokens_that_is_not_an_integer_is_400_naming_it(stand_in, value):
+    r = stand_in.post("/v1" + MESSAGES, json={"model": "local", "messages": USER,
+                                               "max_tokens": value})
+    assert anthropic_error(r)["message"].startswith("max_tokens: ")
+
+
+@pytest.mark.parametrize("path,body,field", [*OPENAI_COUNTS, (MESSAGES, {"messages": USER},
+                                                               "max_tokens")])
+def test_an_integer_token_count_is_still_served(stand_in, path, body, field):
+    r = stand_in.post("/v1" + path, json={"model": "local", **body, field: 5})
+    assert r.status_code == 200, r.text[:500]
+
+
 # --- token-id prompts on /v1/completions -----------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -137,15 +137,16 @@ def test_chat_box_streams_an_answer_from_local(server, browser, tmp_path):
 
 
 @contextmanager
-def in_process_server(engine: StandInEngine, **state):
+def in_process_server(engine: StandInEngine, log_level: str = "warning", **state):
     """uvicorn on loopback in a thread, serving :func:`make_app` on ``engine`` (the
     stand-in: the page's key flow and its live list are the server's and the page's code,
-    and a held request needs an engine that can be held)."""
+    and a held request needs an engine that can be held); ``log_level`` "info" keeps
+    uvicorn's access log."""
     import uvicorn
 
     port = free_port()
     config = uvicorn.Config(make_app(engine, port=port, **state), host="127.0.0.1",
-                            port=port, log_level="warning", lifespan="off")
+                            port=port, log_level=log_level, lifespan="off")
     web = uvicorn.Server(config)
     thread = threading.Thread(target=web.run, daemon=True)
     thread.start()

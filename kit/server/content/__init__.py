@@ -7,6 +7,8 @@ shape is a 400 naming the field (``param`` is the dotted path into the body, e.g
 
 - strings are valid Unicode (a lone surrogate, which JSON's ``\\ud800`` escape can carry,
   is refused here rather than deep in the tokenizer);
+- token counts (``max_tokens`` and its kin) are JSON integers (:data:`TokenCount`):
+  ``true`` and ``"5"`` are refused, not read as 1 and 5;
 - ids and names (models, tools, call ids) are at most :data:`MAX_ID` characters;
 - free JSON (tool parameters, tool inputs, template variables) is at most
   :data:`MAX_DEPTH` levels deep;
@@ -36,6 +38,7 @@ from kit.server.content.base import (  # noqa: F401
     TemplateKwargs,
     Text,
     TextPart,
+    TokenCount,
     ToolName,
     bounded_text,
     either,

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictInt,
     StringConstraints,
     Tag,
 )
@@ -152,6 +153,10 @@ class LenientModel(BaseModel):
 
 
 MAX_TOKENS = 2**31 - 1  # token counts beyond an int32 are mistakes, not requests
+#: A number of tokens a client asks for (max_tokens and its kin): a JSON integer in
+#: 1..MAX_TOKENS. Strict: ``true``, ``"5"`` and ``5.0`` are 400s naming the field, as
+#: OpenAI and Anthropic answer them (lax pydantic would read them as 1 and 5).
+TokenCount = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
 MAX_STOPS = 64  # stop strings (OpenAI allows 4; agents send a few more)
 
 
