@@ -138,3 +138,44 @@ def atomic_write(path: Path, text: str, mode: int | None = None,
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: what to do about an :class:`UnsafeFile` of the user's config folder
+UNSAFE_HINT = ("copy the file into the folder (or link the whole folder): mlx-kit follows no "
+               "link out of it, reads no FIFO or device, and nothing that large")
+
+
+class UnsafeFile(Exception):
+    """A file refused before any of it is read: outside its folder (through a symbolic
+    link), not a regular file (a FIFO would block the read forever, a device never end),
+    or larger than the bound. The message says which."""
+
+
+def read_inside(root: Path, path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, a file that must stay inside the folder ``root``: symbolic
+    links are followed only while they stay in ``root`` (``root`` itself may be a link,
+    as GNU stow makes one), and at most ``limit`` bytes are read. :class:`UnsafeFile`'s
+    message does not name ``path``: the caller says which file it was.
+
+    A user's spec or template may come from anywhere (a repository cloned into the config
+    folder); a link in it to ``~/.ssh/id_ed25519`` must not copy that key into an agent's
+    config file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        UnsafeFile: outside ``root``, not a regular file, or over ``limit`` bytes.
+        OSError: it cannot be read.
+    """
+    real, home = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, home]) != home:
+        raise UnsafeFile(f"links to {real}, outside {root}")
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
+    # since realpath looked is refused (ELOOP)
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFile("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeFile(f"larger than {limit // 1024} KiB")
+    return data
