@@ -233,8 +233,10 @@ def serve(
     disk_bytes = disk_size(prompt_cache_disk)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
-    from kit.logfile import setup_server
+    from kit.logfile import check_log_path, setup_server
 
+    if log_file:  # the path as spelt: a link at it is resolved next, and must be ours
+        check_log_path(Path(log_file).expanduser().absolute())
     # Absolute once, here: the pid file stores it for `logs` and `status`, which run in
     # other directories, and the engine process gets it through the environment.
     log_path = Path(log_file).expanduser().resolve() if log_file else None
