@@ -34,16 +34,29 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: The largest file :func:`read_text` reads (an agent's config file is a few KiB).
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def read_text(path: Path, errors: str = "strict") -> str:
     """A file's text exactly as stored: UTF-8, line endings untranslated (``Path.read_text``
     turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte).
 
+    At most :data:`MAX_CONFIG_BYTES` are read: an agent's config file is KiB, and a
+    multi-GB file at its path (a log, a disk image linked there) must not be read whole.
+
     Raises:
         HarnessError: ``errors="strict"`` and the file is not UTF-8 (mlx-kit never changes
-            or backs up a file it cannot read as text: its bytes would not come back).
+            or backs up a file it cannot read as text: its bytes would not come back); or
+            it is larger than :data:`MAX_CONFIG_BYTES`.
         OSError: the file cannot be read.
     """
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise HarnessError(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not an "
+                           "agent's config file; mlx-kit changes nothing in it",
+                           hint="move it away, or check the agent's config folder")
     try:
         return data.decode("utf-8", errors)
     except UnicodeDecodeError as e:
