@@ -5,8 +5,8 @@ log. Included by :mod:`kit.server.gemini` after its method routes."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 
@@ -17,15 +17,31 @@ from kit.server.state import ServerState
 router = APIRouter()
 
 
+def redact_query_key(target: str) -> str:
+    """``target`` (a path with its query string, as uvicorn's access log writes it) with
+    every query field that :func:`kit.server.auth.gemini_key` reads as ``key`` written
+    ``key=REDACTED``. Fields are split and their names decoded as ``parse_qs`` does for
+    the authentication, so every spelling that authenticates is redacted: ``%6Bey=``,
+    ``k%65y=``, a ``key`` with no ``=``; a text match on ``key=`` missed those."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    fields = query.split("&")  # parse_qs's only separator
+    for i, field in enumerate(fields):
+        if any(name == "key" for name, _ in parse_qsl(field, keep_blank_values=True)):
+            fields[i] = "key=REDACTED"
+    return path + "?" + "&".join(fields)
+
+
 class _RedactKey(logging.Filter):
-    """Google's ``?key=KEY`` would put the API key into uvicorn's access log: redacted."""
+    """Google's ``?key=KEY`` would put the API key into uvicorn's access log: redacted
+    (:func:`redact_query_key`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) \
-                and "key=" in args[2]:
-            path = re.sub(r"([?&]key=)[^&]*", r"\1REDACTED", args[2])
-            record.args = (*args[:2], path, *args[3:])
+                and "?" in args[2]:
+            record.args = (*args[:2], redact_query_key(args[2]), *args[3:])
         return True
 
 
