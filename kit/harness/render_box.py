@@ -10,14 +10,17 @@ bound (:data:`TIME_LIMIT_S`) after which the server's side kills it.
 
 The job crosses as JSON both ways (stdin, stdout): plain data, never code. The child
 starts in ``/`` so that no ``kit/`` folder of the directory the user ran mlx-kit in is
-imported (``-m`` puts the working directory first on ``sys.path``).
+imported (``-m`` puts the working directory first on ``sys.path``), with the folder of the
+``kit`` this process runs first on its ``PYTHONPATH``, so it runs the same code.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from kit.errors import HarnessError
@@ -39,8 +42,14 @@ def render_in_child(job: dict[str, Any]) -> dict[str, str]:
     where = f"{job['name']}'s templates ({', '.join(t for _, t in job['files'])} in " \
             f"{job['templates']})"
     hint = "a config file's template renders a few KiB in milliseconds"
+    # the kit this process runs, first: not whatever a relative PYTHONPATH finds from "/"
+    import kit
+
+    here = str(Path(kit.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen([sys.executable, "-m", "kit.harness.render_box"], cwd="/",
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
         out, _ = proc.communicate(json.dumps(job).encode(), timeout=TIME_LIMIT_S)

@@ -333,6 +333,19 @@ def test_a_user_template_is_bounded_while_it_renders_in_memory_and_time(home, bo
     assert time.monotonic() - t0 < 60
 
 
+def test_the_render_child_imports_no_kit_folder_of_the_working_directory(home, monkeypatch):
+    # `python -m` puts the working directory first on sys.path: a `kit/` there (a cloned
+    # repository's) would have run as the render child
+    (home / "kit").mkdir()
+    (home / "kit" / "__init__.py").write_text(
+        "import pathlib; pathlib.Path(__file__).with_name('pwned').touch()\n")
+    monkeypatch.chdir(home)
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }}\n"})
+    [text] = render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t")).values()
+    assert text == "mlx-kit:generated (do not edit)\n"
+    assert not (home / "kit" / "pwned").exists()
+
+
 def test_a_user_template_linking_out_of_its_folder_is_refused_unread(home):
     """Issue 25: jinja2's FileSystemLoader followed a link anywhere: a template that is a
     link to ~/.ssh/id_ed25519 (a repository cloned into the config folder can hold one)
