@@ -23,10 +23,12 @@ Also here: :class:`HealthPolls`, the access-log filter that drops ``/health`` po
 
 from __future__ import annotations
 
+import errno
 import logging
 import logging.handlers
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -87,15 +89,45 @@ class _StdStreams:
             os.dup2(stream.fileno(), fd)
 
 
+#: open(2) flags of every log file open: never through a link at the path itself (one
+#: planted in a shared folder since the path was checked), never waiting on a FIFO
+_SAFE_OPEN = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+
+
+def _ours(fd: int, path: Path | str) -> int:
+    """``fd`` if it is a regular file of this user's, else closed and an OSError: a file
+    another user put at the path (their own, which they can read) gets none of our log."""
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+        return fd
+    os.close(fd)
+    raise OSError(errno.EPERM, "not a regular file of this user's", str(path))
+
+
+def open_ours(path: Path | str):
+    """``path`` opened for reading (binary) when it is a regular file of this user's,
+    not through a link at the path, without waiting on a FIFO (``mlx-kit logs``).
+
+    Raises:
+        OSError: it cannot be opened, or is not such a file (EPERM, ELOOP).
+    """
+    fd = _ours(os.open(path, os.O_RDONLY | _SAFE_OPEN), path)
+    os.set_blocking(fd, True)
+    return open(fd, "rb")
+
+
 def open_private(path: Path | str, mode: str = "a", encoding: str | None = "utf-8",
                  errors: str | None = None):
     """Open ``path`` for appending (``mode`` "a" or "ab"), creating it with
-    :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode.
+    :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode. Only a regular
+    file of this user's, not through a link at the path (:func:`_ours`).
 
     Raises:
-        OSError: it cannot be opened.
+        OSError: it cannot be opened, or is not such a file (EPERM, ELOOP).
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    fd = _ours(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _SAFE_OPEN,
+                       FILE_MODE), path)
+    os.set_blocking(fd, True)
     if "b" in mode:
         return open(fd, mode)
     return open(fd, mode, encoding=encoding, errors=errors)
@@ -118,11 +150,11 @@ def looks_like_our_log(path: Path) -> bool:
     if any(_is_file(fd, path) for fd in (1, 2)):
         return True
     try:
-        with open(path, "rb") as f:
+        with open_ours(path) as f:
             head = f.read(_SNIFF_BYTES)
     except FileNotFoundError:
         return True
-    except OSError:
+    except OSError:  # unreadable, a link, a FIFO, another user's
         return False
     return not head or _OUR_LINE.search(head) is not None
 
@@ -139,12 +171,49 @@ def check_rotation_targets(path: Path) -> None:
     from kit.errors import ConfigError
 
     names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
-    foreign = [str(p) for p in names if p.exists() and not looks_like_our_log(p)]
+    foreign = [str(p) for p in names if os.path.lexists(p) and not looks_like_our_log(p)]
     if foreign:
         raise ConfigError(
             f"the log file's rotation would overwrite or delete files that are not mlx-kit "
             f"logs: {', '.join(foreign)}",
             hint="pass another --log-file, or move those files away")
+
+
+def check_log_path(path: Path) -> None:
+    """Refuse a ``--log-file`` (as the user spelt it, before links are resolved) that
+    another user can put something at: its folder writable by every user without the
+    sticky bit (they could rename our file away and put theirs in its place), or the
+    path, or one of its rotation names, already someone else's (their file, or their
+    link to a file of ours, in a shared ``/tmp``). What follows a check of the user's own
+    paths is :func:`check_rotation_targets` on the resolved path.
+
+    Raises:
+        ConfigError: naming the folder or the files.
+    """
+    from kit.errors import ConfigError
+
+    folder = os.path.realpath(path.parent)
+    try:
+        mode = os.stat(folder).st_mode
+    except OSError:
+        return  # missing: created 0700 by us (private_dir)
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise ConfigError(f"refusing the log file {path}: every user may write in "
+                          f"{folder} (and replace the log with a file of theirs)",
+                          hint="pass a --log-file in a folder of yours")
+    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
+    others = []
+    for p in names:
+        try:
+            if os.lstat(p).st_uid != os.geteuid():
+                others.append(str(p))
+        except OSError:
+            pass
+    if others:
+        raise ConfigError(f"refusing the log file {path}: another user owns "
+                          f"{', '.join(others)}; mlx-kit's log (prompts, paths) would be "
+                          "theirs to read, or go where their link points",
+                          hint="pass another --log-file, in a folder of yours")
 
 
 class ServerLogFile(_PrivateOpen, logging.handlers.RotatingFileHandler):
@@ -260,7 +329,7 @@ def last_lines(path: Path, n: int, limit: int = 16 * 2**20, end: int | None = No
     if n <= 0:
         return []
     if file is None:
-        with open(path, "rb") as f:
+        with open_ours(path) as f:
             return last_lines(path, n, limit, end, f)
     f = file
     size = f.seek(0, os.SEEK_END)
@@ -323,9 +392,9 @@ class Follower:
             while not self.stop():
                 if f is None:
                     try:
-                        f = open(path, "rb")
-                    except FileNotFoundError:
-                        start = 0  # created later: all of it is new
+                        f = open_ours(path)
+                    except OSError:  # created later (all of it is new), or, until it is
+                        start = 0  # ours again, another user's file or link: not shown
                         time.sleep(self.poll)
                         continue
                     f.seek(0, os.SEEK_END) if start is None else f.seek(start)

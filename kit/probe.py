@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,18 +32,41 @@ class Probe:
         return self.kind == "ours" and bool(self.health) and self.health.get("status") == "ok"
 
 
+#: The largest body read from what answers at a URL (our /health is ~2 KiB, /v1/models a
+#: few KiB per model): whatever holds the port may be another user's program.
+MAX_BODY_BYTES = 4 * 2**20
+
+
+def _get_json(address: str, timeout: float, headers: dict[str, str] | None = None
+              ) -> tuple[httpx.Response, Any]:
+    """GET ``address``: the response and its JSON body (None when it is not JSON, is over
+    :data:`MAX_BODY_BYTES` or takes past ``timeout`` seconds in all: httpx's timeout is
+    per read, so a body sent a byte at a time would never end). Bounded while it reads.
+
+    Raises:
+        httpx.HTTPError: no HTTP answer.
+    """
+    deadline = time.monotonic() + timeout
+    with httpx.stream("GET", address, timeout=timeout, headers=headers) as r:
+        body = bytearray()
+        for chunk in r.iter_bytes():  # decoded: a gzip bomb is bounded as it inflates
+            body += chunk
+            if len(body) > MAX_BODY_BYTES or time.monotonic() > deadline:
+                return r, None
+    try:
+        return r, json.loads(body)
+    except ValueError:
+        return r, None
+
+
 def probe(url: ServerURL, timeout: float = 2.0) -> Probe:
     """GET ``<root>/health`` and classify the answer. Never raises."""
     try:
-        r = httpx.get(url.root + "/health", timeout=timeout)
+        r, body = _get_json(url.root + "/health", timeout)
     except httpx.ConnectError:
         return Probe("none")
     except httpx.HTTPError as e:
         return Probe("other", detail=f"no HTTP answer ({type(e).__name__})")
-    try:
-        body = r.json()
-    except ValueError:
-        body = None
     if isinstance(body, dict) and body.get("service") == "mlx-kit":
         return Probe("ours", health=body)
     server = r.headers.get("server", "unknown server")
@@ -53,9 +78,9 @@ def fetch_models(url: ServerURL, timeout: float = 2.0, api_key: str | None = Non
     """The server's /v1/models entries, or None if it does not answer with a list."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(url.v1 + "/models", timeout=timeout, headers=headers)
-        data = r.json().get("data") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        r, body = _get_json(url.v1 + "/models", timeout, headers)
+        data = body.get("data") if r.status_code == 200 else None
+    except (httpx.HTTPError, AttributeError):
         return None
     return data if isinstance(data, list) and data else None
 

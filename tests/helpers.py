@@ -187,9 +187,12 @@ class Server:
 
 
 def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None = None,
-                 log_level: str | None = "debug", **env: str) -> Server:
+                 log_level: str | None = "debug", new_session: bool = False,
+                 **env: str) -> Server:
     """Start ``python -m kit serve --port PORT --log-file HOME/serve-PORT.log ARGS`` with
     :func:`clean_env` (``env`` on top) and return at once, not waiting for /health.
+    ``new_session``: in a session (and process group) of its own, as ``timeout``,
+    systemd and a terminal's job control run it, so a test can signal the whole group.
 
     Fails a test not marked ``model`` (a server loads a model)."""
     if not _marked("model"):
@@ -204,14 +207,14 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
         proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
                                  "--log-file", str(log), *args],
                                 env=clean_env(home, hf_home, **{**extra, **env}), stdout=out,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=new_session)
     return Server(proc, port, log, home)
 
 
 def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None,
-                 **env: str) -> Server:
+                 new_session: bool = False, **env: str) -> Server:
     """:func:`spawn_server` (debug log), then wait until its /health is 200."""
-    server = spawn_server(home, hf_home, *args, port=port, **env)
+    server = spawn_server(home, hf_home, *args, port=port, new_session=new_session, **env)
     wait_health(server.root, server.proc)
     return server
 

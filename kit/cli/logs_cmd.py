@@ -80,7 +80,7 @@ def logs(
       1  the server runs in the foreground without a log file (the message says where)
       3  no server is running on that port and there is no log
     """
-    from kit.logfile import Follower, last_lines
+    from kit.logfile import Follower, last_lines, open_ours
     from kit.urls import parse_url
 
     path, running = _log_of(port or parse_url(None).port)
@@ -90,7 +90,7 @@ def logs(
     try:
         # One handle for both: the size is that file's, and -f follows that file, even
         # when the server rotates it between the two.
-        log = open(path, "rb")
+        log = open_ours(path)  # a regular file of ours: not a FIFO, not another user's
     except OSError as e:
         raise ServerError(f"cannot read {path}: {e.strerror}") from None
     try:

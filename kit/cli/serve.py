@@ -9,10 +9,11 @@ from enum import Enum
 import logging
 import os
 import secrets
+import signal
 import socket
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
@@ -113,6 +114,18 @@ def _say_ready(engine, model_id: str, root: str, progress) -> None:
         took = engine.load_seconds
         progress(f"ready: {model_id} as 'local' on {root}/v1"
                  + (f" (loaded in {took:.1f} s)" if took is not None else ""))
+
+
+def _stop_once(server) -> Callable[[int, Any], None]:
+    """A SIGTERM handler for while uvicorn runs: uvicorn handles the signal itself (a
+    graceful shutdown), then re-raises it to the handler it replaced, this one. A stop that
+    was asked for and done exits 0 (as nginx's and PostgreSQL's do), not as a death by
+    SIGTERM (143 in the shell, outside :class:`kit.errors.ExitCode`); a SIGTERM before
+    uvicorn took over stops it too. Once called, the next SIGTERM ends the process."""
+    def handler(_sig: int, _frame: Any) -> None:
+        server.should_exit = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return handler
 
 
 def serve(
@@ -224,8 +237,10 @@ def serve(
     disk_bytes = disk_size(prompt_cache_disk)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
-    from kit.logfile import setup_server
+    from kit.logfile import check_log_path, setup_server
 
+    if log_file:  # the path as spelt: a link at it is resolved next, and must be ours
+        check_log_path(Path(log_file).expanduser().absolute())
     # Absolute once, here: the pid file stores it for `logs` and `status`, which run in
     # other directories, and the engine process gets it through the environment.
     log_path = Path(log_file).expanduser().resolve() if log_file else None
@@ -309,6 +324,7 @@ def serve(
             timeout_graceful_shutdown=5)))
         if lost.is_set():  # lost while the catalog scan ran
             web[0].should_exit = True
+        signal.signal(signal.SIGTERM, _stop_once(web[0]))
         try:
             web[0].run()
         except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a clean stop

@@ -109,11 +109,20 @@ class _PipeServer:
                 return
 
 
+#: the signals the engine process ignores (blocked from before its start until it does):
+#: the server stops it through the pipe, or the pipe's end-of-file when the server is gone
+STOPPED_BY_THE_SERVER = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level: int) -> None:
     """The engine process's entry point (``multiprocessing`` target): load ``model``, then
     serve the pipe until told to stop or the server goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by start()
+    # Ctrl-C, and a SIGTERM to the whole process group (`timeout`, systemd, a terminal's
+    # job control), reach us with the server: the server stops us through the pipe once
+    # its clients are done; dying first would look like a crash and start a new engine.
+    for sig in STOPPED_BY_THE_SERVER:
+        signal.signal(sig, signal.SIG_IGN)  # a signal pending since start() is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPED_BY_THE_SERVER)  # blocked by start()
     from kit.logfile import setup_engine
 
     setup_engine(log_level)  # the server's log file (rotated by the server) or stderr

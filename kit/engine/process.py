@@ -27,9 +27,9 @@ sent meanwhile wait for it). An engine that dies while loading is not restarted 
 (the load would likely kill it again): ``state`` is ``failed`` and the next request tries
 again; so is one that died :data:`_RESTART_LIMIT` times in :data:`_RESTART_WINDOW_S`
 seconds. A model that fails to load (the engine alive, reporting it) is ``failed`` too,
-until a swap to a model that loads. Ctrl-C reaches both processes (one
-process group); the engine ignores SIGINT (blocked from before its start until it does)
-and stops through the pipe.
+until a swap to a model that loads. Ctrl-C, or a SIGTERM to the whole process group
+(``timeout``, systemd), reaches both processes; the engine ignores SIGINT and SIGTERM
+(blocked from before its start until it does) and stops through the pipe.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kit.engine.bridge import END, LoopSink
-from kit.engine.child import WIRE_END, serve_engine
+from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
@@ -142,9 +142,10 @@ class EngineProcess:
         process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
                               args=(child, self.model_info, self._options,
                                     logging.getLogger("mlx_kit").getEffectiveLevel()))
-        # Ctrl-C must not reach the engine before serve_engine ignores it (a traceback from
-        # its imports otherwise): the child inherits this thread's blocked SIGINT
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
+        # them (a traceback from its imports, or a death taken for a crash, otherwise):
+        # the child inherits this thread's blocked signals
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPED_BY_THE_SERVER)
         try:
             process.start()
         finally:
@@ -166,7 +167,7 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine: what still runs is cancelled (the server has already let its
-        clients finish), then it exits; after ``timeout`` seconds it is terminated. Safe to
+        clients finish), then it exits; after ``timeout`` seconds it is killed. Safe to
         call twice."""
         with self._start_lock:  # so no restart (in _gone) starts an engine we miss here
             link = self._link
@@ -175,8 +176,8 @@ class EngineProcess:
             self._stopping = True
         link.send(("stop",))
         if not link.closed.wait(timeout):  # the reader thread reaps it (one joiner only)
-            log.warning("the engine process did not stop in %.0f s; terminating it", timeout)
-            link.process.terminate()
+            log.warning("the engine process did not stop in %.0f s; killing it", timeout)
+            link.process.kill()  # it ignores SIGTERM (STOPPED_BY_THE_SERVER)
             link.closed.wait(5)
 
     def memory(self) -> dict[str, int | None]:

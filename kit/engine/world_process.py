@@ -56,7 +56,7 @@ _RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
 
 class _Launched:
     """``mlx.launch``'s process, with the part of ``multiprocessing.Process``'s interface
-    :class:`kit.engine.process.EngineProcess` uses (pid, exitcode, join, terminate)."""
+    :class:`kit.engine.process.EngineProcess` uses (pid, exitcode, join, terminate, kill)."""
 
     def __init__(self, popen: subprocess.Popen) -> None:
         self.popen = popen
@@ -106,6 +106,8 @@ class _Launched:
             except psutil.Error:
                 pass
 
+    #: a rank takes SIGTERM (only the engine process ignores it): the same end either way
+    kill = terminate
 
     def _session_alive(self) -> bool:
         """Whether a process is still in the session ``mlx.launch`` was started in (its

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kit.errors import HarnessError
 from kit.harness import evidence, manifest
-from kit.harness.files import atomic_write, file_errors, make_parents, sha256_text
+from kit.harness.files import atomic_write, file_errors, make_parents, read_text, sha256_text
 from kit.harness.plan_types import Plan, Step
 
 
@@ -44,7 +44,7 @@ def _refuse_if_any(plan: Plan) -> None:
 
 
 def _now(path: Path) -> str | None:
-    return path.read_bytes().decode("utf-8", "replace") if path.is_file() else None
+    return read_text(path, errors="replace") if path.is_file() else None
 
 
 def _check_unchanged(steps: list[Step]) -> None:

@@ -34,16 +34,29 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: The largest file :func:`read_text` reads (an agent's config file is a few KiB).
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def read_text(path: Path, errors: str = "strict") -> str:
     """A file's text exactly as stored: UTF-8, line endings untranslated (``Path.read_text``
     turns ``\r\n`` into ``\n``, so a CRLF file would not come back byte for byte).
 
+    At most :data:`MAX_CONFIG_BYTES` are read: an agent's config file is KiB, and a
+    multi-GB file at its path (a log, a disk image linked there) must not be read whole.
+
     Raises:
         HarnessError: ``errors="strict"`` and the file is not UTF-8 (mlx-kit never changes
-            or backs up a file it cannot read as text: its bytes would not come back).
+            or backs up a file it cannot read as text: its bytes would not come back); or
+            it is larger than :data:`MAX_CONFIG_BYTES`.
         OSError: the file cannot be read.
     """
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise HarnessError(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not an "
+                           "agent's config file; mlx-kit changes nothing in it",
+                           hint="move it away, or check the agent's config folder")
     try:
         return data.decode("utf-8", errors)
     except UnicodeDecodeError as e:
@@ -138,3 +151,44 @@ def atomic_write(path: Path, text: str, mode: int | None = None,
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: what to do about an :class:`UnsafeFile` of the user's config folder
+UNSAFE_HINT = ("copy the file into the folder (or link the whole folder): mlx-kit follows no "
+               "link out of it, reads no FIFO or device, and nothing that large")
+
+
+class UnsafeFile(Exception):
+    """A file refused before any of it is read: outside its folder (through a symbolic
+    link), not a regular file (a FIFO would block the read forever, a device never end),
+    or larger than the bound. The message says which."""
+
+
+def read_inside(root: Path, path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, a file that must stay inside the folder ``root``: symbolic
+    links are followed only while they stay in ``root`` (``root`` itself may be a link,
+    as GNU stow makes one), and at most ``limit`` bytes are read. :class:`UnsafeFile`'s
+    message does not name ``path``: the caller says which file it was.
+
+    A user's spec or template may come from anywhere (a repository cloned into the config
+    folder); a link in it to ``~/.ssh/id_ed25519`` must not copy that key into an agent's
+    config file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        UnsafeFile: outside ``root``, not a regular file, or over ``limit`` bytes.
+        OSError: it cannot be read.
+    """
+    real, home = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, home]) != home:
+        raise UnsafeFile(f"links to {real}, outside {root}")
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
+    # since realpath looked is refused (ELOOP)
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFile("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeFile(f"larger than {limit // 1024} KiB")
+    return data

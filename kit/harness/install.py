@@ -78,16 +78,19 @@ def _claims(spec: HarnessSpec) -> dict[str, tuple[str, bool]]:
     the other known agents (a lost manifest must not make their files anyone's)."""
     from kit.harness.spec_loader import all_specs
 
-    ours = {str(p) for _, p in spec.file_paths()}
+    # by real path: a folder spelt "~/.pi/agent/extensions/.." or reached through a link
+    # names pi's file as surely as "~/.pi/agent" does
+    ours = {os.path.realpath(p): str(p) for _, p in spec.file_paths()}
     claims: dict[str, tuple[str, bool]] = {}
     for name, entry in manifest.load()[0]["agents"].items():
         for f in entry.get("files", []) if name != spec.name else []:
-            if f["path"] in ours:
-                claims[f["path"]] = (name, f.get("mode") == "merge")
+            if (mine := ours.get(os.path.realpath(f["path"]))) is not None:
+                claims[mine] = (name, f.get("mode") == "merge")
     for name, other in all_specs().items():
         for fs, p in other.file_paths() if name != spec.name else []:
-            if str(p) in ours and str(p) not in claims and evidence.read_receipt(name, p):
-                claims[str(p)] = (name, fs.merge is not None)
+            mine = ours.get(os.path.realpath(p))
+            if mine is not None and mine not in claims and evidence.read_receipt(name, p):
+                claims[mine] = (name, fs.merge is not None)
     return claims
 
 

@@ -16,6 +16,7 @@ from kit.errors import HarnessError
 from kit.harness import evidence, proof
 from kit.harness.files import check_writable, read_text
 from kit.harness.merge import content_fingerprint, merge, merged_again
+from kit.harness.places import forbidden
 from kit.harness.plan_remove import plan_remove
 from kit.harness.plan_types import Action, Plan, Step, refuse_step
 from kit.harness.spec import FileSpec, HarnessSpec
@@ -51,7 +52,13 @@ def plan_install(spec: HarnessSpec, rendered: dict[str, str], entry: dict | None
                                    recorded.get(str(path), {}), force))
     for step in steps:  # the folder and permissions of every file we would write
         other = proof.shared_with(spec.name, step.merged, (claims or {}).get(str(step.path)))
-        if other is not None:
+        if (place := forbidden(step.path)) is not None:
+            steps[steps.index(step)] = refuse_step(step.path, step.old, HarnessError(
+                f"{step.path}: not a place for an agent's config file ({place})",
+                hint=f"check {spec.source or spec.name + ' spec'}'s [config_dir] and "
+                "[[files]] path: a spec copied from elsewhere decides where files go"),
+                step.merged, step.new)
+        elif other is not None:
             steps[steps.index(step)] = refuse_step(step.path, step.old, HarnessError(
                 f"{step.path} is {other}'s: `mlx-kit harness install {other}` wrote it",
                 hint=f"two agents cannot share a file: give {spec.name}'s file another path, "

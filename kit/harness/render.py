@@ -18,17 +18,22 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.sandbox
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.loaders import split_template_path
 from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.errors import HarnessError
-from kit.harness.spec import HarnessSpec
+
+if TYPE_CHECKING:  # the render child (kit.harness.render_box) needs no pydantic
+    from kit.harness.spec import HarnessSpec
 
 #: First line of every generated file; ``remove`` only deletes files that carry it.
 MARKER = "mlx-kit:generated (do not edit)"
@@ -114,8 +119,49 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
-def _environment(spec: HarnessSpec) -> jinja2.Environment:
-    return _environment_for(str(spec.templates))
+#: The largest template file read (a config file's template is a few KiB).
+MAX_TEMPLATE_BYTES = 256 * 1024
+
+
+class _RefusedFile(jinja2.TemplateError):
+    """A template file :func:`kit.harness.files.read_inside` refused."""
+
+
+class _FolderLoader(jinja2.BaseLoader):
+    """Templates of one folder, each read through :func:`kit.harness.files.read_inside`:
+    never through a link out of the folder, never a FIFO or a device, at most
+    :data:`MAX_TEMPLATE_BYTES`. (jinja2's FileSystemLoader follows any link and reads a
+    whole file.) ``..`` is refused by jinja2's ``split_template_path``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        from kit.harness.files import UnsafeFile, read_inside
+
+        path = os.path.join(self.root, *split_template_path(template))
+        try:
+            data = read_inside(Path(self.root), Path(path), MAX_TEMPLATE_BYTES)
+            mtime = os.path.getmtime(path)
+        except FileNotFoundError:
+            raise jinja2.TemplateNotFound(template) from None
+        except UnsafeFile as e:
+            raise _RefusedFile(f"template {template!r}: {e}") from None
+        except OSError as e:
+            raise jinja2.TemplateError(f"template {template!r}: cannot read it: "
+                                       f"{e.strerror or e}") from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise jinja2.TemplateError(f"template {template!r}: not UTF-8 text") from None
+
+        def uptodate() -> bool:
+            try:
+                return os.path.getmtime(path) == mtime
+            except OSError:
+                return False
+
+        return text, path, uptodate
 
 
 # One environment per template folder: Jinja then compiles each template once (it still
@@ -128,7 +174,7 @@ def _environment_for(templates: str) -> jinja2.Environment:
     # Jinja's sandbox refuses underscore attributes and mutating methods, which no
     # template needs.
     env = _Sandbox(
-        loader=jinja2.FileSystemLoader(templates),
+        loader=_FolderLoader(templates),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,  # not HTML: each value is escaped by its target-language filter
@@ -165,7 +211,9 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
 
 def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
     """Render each of ``spec``'s files with ``ctx`` plus ``vars`` (the spec's own
-    ``[vars]``, as attributes: ``{{ vars.name }}``).
+    ``[vars]``, as attributes: ``{{ vars.name }}``). A user's templates render in a child
+    process bounded in time and memory (:mod:`kit.harness.render_box`); the bundled ones
+    (ours, like the code) here.
 
     Returns:
         ``{spec file path: text}``, in the spec's order.
@@ -173,37 +221,79 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
     Raises:
         HarnessError: a template does not parse, names an undefined value, does what the
             sandbox refuses (an underscore attribute, a mutating method, a huge value),
-            fails (a division by zero) or renders more than :data:`MAX_RENDERED_CHARS` (a
-            user's template can; the message names the template, and the line where known).
+            fails (a division by zero), renders more than :data:`MAX_RENDERED_CHARS`
+            (counted while it renders: the text stops there), or a user's takes longer
+            than :data:`kit.harness.render_box.TIME_LIMIT_S` or more memory than
+            :data:`kit.harness.render_box.MEMORY_LIMIT` (the message names the template,
+            and the line where known).
     """
-    env = _environment(spec)
-    values = {**ctx, "vars": SimpleNamespace(**spec.vars)}
+    job = {"name": spec.name, "templates": str(spec.templates), "vars": dict(spec.vars),
+           "files": [[f.path, f.template] for f in spec.files], "values": ctx}
+    if spec.builtin:
+        return render_job(job)
+    from kit.harness.render_box import render_in_child
+
+    return render_in_child(job)
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _bounded(chunks: Iterator[str], limit: int) -> str:
+    """The text of ``chunks`` (a template's ``generate()``), refused as soon as it passes
+    ``limit`` characters: the text is never built past the bound."""
+    out, n = [], 0
+    for chunk in chunks:
+        n += len(chunk)
+        if n > limit:
+            raise _TooLong
+        out.append(chunk)
+    return "".join(out)
+
+
+def render_job(job: dict[str, Any]) -> dict[str, str]:
+    """:func:`render`'s work, on plain data (what crosses to the child process as JSON):
+    ``name``, ``templates`` (the folder), ``vars``, ``files`` (``[path, template]``
+    pairs) and ``values`` (the shared :func:`context`).
+
+    Raises:
+        HarnessError: as :func:`render` says.
+    """
+    name, templates = job["name"], Path(job["templates"])
+    env = _environment_for(str(templates))
+    values = {**job["values"], "vars": SimpleNamespace(**job["vars"])}
     out = {}
-    for f in spec.files:
-        where = spec.templates / f.template
+    for path, template in job["files"]:
+        where = templates / template
         try:
-            out[f.path] = text = env.get_template(f.template).render(**values)
+            out[path] = _bounded(env.get_template(template).generate(**values),
+                                 MAX_RENDERED_CHARS)
+        except _TooLong:
+            raise HarnessError(f"{where}: renders more than {MAX_RENDERED_CHARS} characters",
+                               hint="a config file is a few KiB") from None
+        except _RefusedFile as e:
+            from kit.harness.files import UNSAFE_HINT
+
+            raise HarnessError(f"{where}: {e}", hint=UNSAFE_HINT) from None
         except jinja2.TemplateNotFound as e:  # an include/import (the loader refuses "..")
             raise HarnessError(f"{where}: includes {e.name!r}, not a template in "
-                               f"{spec.templates}", hint="a template may include only "
+                               f"{templates}", hint="a template may include only "
                                "templates of its own templates folder") from None
         except jinja2.TemplateSyntaxError as e:
-            raise HarnessError(f"{spec.templates / f.template}:{e.lineno}: {e.message}",
-                               hint=f"the template of {spec.name}'s {f.path}") from None
+            raise HarnessError(f"{where}:{e.lineno}: {e.message}",
+                               hint=f"the template of {name}'s {path}") from None
         except jinja2.UndefinedError as e:  # say "vars", not "types.SimpleNamespace object"
             text = str(e).replace(repr(object_type_repr(values["vars"])), "vars")
-            raise HarnessError(f"{spec.templates / f.template}: {text}",
-                               hint=f"{spec.name}'s [vars]: "
-                               + (", ".join(spec.vars) or "none")) from None
+            raise HarnessError(f"{where}: {text}",
+                               hint=f"{name}'s [vars]: " + (", ".join(job["vars"]) or "none")
+                               ) from None
         except jinja2.TemplateError as e:  # the sandbox's SecurityError included
             raise HarnessError(f"{where}: {e}",
-                               hint=f"the template of {spec.name}'s {f.path}; the values "
+                               hint=f"the template of {name}'s {path}; the values "
                                "it may use: docs/agents/adding-an-agent.md") from None
         except (ArithmeticError, ValueError, TypeError, LookupError, RecursionError) as e:
             # a user's template can divide by zero, index past a list's end, ...
             raise HarnessError(f"{where}: {type(e).__name__}: {e}",
-                               hint=f"the template of {spec.name}'s {f.path}") from None
-        if len(text) > MAX_RENDERED_CHARS:
-            raise HarnessError(f"{where}: renders {len(text)} characters, more than "
-                               f"{MAX_RENDERED_CHARS}", hint="a config file is a few KiB")
+                               hint=f"the template of {name}'s {path}") from None
     return out

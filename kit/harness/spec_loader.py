@@ -2,7 +2,8 @@
 through one function, :func:`load_all` — the bundled agents, then the user's own
 (``<user config dir>/harnesses/*.toml``, templates in ``<user config dir>/templates/``).
 
-A user's spec file is bounded before it is parsed (:data:`MAX_SPEC_BYTES`, TOML nesting),
+A user's spec file is bounded before it is parsed (:data:`MAX_SPEC_BYTES`, TOML nesting)
+and read only when it stays in its folder (:func:`kit.harness.files.read_inside`),
 and a broken one is reported, never fatal to the other agents; validation itself is
 :func:`kit.harness.spec.parse_spec`'s.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import HarnessError
+from kit.harness.files import UNSAFE_HINT, UnsafeFile, read_inside
 from kit.harness.spec import HarnessSpec, parse_spec
 from kit.paths import SpecRoot, spec_roots
 
@@ -27,11 +29,10 @@ MAX_SPEC_BYTES = 256 * 1024  # a user's spec file larger than this is refused un
 
 def _read(path: Path, where: str, root: SpecRoot) -> HarnessSpec:
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-        if len(raw) > MAX_SPEC_BYTES:
-            raise HarnessError(f"{where}: larger than {MAX_SPEC_BYTES // 1024} KiB")
+        raw = read_inside(root.harnesses, path, MAX_SPEC_BYTES)
         data = tomllib.loads(raw.decode("utf-8"))
+    except UnsafeFile as e:
+        raise HarnessError(f"{where}: {e}", hint=UNSAFE_HINT) from None
     except (OSError, UnicodeDecodeError) as e:
         raise HarnessError(f"{where}: cannot read it: {e}") from None
     except tomllib.TOMLDecodeError as e:

@@ -475,6 +475,42 @@ def test_a_copy_of_pis_spec_under_another_name_neither_overwrites_nor_removes_pi
     assert hi.remove(pi).removed[0] == path and not path.exists()
 
 
+@pytest.mark.parametrize("folder", ["~/.pi/agent/extensions/..", "~/pi-link/agent"],
+                         ids=["dot-dot", "through-a-link"])
+def test_a_copy_of_pis_spec_naming_pis_folder_another_way_neither_overwrites_nor_removes_it(
+        home, dead_url, monkeypatch, folder):
+    """Issue 25: other agents' files were matched by the path's spelling: a copy of pi's
+    spec whose folder named pi's another way (``..``, a link) overwrote pi's extension
+    and its removal deleted it."""
+    import os
+
+    from kit.paths import harnesses_dir, templates_dir
+
+    monkeypatch.delenv("PI_CODING_AGENT_DIR", raising=False)
+    root = home / ".config" / "mlx-kit"
+    (root / "harnesses").mkdir(parents=True)
+    (root / "harnesses" / "mypi.toml").write_text(
+        (harnesses_dir() / "pi.toml").read_text().replace('name = "pi"', 'name = "mypi"')
+        .replace('default = "~/.pi/agent"', f'default = "{folder}"'))
+    (root / "templates" / "pi").mkdir(parents=True)
+    for t in (templates_dir() / "pi").iterdir():
+        (root / "templates" / "pi" / t.name).write_text(t.read_text() + "// mine\n")
+    pi, mypi = load_spec("pi"), load_spec("mypi")
+    hi.install(pi, parse_url(dead_url))
+    os.symlink(home / ".pi", home / "pi-link")
+    [(_, path)] = pi.file_paths()
+    [(_, alias)] = mypi.file_paths()
+    assert alias != path and alias.resolve() == path.resolve()
+    pis = path.read_bytes()
+    for force in (False, True):
+        with pytest.raises(HarnessError) as exc:
+            hi.install(mypi, parse_url(dead_url), force=force)
+        assert exc.value.message == f"{alias} is pi's: `mlx-kit harness install pi` wrote it"
+    assert path.read_bytes() == pis
+    result = hi.remove(mypi)
+    assert result.removed == [] and path.read_bytes() == pis
+
+
 @pytest.mark.parametrize("agent, force", [("llm", False), ("pi", True)],
                          ids=["merged-file", "forced-drop-in"])
 def test_a_target_that_is_not_utf8_is_a_clean_refusal_and_stays_as_it_was(

@@ -289,7 +289,7 @@ def test_a_deeply_nested_user_spec_is_a_problem_not_a_crash(home, nested):
     ("{{ 'x' * 10**12 }}", "a str of 1 times 1000000000000 is too large"),
     ("{{ 10 ** (10 ** 10) }}", "10 ** 10000000000 is too large"),
     ("{% for i in range(99999) %}{{ 'x' * 99 }}{% endfor %}",
-     "renders 9899934 characters, more than 1048576"),
+     "renders more than 1048576 characters"),
     ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero"),
     ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
      "RecursionError: maximum recursion depth exceeded"),
@@ -307,6 +307,102 @@ def test_a_user_template_cannot_run_code_or_exhaust_memory(home, body, message, 
     where = home / ".config/mlx-kit/templates/toy/toy.json.j2"
     assert exc.value.message.startswith(f"{where}: {message}")
     assert not (home / "pwned").exists()
+
+
+@pytest.mark.parametrize("body, message", [
+    # each built its whole text (or one huge value) before any bound was checked
+    ("{% for i in range(99999) %}{{ 'x' * 999999 }}{% endfor %}",
+     "renders more than 1048576 characters"),
+    ("{{ 'x'.ljust(4 * 10**9) }}", "rendering needs more than 512 MiB of memory"),
+    ("{% set s %}{% for i in range(99999) %}{{ 'x' * 999999 }}{% endfor %}{% endset %}",
+     "rendering needs more than 512 MiB of memory"),
+    # no output, no call, no attribute: only a clock stops it
+    ("{% set s = 'x' * 999999 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+     "rendering took longer than 10 s; stopped"),
+], ids=["output-grows-past-the-bound", "one-huge-value", "buffered-block", "endless-loop"])
+def test_a_user_template_is_bounded_while_it_renders_in_memory_and_time(home, body, message):
+    """Issue 25: the rendered text was measured after rendering (a loop of 1 MiB values
+    grew to ~100 GB first), and nothing bounded one expression's memory or the time."""
+    import time
+
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }}\n" + body + "\n"})
+    t0 = time.monotonic()
+    with pytest.raises(HarnessError) as exc:
+        render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t"))
+    assert message in exc.value.message
+    assert time.monotonic() - t0 < 60
+
+
+def test_the_render_child_imports_no_kit_folder_of_the_working_directory(home, monkeypatch):
+    # `python -m` puts the working directory first on sys.path: a `kit/` there (a cloned
+    # repository's) would have run as the render child
+    (home / "kit").mkdir()
+    (home / "kit" / "__init__.py").write_text(
+        "import pathlib; pathlib.Path(__file__).with_name('pwned').touch()\n")
+    monkeypatch.chdir(home)
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }}\n"})
+    [text] = render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t")).values()
+    assert text == "mlx-kit:generated (do not edit)\n"
+    assert not (home / "kit" / "pwned").exists()
+
+
+def test_a_user_template_linking_out_of_its_folder_is_refused_unread(home):
+    """Issue 25: jinja2's FileSystemLoader followed a link anywhere: a template that is a
+    link to ~/.ssh/id_ed25519 (a repository cloned into the config folder can hold one)
+    rendered the key into the agent's config file."""
+    import os
+
+    _user_agent(home, TOY, {"other.j2": "{{ marker }}\n"})
+    secret = home / ".ssh" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY\n")
+    os.symlink(secret, home / ".config/mlx-kit/templates/toy/toy.json.j2")
+    with pytest.raises(HarnessError) as exc:
+        render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t"))
+    assert f"links to {secret}, outside {home / '.config/mlx-kit/templates'}" \
+        in exc.value.message
+    assert "PRIVATE KEY" not in exc.value.message + exc.value.hint
+    # ... and through an include
+    (home / ".config/mlx-kit/templates/toy/toy.json.j2").unlink()
+    (home / ".config/mlx-kit/templates/toy/toy.json.j2").write_text(
+        "{% include 'toy/key.j2' %}")
+    os.symlink(secret, home / ".config/mlx-kit/templates/toy/key.j2")
+    with pytest.raises(HarnessError) as exc:
+        render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t"))
+    assert "template 'toy/key.j2': links to" in exc.value.message
+
+
+def test_a_user_template_folder_that_is_itself_a_link_still_renders(home):
+    # GNU stow's default: ~/.config/mlx-kit/templates -> ~/dotfiles/...: the user's choice
+    import os
+
+    _user_agent(home, TOY, {"toy.json.j2": "{{ marker }}\n"})
+    root = home / ".config/mlx-kit"
+    (root / "templates").rename(home / "dotfiles")
+    os.symlink(home / "dotfiles", root / "templates")
+    [text] = render(load_spec("toy"), context("http://127.0.0.1:1/v1", MODELS, "t")).values()
+    assert text == "mlx-kit:generated (do not edit)\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-out"])
+def test_a_user_spec_that_is_a_fifo_or_links_out_is_a_problem_not_a_hang(home, kind):
+    """Issue 25: a spec file that was a FIFO blocked `harness list` forever (open waits
+    for a writer); one linking out of the folder was read wherever it pointed."""
+    import os
+
+    folder = home / ".config" / "mlx-kit" / "harnesses"
+    folder.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(folder / "toy.toml")
+        expected = "not a regular file"
+    else:
+        (home / "elsewhere.toml").write_text(TOY)
+        os.symlink(home / "elsewhere.toml", folder / "toy.toml")
+        expected = f"links to {home / 'elsewhere.toml'}, outside {folder}"
+    agents = load_all()
+    assert [p.message for p in agents.problems.values()] == [
+        f"{folder / 'toy.toml'}: {expected}"]
+    assert "pi" in agents.specs and "toy" not in agents.specs
 
 
 def test_the_sandbox_still_renders_what_templates_do(home):

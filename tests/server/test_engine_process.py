@@ -159,7 +159,7 @@ def test_stopping_with_a_request_in_flight_stops_its_generation(fresh):
                what="the engine decoding the request")
     t0 = time.monotonic()
     fresh.proc.terminate()
-    assert fresh.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+    assert fresh.proc.wait(30) == 0  # a stop asked for and done (kit.cli.serve._stop_once)
     assert time.monotonic() - t0 < 12  # uvicorn's 5 s grace, then the engine stops at once
     log = fresh.log_text()
     assert ", cancelled" in log and "did not stop" not in log

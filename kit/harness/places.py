@@ -1,0 +1,51 @@
+"""Where no agent's config file goes: places whose files run as code or hold keys, and
+mlx-kit's own records. A user's spec may come from anywhere (docs/agents/adding-an-agent.md
+says to copy one), and ``harness install`` of it must configure an agent, not add a key
+to ``~/.ssh/authorized_keys``, a line to ``~/.bashrc`` or a unit to systemd: the marker
+that leads a drop-in is a comment there, so a template could write such a file whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: folders under HOME whose files hold keys or start programs (login, a session, a shell)
+_HOME_FOLDERS = (".ssh", ".gnupg", ".config/autostart", ".config/systemd",
+                 ".config/environment.d", ".config/fish/conf.d", ".local/bin", "bin",
+                 "Library/LaunchAgents", ".kde/Autostart")
+#: files under HOME that a shell or a session runs
+_HOME_FILES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
+               ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".zlogout", ".login", ".cshrc",
+               ".tcshrc", ".kshrc", ".mkshrc", ".xprofile", ".xinitrc", ".xsession",
+               ".xsessionrc", ".pam_environment", ".config/fish/config.fish",
+               ".gitconfig", ".config/git/config", ".npmrc", ".netrc", ".pypirc")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
+def forbidden(path: Path) -> str | None:
+    """Why no agent's file may be written at ``path`` (resolved through links), or None.
+
+    Refused: the files and folders of :data:`_HOME_FILES` and :data:`_HOME_FOLDERS`, and
+    mlx-kit's own agents (``harnesses/``, ``templates/`` of its config folder: a spec must
+    not write specs), state, data and log folders (the manifest and backups live there).
+    """
+    from kit.paths import config_dir, data_dir, log_dir, state_dir
+
+    real = os.path.realpath(path)
+    home = os.path.realpath(Path.home())
+    for name in _HOME_FILES:
+        if real == os.path.join(home, name):
+            return "a shell or session runs that file"
+    for name in _HOME_FOLDERS:
+        if _inside(real, os.path.join(home, name)):
+            return f"files in ~/{name} hold keys or start programs"
+    ours = [config_dir() / "harnesses", config_dir() / "templates", data_dir(), state_dir(),
+            log_dir()]
+    for folder in ours:
+        if _inside(real, os.path.realpath(folder)):
+            return f"{folder} is mlx-kit's own"
+    return None
