@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, disk_size
+from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, check_cache_dir, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -218,6 +218,7 @@ def serve(
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
     disk_bytes = disk_size(prompt_cache_disk)
+    check_cache_dir(prompt_cache_dir, disk_bytes)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
     from kit.logfile import setup_server
