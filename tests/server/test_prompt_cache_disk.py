@@ -52,20 +52,31 @@ def ours(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*/*.safetensors") if len(p.stem) == 64)
 
 
-def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str) -> helpers.Server:
+def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str,
+          state: Path | None = None, **env: str) -> helpers.Server:
+    """A server on ``cache`` in a HOME of its own; ``state``: its state dir (the prompt
+    cache key's folder), shared by servers that stand for one user restarting."""
     home = tmp_path / f"home-{len(list(tmp_path.glob('home-*')))}"
     home.mkdir()
+    if state is not None:
+        env["XDG_STATE_HOME"] = str(state)
     return helpers.start_server(home, hf_home, "--temperature", "0",
-                                "--prompt-cache-dir", str(cache), *args)
+                                "--prompt-cache-dir", str(cache), *args, **env)
 
 
 @pytest.fixture(scope="module")
-def warm(hf_home, tmp_path_factory):
+def user_state(tmp_path_factory) -> Path:
+    """One user's state dir: its prompt cache key proves the files `warm` wrote."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def warm(hf_home, tmp_path_factory, user_state):
     """A cache folder that one server filled with the long prompt's cache (and nothing
     for a short prompt), then stopped: (folder, prompt, its cold text, its prompt tokens)."""
     tmp = tmp_path_factory.mktemp("warm")
     cache = tmp / "cache"
-    s = serve(tmp, hf_home, cache)
+    s = serve(tmp, hf_home, cache, state=user_state)
     try:
         ask(s, [{"role": "user", "content": "Hi."}])  # short: no file
         messages = long_prompt("warm")
@@ -80,11 +91,11 @@ def warm(hf_home, tmp_path_factory):
 
 
 def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
-        warm, hf_home, tmp_path):
+        warm, hf_home, tmp_path, user_state):
     folder, messages, cold_text, n = warm
     cache = tmp_path / "cache"
     shutil.copytree(folder, cache)
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, state=user_state)
     try:
         text, n2, cached = ask(s, messages)
         assert (text, n2) == (cold_text, n)
@@ -97,7 +108,7 @@ def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
 
 
 def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
-        warm, hf_home, tmp_path):
+        warm, hf_home, tmp_path, user_state):
     folder, messages, cold_text, n = warm
     cache = tmp_path / "cache"
     shutil.copytree(folder, cache)
@@ -109,7 +120,7 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
     theirs = [cache / "notes.txt", path.parent / "README", path.parent / "x.safetensors"]
     for p in theirs:
         p.write_text("not mlx-kit's")
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, state=user_state)
     try:
         assert not stale.exists()  # removed at start
         text, _, cached = ask(s, messages)
@@ -185,12 +196,13 @@ def test_a_ttl_reload_hits_the_disk(hf_home, tmp_path):
         helpers.stop(s)
 
 
-def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path):
+def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path, user_state):
     folder, messages, _, _ = warm
     (one,) = ours(folder)
     size = one.stat().st_size
     cache = tmp_path / "cache"
-    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)))
+    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)),
+              state=user_state)
     try:
         ask(s, long_prompt("first"))
         wait_writes(s, 1)
