@@ -137,6 +137,25 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
     assert "Traceback" not in s.log_text()
 
 
+def test_a_file_with_one_tensor_byte_changed_is_a_miss_and_the_answer_is_a_cold_runs(
+        warm, hf_home, tmp_path, user_state):
+    folder, messages, cold_text, n = warm
+    cache = tmp_path / "cache"
+    shutil.copytree(folder, cache)
+    (path,) = ours(cache)
+    data = bytearray(path.read_bytes())
+    data[-1000] ^= 0x01  # one bit of one K/V value: a file that still loads
+    path.write_bytes(bytes(data))
+    s = serve(tmp_path, hf_home, cache, state=user_state)
+    try:
+        text, _, cached = ask(s, messages)
+        assert cached < 20 and counters(s)["disk_hits"] == 0
+        assert_agrees(s, messages, text, cold_text, max_tokens=8)
+        assert "not proven ours: its MAC does not verify" in s.log_text()
+    finally:
+        helpers.stop(s)
+
+
 def starter_folder(hf_home: Path, where: Path) -> Path:
     """A model folder of the f32 starter: links to its files, a copy of its config.json
     (so a test can change it without touching the hub cache)."""
