@@ -149,8 +149,8 @@ def serve(
         "e.g. 2GB; least recently used evicted first (default: a quarter of the memory "
         "ceiling left after the weights)."),
     prompt_cache_dir: Optional[str] = typer.Option(
-        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier (default: "
-        "prompt-cache/ in mlx-kit's cache dir)."),
+        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier, one only "
+        "you can write (refused otherwise; default: prompt-cache/ in mlx-kit's cache dir)."),
     prompt_cache_disk: str = typer.Option(
         "10GiB", "--prompt-cache-disk", help="Most disk the prompt cache keeps KV caches "
         "of long prompts in, e.g. 10GiB, so they survive restarts and swaps (0: none)."),
