@@ -324,9 +324,12 @@ class DiskCache:
                         not e.is_file(follow_symlinks=False):  # links: not ours, left alone
                     continue
                 try:
-                    old = time.time() - e.stat(follow_symlinks=False).st_mtime > _STALE_TMP_S
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                if st.st_uid != os.geteuid():  # another user's tmp: not ours to delete
+                    continue
+                old = time.time() - st.st_mtime > _STALE_TMP_S
                 if old or not psutil.pid_exists(int(m.group(1))):
                     Path(e.path).unlink(missing_ok=True)
                     log.info("removed an unfinished prompt cache file %s", e.path)

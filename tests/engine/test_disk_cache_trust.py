@@ -89,7 +89,11 @@ def test_another_users_file_is_never_loaded_evicted_or_deleted(tmp_path, caplog)
     path = stored(tmp_path)
     os.chown(path, NOBODY, NOBODY)
     size = path.stat().st_size
+    dead = path.parent / f"{'a' * 64}.999999999.tmp"  # a dead writer's name, theirs
+    dead.write_bytes(b"theirs")
+    os.chown(dead, NOBODY, NOBODY)
     disk = DiskCache(tmp_path, 1)  # a bound nothing fits: eviction would run on it
+    assert dead.exists()
     assert disk.find(IDENT, tokens(300), LAYERS, True) is None
     assert disk.find(IDENT, tokens(300), LAYERS, True) is None
     disk.evict()

@@ -60,6 +60,7 @@ def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str,
     home.mkdir()
     if state is not None:
         env["XDG_STATE_HOME"] = str(state)
+    env.setdefault("MLX_KIT_IDLE_WRITE_S", "1")  # written after 1 s idle, not 5
     return helpers.start_server(home, hf_home, "--temperature", "0",
                                 "--prompt-cache-dir", str(cache), *args, **env)
 
@@ -255,7 +256,7 @@ def test_an_agents_next_turn_does_not_wait_for_a_disk_write_and_files_are_privat
     # after each answer, so an agent's next request (ms later) waited for the whole write.
     # Now a write waits for IDLE_WRITE_S (5 s) without a request.
     cache = tmp_path / "cache"
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, MLX_KIT_IDLE_WRITE_S="5")
     try:
         messages = long_prompt("turns")
         text, _, _ = ask(s, messages)
