@@ -15,12 +15,10 @@ Only names of that shape, in folders named like an identity, are ever read or de
 anything else in the folder is left alone, symlinks included (never followed). Folders
 we create are 0700 and files 0600: they hold the prompts' token ids.
 
-Proven ours: a file is used only when it belongs to this user, nobody else can write it,
-and its MAC verifies (checked over the whole file before its tensors are loaded). A file
-of another user is never read and never deleted (one warning); a file of ours whose MAC
-fails is deleted with a warning, as any other file of ours that does not load. The root
-must pass :func:`kit.engine.safe_files.not_private` (``serve`` refuses a
-``--prompt-cache-dir`` that does not); otherwise the tier stays off.
+Proven ours: a file is used only when it is this user's, nobody else can write it and
+its MAC verifies (over the whole file, before its tensors load). Another user's file is
+never read or deleted (one warning); one of ours that fails goes, as any that does not
+load. A root that fails :func:`kit.engine.safe_files.not_private` keeps the tier off.
 
 The model identity (:func:`kit.engine.cache_identity.model_identity`) hashes the model
 folder, config.json's bytes, every file's name, size and mtime, the KV settings and
@@ -372,8 +370,8 @@ class DiskCache:
         return entries
 
     def _foreign(self, path: Path, st: os.stat_result) -> bool:
-        """Whether the file ``path`` (``st``: its fstat) is another user's or writable by
-        others: never read, never deleted; one warning per file version."""
+        """Whether ``path`` (``st``: its fstat) is another user's or others can write it
+        (never read or deleted; one warning per file version)."""
         if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
             return False
         seen = (str(path), st.st_ino, st.st_mtime_ns)
