@@ -350,3 +350,9 @@ def test_launch_passes_the_prompt_cache_flags_to_the_server_it_starts(tmp_path):
                     "2GiB"]
     with pytest.raises(ConfigError, match="--prompt-cache-disk"):
         _cache_args(None, "12x")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # refused here, before a server starts (as serve refuses it)
+    with pytest.raises(ConfigError, match="refusing --prompt-cache-dir .*writable by"):
+        _cache_args(str(shared), None)
+    assert _cache_args(str(shared), "0")[0] == "--prompt-cache-dir"  # no disk tier: unused

@@ -156,20 +156,22 @@ def _memory_args(memory_budget: str | None, prompt_cache_bytes: str | None) -> l
 
 def _cache_args(folder: str | None, disk: str | None) -> list[str]:
     """The ``serve`` options of the prompt cache's disk tier (the folder made absolute, as
-    the host file is; the size checked here, so a bad one fails before a server starts).
+    the host file is; the size and the folder checked here, so a bad one fails before a
+    server starts).
 
     Raises:
-        ConfigError: ``disk`` is not a size.
+        ConfigError: ``disk`` is not a size, or the folder is one others can write.
     """
     from pathlib import Path
 
-    from kit.cli.options import disk_size
+    from kit.cli.options import check_cache_dir, disk_size
 
     args: list[str] = []
+    bound = disk_size(disk) if disk is not None else 1
     if folder is not None:
+        check_cache_dir(folder, bound)  # before a server starts, as `serve` would refuse
         args += ["--prompt-cache-dir", str(Path(folder).expanduser().resolve())]
     if disk is not None:
-        disk_size(disk)
         args += ["--prompt-cache-disk", disk]
     return args
 

@@ -32,6 +32,31 @@ def disk_size(text: str) -> int:
                           hint="e.g. 10GiB, or 0 for none") from None
 
 
+def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
+    """Refuse a ``--prompt-cache-dir`` that another user could have put a file in (not
+    this user's, or writable by group or others, it or a folder above it; as ssh's
+    StrictModes). The default folder is not refused here: the engine then runs without
+    the disk tier, with a warning (:class:`kit.engine.disk_cache.DiskCache`).
+
+    Raises:
+        ConfigError: naming the folder and why.
+    """
+    from pathlib import Path
+
+    from kit.engine.safe_files import not_private
+    from kit.errors import ConfigError
+
+    if folder is None or disk_bytes <= 0:
+        return
+    problem = not_private(Path(folder).expanduser())
+    if problem:
+        raise ConfigError(
+            f"refusing --prompt-cache-dir {folder}: {problem}; another user could plant a "
+            "cache file there and have your prompts answered from it",
+            hint="use a folder only you can write (chmod go-w, or 0700), or leave the flag "
+                 "out for the default one")
+
+
 class WarmUp(str, Enum):
     """``--warmup``'s choices (see kit/engine/warmup.py)."""
 

@@ -19,7 +19,7 @@ import typer
 
 from kit.cli.api_key import API_KEY, API_KEY_FILE, resolve_api_key
 from kit.cli.console import err_console
-from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, disk_size
+from kit.cli.options import TRUST_REMOTE_CODE, WARMUP, WarmUp, check_cache_dir, disk_size
 from kit.errors import ConfigError, PortInUseError, ServerError
 
 
@@ -163,8 +163,8 @@ def serve(
         "e.g. 2GB; least recently used evicted first (default: a quarter of the memory "
         "ceiling left after the weights)."),
     prompt_cache_dir: Optional[str] = typer.Option(
-        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier (default: "
-        "prompt-cache/ in mlx-kit's cache dir)."),
+        None, "--prompt-cache-dir", help="Folder of the prompt cache's disk tier, one only "
+        "you can write (refused otherwise; default: prompt-cache/ in mlx-kit's cache dir)."),
     prompt_cache_disk: str = typer.Option(
         "10GiB", "--prompt-cache-disk", help="Most disk the prompt cache keeps KV caches "
         "of long prompts in, e.g. 10GiB, so they survive restarts and swaps (0: none)."),
@@ -235,6 +235,7 @@ def serve(
     aliases = AliasTable.parse(alias or [])
     budget = parse_size(memory_budget) if memory_budget else None
     disk_bytes = disk_size(prompt_cache_disk)
+    check_cache_dir(prompt_cache_dir, disk_bytes)
     edge = _edge_policy(host, port, allow_host, allow_origin, parse_size(max_body_size))
     _check_port_free(host, port)
     from kit.logfile import check_log_path, setup_server

@@ -7,17 +7,24 @@ engine worker) stays with :class:`kit.engine.engine.Engine`.
 
 Layout: ``<root>/<model identity>/<sha256 of the tokens>.safetensors``, each file written by
 mlx-lm's ``save_prompt_cache`` (safetensors: the cache tensors plus string metadata, here
-the token ids as JSON, the model identity and :data:`FORMAT`). A write goes to
+the token ids as JSON, the model identity, :data:`FORMAT` and the file's MAC under this
+user's key, :mod:`kit.engine.cache_mac`). A write goes to
 ``<name>.<pid>.tmp`` in the same folder, is fsynced and renamed into place, so a crash
 mid-write leaves only a ``.tmp`` (removed at the next start once its writer is gone).
 Only names of that shape, in folders named like an identity, are ever read or deleted:
 anything else in the folder is left alone, symlinks included (never followed). Folders
 we create are 0700 and files 0600: they hold the prompts' token ids.
 
-The model identity (:func:`model_identity`) hashes the model folder, config.json's bytes,
-every file's name, size and mtime, the KV settings and mlx-lm's and mlx's versions
-(taken when the model is loaded): a model whose files changed gets a new folder, and its old entries are never loaded (they age out by
-LRU). Bounded: after each write the least recently used files (mtime, touched on every
+Proven ours: a file is used only when it is this user's, nobody else can write it and
+its MAC verifies (over the whole file, before its tensors load). Another user's file is
+never read or deleted (one warning); one of ours that fails goes, as any that does not
+load. A root that fails :func:`kit.engine.safe_files.not_private` keeps the tier off.
+
+The model identity (:func:`kit.engine.cache_identity.model_identity`) hashes the model
+folder, config.json's bytes, every file's name, size and mtime, the KV settings and
+mlx-lm's and mlx's versions (taken when the model is loaded): a model whose files changed
+gets a new folder, and its old entries are never loaded (they age out by LRU). Bounded:
+after each write the least recently used files (mtime, touched on every
 hit) are deleted until all of them fit ``max_bytes``.
 """
 
@@ -37,61 +44,23 @@ from typing import Any
 
 import numpy as np
 
+from kit.engine import cache_mac
+from kit.engine.cache_identity import FORMAT, common_prefix, model_identity
+from kit.engine.cache_identity import classes_fit as _classes_fit
 from kit.engine.safe_files import NOFOLLOW as _NOFOLLOW
 from kit.engine.safe_files import fsync_dir as _fsync_dir
 from kit.engine.safe_files import header_metadata as _header_metadata
+from kit.engine.safe_files import not_private
 from kit.engine.safe_files import open_file as _open_file
 from kit.engine.safe_files import real_dir as _real_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
-FORMAT = "1"  #: bumped when what a file means changes; other formats are deleted
 MIN_TOKENS = 256  #: shorter prompts are not worth a file (agent prefixes are 2k-20k)
 _FOLDER = re.compile(r"^[0-9a-f]{32}$")
 _FILE = re.compile(r"^([0-9a-f]{64})\.safetensors$")
 _TMP = re.compile(r"^[0-9a-f]{64}\.(\d+)\.tmp$")
 _STALE_TMP_S = 3600.0  # a tmp whose writer's pid was reused: stale after an hour anyway
-
-
-def model_identity(folder: Path, kv_bits: int | None, kv_group_size: int) -> str:
-    """A 32-hex-digit name for a model's KV caches: it changes when the model's files or
-    the KV settings change, so a cache is only ever loaded into the model that made it.
-
-    Hashes the resolved folder, config.json's bytes, every top-level file's name, size
-    and mtime_ns (weights, tokenizer; symlinks of the hub cache followed), ``kv_bits``,
-    ``kv_group_size``, mlx-lm's version and mlx's (the quantized KV layout is mlx's).
-
-    Raises:
-        OSError: the folder cannot be read.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    root = Path(folder).resolve()
-    h = hashlib.sha256()
-    h.update(f"format {FORMAT}\n{root}\n".encode())
-    try:
-        h.update((root / "config.json").read_bytes())
-    except FileNotFoundError:
-        pass
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.is_file():  # follows symlinks (the hub cache's blobs)
-            st = entry.stat()
-            h.update(f"\n{entry.name} {st.st_size} {st.st_mtime_ns}".encode())
-    h.update(f"\nkv {kv_bits} {kv_group_size}".encode())
-    for package in ("mlx-lm", "mlx"):
-        try:
-            v = version(package)
-        except PackageNotFoundError:
-            v = "unknown"
-        h.update(f"\n{package} {v}".encode())
-    return h.hexdigest()[:32]
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading tokens two int32 arrays share."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
 
 
 @dataclass
@@ -121,6 +90,9 @@ class DiskCache:
     Args:
         root: the folder (created on the first write).
         max_bytes: bound on the files' total size, bytes (> 0).
+        key: the MAC key (default: :func:`kit.engine.cache_mac.user_key`). Without one
+            (it cannot be read or made) or when ``root`` is not private, nothing is read
+            or written (a warning).
 
     Attributes:
         writes: files written since start.
@@ -128,13 +100,24 @@ class DiskCache:
             after each write or delete).
     """
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, key: bytes | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.writes = 0
         self.bytes = self.entries = 0
         self._index: dict[str, dict[str, Entry]] = {}  # identity -> file name -> Entry
         self._identity_for: tuple[Any, str, str] | None = None  # (model ref, path, id)
+        self._refused: set[tuple[str, int, int]] = set()  # (path, inode, mtime): logged
+        self.key = key
+        try:
+            problem = not_private(self.root)
+            if problem:
+                raise OSError(f"not a private folder: {problem}")
+            self.key = key or cache_mac.user_key()
+        except OSError as e:
+            self.key = None
+            log.warning("the prompt cache's disk tier is off: %s", e)
+            return
         try:
             self._remove_stale_tmp()
             self._scan()
@@ -171,7 +154,7 @@ class DiskCache:
         """The stored entry of ``identity`` sharing the longest prefix with ``prompt``
         (at least :data:`MIN_TOKENS`), among those whose layers are ``classes``; an
         entry longer than the shared part counts only when ``trimmable``. None: none."""
-        entries = self._refresh(identity)
+        entries = self._refresh(identity) if self.key else None
         if not entries:
             return None
         want = np.asarray(prompt, dtype=np.int32)
@@ -188,14 +171,22 @@ class DiskCache:
 
     def load(self, identity: str, entry: Entry, classes: tuple[str, ...]) -> Any | None:
         """The cache stored in ``entry`` (its tensors read now), or None: the file is gone
-        (another server evicted it), or it does not load or does not match (layer count,
-        ``classes``, every layer's offset == its token count), in which case it is
-        deleted with one warning. A hit marks the file as just used (mtime)."""
+        (another server evicted it), is not this user's (left alone, one warning), or
+        its MAC fails, it does not load or does not match (layer count, ``classes``,
+        every layer's offset == its token count), in which case it is deleted with one
+        warning. A hit marks the file as just used (mtime)."""
         import mlx.core as mx
         from mlx_lm.models.cache import load_prompt_cache
 
         try:
             with _open_file(entry.path) as f:  # never through a link
+                st = os.fstat(f.fileno())
+                if self._foreign(entry.path, st):
+                    self._index.get(identity, {}).pop(entry.path.name, None)
+                    return None
+                # ours and nobody else can write it: what is checked is what loads
+                cache_mac.check(f, self.key)
+                f.seek(0)
                 cache, meta = load_prompt_cache(f, return_metadata=True)
             mx.eval([c.state for c in cache])  # a bad tensor fails here, not mid-request
             names = tuple(type(c).__name__ for c in cache)
@@ -207,6 +198,9 @@ class DiskCache:
                 raise ValueError(f"a layer's offset is not its {n} tokens")
         except FileNotFoundError:
             self._index.get(identity, {}).pop(entry.path.name, None)
+            return None
+        except cache_mac.MacError as e:  # ours by its owner, not by its key
+            self._discard(identity, entry.path, f"not proven ours: {e}")
             return None
         except Exception as e:  # any failure to load is a miss, never the request's error
             self._discard(identity, entry.path, f"cannot load it ({e})")
@@ -227,7 +221,7 @@ class DiskCache:
         over the bound). Errors (a full disk) are logged, never raised."""
         from mlx_lm.models.cache import save_prompt_cache
 
-        if sum(c.nbytes for c in cache) > self.max_bytes:
+        if self.key is None or sum(c.nbytes for c in cache) > self.max_bytes:
             return False
         arr = np.asarray(tokens, dtype=np.int32)
         name = hashlib.sha256(arr.tobytes()).hexdigest()
@@ -236,21 +230,26 @@ class DiskCache:
         if os.path.lexists(final):  # a link of that name is not ours either: leave it
             return False
         tmp = folder / f"{name}.{os.getpid()}.tmp"
-        meta = {"tokens": json.dumps(arr.tolist()), "model": identity, "format": FORMAT}
+        meta = {"tokens": json.dumps(arr.tolist()), "model": identity, "format": FORMAT,
+                cache_mac.TAG_FIELD: cache_mac.UNSEALED}
         made = False
         try:
             from kit.paths import private_dir
 
             private_dir(self.root)  # 0700 when we create them: files hold prompts' tokens
             private_dir(folder)
-            if not _real_dir(folder):  # a link in our folder is never followed
-                raise OSError(f"{folder} is not a folder of ours (a symlink?)")
+            # another user may have made it first (a folder in /tmp): then it is theirs
+            problem = not_private(folder)
+            if problem or not _real_dir(folder):  # a link in our folder is never followed
+                raise OSError(problem or f"{folder} is not a folder of ours (a symlink?)")
             # O_EXCL|O_NOFOLLOW: never write through a link; 0600 whatever the umask
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
             made = True
             os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "w+b") as f:
                 save_prompt_cache(f, cache, meta)
+                f.flush()
+                cache_mac.seal(f, self.key)  # before the rename: a file in place is sealed
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)  # replaces a name in a real folder; follows no link
@@ -306,6 +305,8 @@ class DiskCache:
                         st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
+                    if st.st_uid != os.geteuid():  # another user's: not ours to evict
+                        continue
                     files.append((st.st_mtime, st.st_size, Path(e.path)))
         self.bytes, self.entries = sum(f[1] for f in files), len(files)
         return files
@@ -321,9 +322,12 @@ class DiskCache:
                         not e.is_file(follow_symlinks=False):  # links: not ours, left alone
                     continue
                 try:
-                    old = time.time() - e.stat(follow_symlinks=False).st_mtime > _STALE_TMP_S
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                if st.st_uid != os.geteuid():  # another user's tmp: not ours to delete
+                    continue
+                old = time.time() - st.st_mtime > _STALE_TMP_S
                 if old or not psutil.pid_exists(int(m.group(1))):
                     Path(e.path).unlink(missing_ok=True)
                     log.info("removed an unfinished prompt cache file %s", e.path)
@@ -347,6 +351,8 @@ class DiskCache:
             path = folder / name
             try:
                 with _open_file(path) as f:
+                    if self._foreign(path, os.fstat(f.fileno())):
+                        continue
                     meta = _header_metadata(f)
                 if meta.get("0.format") != FORMAT or meta.get("0.model") != identity:
                     raise ValueError("another format or model")
@@ -363,6 +369,19 @@ class DiskCache:
                 self._discard(identity, path, f"unreadable header ({e})")
         return entries
 
+    def _foreign(self, path: Path, st: os.stat_result) -> bool:
+        """Whether ``path`` (``st``: its fstat) is another user's or others can write it
+        (never read or deleted; one warning per file version)."""
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return False
+        seen = (str(path), st.st_ino, st.st_mtime_ns)
+        if seen not in self._refused:
+            self._refused.add(seen)
+            whose = "another user's" if st.st_uid != os.geteuid() else "writable by others"
+            log.warning("refusing prompt cache file %s: it is %s (uid %d, mode %04o), not "
+                        "proven this user's", path, whose, st.st_uid, st.st_mode & 0o7777)
+        return True
+
     def _discard(self, identity: str, path: Path, why: str) -> None:
         log.warning("deleting prompt cache file %s: %s", path, why)
         self._delete(identity, path)
@@ -373,19 +392,12 @@ class DiskCache:
         of ours; a link is left alone."""
         self._index.get(identity, {}).pop(path.name, None)
         try:
-            if not _real_dir(path.parent) or not stat.S_ISREG(path.lstat().st_mode):
+            st = path.lstat()
+            if not _real_dir(path.parent) or not stat.S_ISREG(st.st_mode) or \
+                    st.st_uid != os.geteuid():  # a link or another user's: not ours
                 return
             path.unlink()
         except FileNotFoundError:
             pass
         except OSError as e:
             log.warning("cannot delete prompt cache file %s: %s", path, e)
-
-
-def _classes_fit(stored: tuple[str, ...], expected: tuple[str, ...]) -> bool:
-    """Whether a stored cache's layer classes can stand in for ``make_prompt_cache``'s:
-    the same, layer by layer, except that a ``KVCache`` layer may have been quantized
-    (``QuantizedKVCache``) once the prompt passed ``--kv-bits``'s start."""
-    return len(stored) == len(expected) and all(
-        s == e or (e == "KVCache" and s == "QuantizedKVCache")
-        for s, e in zip(stored, expected))

@@ -15,10 +15,20 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 from mlx_lm.models.cache import KVCache, RotatingKVCache  # noqa: E402
 
+from kit.engine import cache_mac  # noqa: E402
+from kit.engine.cache_identity import FORMAT  # noqa: E402
 from kit.engine.disk_cache import MIN_TOKENS, DiskCache, model_identity  # noqa: E402
 
 IDENT = "0123456789abcdef" * 2
 LAYERS = ("KVCache",) * 2
+
+
+@pytest.fixture(autouse=True)
+def user_state(tmp_path_factory, monkeypatch) -> Path:
+    """This user's state dir (the prompt cache key's folder), outside the cache folder."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
 
 
 def kv_cache(n: int, value: float = 1.0, layers: int = 2) -> list:
@@ -32,6 +42,19 @@ def kv_cache(n: int, value: float = 1.0, layers: int = 2) -> list:
 
 def tokens(n: int, start: int = 0) -> list[int]:
     return list(range(start, start + n))
+
+
+def mint(path: Path, cache: list, toks: list[int], key: bytes | None,
+         identity: str = IDENT) -> None:
+    """Write ``cache`` at ``path`` as the disk tier does, sealed under ``key`` (None: not
+    sealed, as a stranger without the key would write it)."""
+    from mlx_lm.models.cache import save_prompt_cache
+
+    save_prompt_cache(str(path), cache, {"tokens": json.dumps(toks), "model": identity,
+                                         "format": FORMAT, "mac": cache_mac.UNSEALED})
+    if key is not None:
+        with open(path, "r+b") as f:
+            cache_mac.seal(f, key)
 
 
 def files(root: Path) -> list[str]:
@@ -92,7 +115,7 @@ def test_a_file_whose_tensors_do_not_match_its_tokens_is_a_miss_and_is_removed(t
     disk = DiskCache(tmp_path, 1 << 30)
     disk.save(IDENT, tokens(299), kv_cache(299), trimmable=True)
     (src,) = (tmp_path / IDENT).glob("*.safetensors")
-    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+    from mlx_lm.models.cache import load_prompt_cache
 
     import hashlib
 
@@ -103,8 +126,7 @@ def test_a_file_whose_tensors_do_not_match_its_tokens_is_a_miss_and_is_removed(t
     lie = tokens(300)
     name = hashlib.sha256(np.asarray(lie, dtype=np.int32).tobytes()).hexdigest()
     bad = tmp_path / IDENT / f"{name}.safetensors"
-    save_prompt_cache(str(bad), cache, {"tokens": json.dumps(lie), "model": IDENT,
-                                        "format": "1"})
+    mint(bad, cache, lie, cache_mac.user_key())  # sealed: a bug of ours, not a stranger
     disk = DiskCache(tmp_path, 1 << 30)
     found = disk.find(IDENT, lie, LAYERS, True)
     assert found is not None

@@ -52,20 +52,32 @@ def ours(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*/*.safetensors") if len(p.stem) == 64)
 
 
-def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str) -> helpers.Server:
+def serve(tmp_path: Path, hf_home: Path, cache: Path, *args: str,
+          state: Path | None = None, **env: str) -> helpers.Server:
+    """A server on ``cache`` in a HOME of its own; ``state``: its state dir (the prompt
+    cache key's folder), shared by servers that stand for one user restarting."""
     home = tmp_path / f"home-{len(list(tmp_path.glob('home-*')))}"
     home.mkdir()
+    if state is not None:
+        env["XDG_STATE_HOME"] = str(state)
+    env.setdefault("MLX_KIT_IDLE_WRITE_S", "1")  # written after 1 s idle, not 5
     return helpers.start_server(home, hf_home, "--temperature", "0",
-                                "--prompt-cache-dir", str(cache), *args)
+                                "--prompt-cache-dir", str(cache), *args, **env)
 
 
 @pytest.fixture(scope="module")
-def warm(hf_home, tmp_path_factory):
+def user_state(tmp_path_factory) -> Path:
+    """One user's state dir: its prompt cache key proves the files `warm` wrote."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def warm(hf_home, tmp_path_factory, user_state):
     """A cache folder that one server filled with the long prompt's cache (and nothing
     for a short prompt), then stopped: (folder, prompt, its cold text, its prompt tokens)."""
     tmp = tmp_path_factory.mktemp("warm")
     cache = tmp / "cache"
-    s = serve(tmp, hf_home, cache)
+    s = serve(tmp, hf_home, cache, state=user_state)
     try:
         ask(s, [{"role": "user", "content": "Hi."}])  # short: no file
         messages = long_prompt("warm")
@@ -80,11 +92,11 @@ def warm(hf_home, tmp_path_factory):
 
 
 def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
-        warm, hf_home, tmp_path):
+        warm, hf_home, tmp_path, user_state):
     folder, messages, cold_text, n = warm
     cache = tmp_path / "cache"
     shutil.copytree(folder, cache)
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, state=user_state)
     try:
         text, n2, cached = ask(s, messages)
         assert (text, n2) == (cold_text, n)
@@ -97,7 +109,7 @@ def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
 
 
 def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
-        warm, hf_home, tmp_path):
+        warm, hf_home, tmp_path, user_state):
     folder, messages, cold_text, n = warm
     cache = tmp_path / "cache"
     shutil.copytree(folder, cache)
@@ -109,7 +121,7 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
     theirs = [cache / "notes.txt", path.parent / "README", path.parent / "x.safetensors"]
     for p in theirs:
         p.write_text("not mlx-kit's")
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, state=user_state)
     try:
         assert not stale.exists()  # removed at start
         text, _, cached = ask(s, messages)
@@ -124,6 +136,25 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
         helpers.stop(s)
     assert all(p.read_text() == "not mlx-kit's" for p in theirs)
     assert "Traceback" not in s.log_text()
+
+
+def test_a_file_with_one_tensor_byte_changed_is_a_miss_and_the_answer_is_a_cold_runs(
+        warm, hf_home, tmp_path, user_state):
+    folder, messages, cold_text, n = warm
+    cache = tmp_path / "cache"
+    shutil.copytree(folder, cache)
+    (path,) = ours(cache)
+    data = bytearray(path.read_bytes())
+    data[-1000] ^= 0x01  # one bit of one K/V value: a file that still loads
+    path.write_bytes(bytes(data))
+    s = serve(tmp_path, hf_home, cache, state=user_state)
+    try:
+        text, _, cached = ask(s, messages)
+        assert cached < 20 and counters(s)["disk_hits"] == 0
+        assert_agrees(s, messages, text, cold_text, max_tokens=8)
+        assert "not proven ours: its MAC does not verify" in s.log_text()
+    finally:
+        helpers.stop(s)
 
 
 def starter_folder(hf_home: Path, where: Path) -> Path:
@@ -185,12 +216,13 @@ def test_a_ttl_reload_hits_the_disk(hf_home, tmp_path):
         helpers.stop(s)
 
 
-def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path):
+def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path, user_state):
     folder, messages, _, _ = warm
     (one,) = ours(folder)
     size = one.stat().st_size
     cache = tmp_path / "cache"
-    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)))
+    s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)),
+              state=user_state)
     try:
         ask(s, long_prompt("first"))
         wait_writes(s, 1)
@@ -224,7 +256,7 @@ def test_an_agents_next_turn_does_not_wait_for_a_disk_write_and_files_are_privat
     # after each answer, so an agent's next request (ms later) waited for the whole write.
     # Now a write waits for IDLE_WRITE_S (5 s) without a request.
     cache = tmp_path / "cache"
-    s = serve(tmp_path, hf_home, cache)
+    s = serve(tmp_path, hf_home, cache, MLX_KIT_IDLE_WRITE_S="5")
     try:
         messages = long_prompt("turns")
         text, _, _ = ask(s, messages)
