@@ -247,19 +247,31 @@ def python_for_ranks() -> str:
     return sys.executable
 
 
-_RING_PORTS = (20000, 60000)  # where free_ring_ports draws: below Linux's ephemeral range
+_RING_PORTS = (10000, 32768)  # where free_ring_ports draws: below Linux's ephemeral range,
+# where a port free now can be any outgoing connection's a moment later
+
+
+def _ring_range() -> tuple[int, int]:
+    low, high = _RING_PORTS
+    try:  # a machine whose ephemeral range starts lower
+        first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        high = max(low + 1000, min(high, first))
+    except (OSError, ValueError, IndexError):
+        pass
+    return low, high
 
 
 def free_ring_ports(count: int) -> int:
     """A first port of ``count`` consecutive free TCP ports on loopback (the ring backend
-    listens on one per rank), drawn at random (``secrets``) so no other user can tell it
-    before ``mlx.launch``'s command line shows it (the kernel's own pick, ``bind(0)``,
-    follows a sequence others can sample).
+    listens on one per rank), drawn at random (``secrets``) below the ephemeral range,
+    so no other user can tell it before ``mlx.launch``'s command line shows it (the
+    kernel's own pick, ``bind(0)``, follows a sequence others can sample) and no
+    outgoing connection takes it meanwhile.
 
     Raises:
         ServerError: no free run of ports in 50 draws.
     """
-    low, high = _RING_PORTS
+    low, high = _ring_range()
     for _ in range(50):
         base = low + secrets.randbelow(high - low - count)
         try:

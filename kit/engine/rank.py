@@ -187,8 +187,7 @@ def main() -> None:
         if world.rank == 0:
             _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
     except WorldTampered as e:
-        _fatal(f"{e}; this rank stops (docs/distributed.md: who can reach the ring)",
-               EXIT_TAMPERED)
+        _fatal(f"{e}; this rank stops", EXIT_TAMPERED)
     except WorldLost as e:
         _fatal(f"{e}; this rank stops (a peer exited or cannot be reached)", EXIT_PEER_LOST)
     _fatal_free_exit()

@@ -118,7 +118,23 @@ def check_ring_peers(world: Any) -> None:
     bad = foreign_peers(pairs, owners, os.getuid())
     if bad:
         (ip, port), uid = bad[0]
+        rank = ring_ports().get(port)
+        link = world.links() if rank is None else \
+            f"the ring link of rank {world.rank} to rank {rank}"
         raise WorldTampered(
             f"rank {world.rank} ({world.host}): its ring connection to {ip}:{port} ends in "
-            f"a socket of another user (uid {uid}), not a rank: someone is on "
-            f"{world.links()}")
+            f"a socket of another user (uid {uid}), not a rank: someone is on {link}")
+
+
+def ring_ports() -> dict[int, int]:
+    """Each ring port's rank, from the ring's host file (``MLX_HOSTFILE``, which
+    ``mlx.launch`` writes: one list of ``ip:port`` per rank); empty when unreadable."""
+    import json
+
+    try:
+        with open(os.environ.get("MLX_HOSTFILE", ""), "rb") as f:
+            hosts = json.loads(f.read(1 << 20))
+        return {int(str(a).rsplit(":", 1)[1]): r for r, node in enumerate(hosts)
+                for a in node}
+    except (OSError, ValueError, TypeError, IndexError, RecursionError):
+        return {}

@@ -210,3 +210,18 @@ def test_a_loopback_link_to_this_users_socket_passes_and_another_uid_is_named():
             assert foreign_peers([pair], owners, os.getuid() + 1) == [(pair[1], os.getuid())]
             far = ((pair[0][0], pair[0][1]), ("10.255.255.1", 9))  # another host: unknown
             assert foreign_peers([far], owners, os.getuid() + 1) == []
+
+
+def test_ring_ports_are_drawn_at_random_below_the_ephemeral_range(tmp_path, monkeypatch):
+    from kit.engine.hosts import _ring_range, free_ring_ports
+    from kit.engine.ring_guard import ring_ports
+
+    low, high = _ring_range()
+    firsts = {free_ring_ports(3) for _ in range(8)}
+    assert len(firsts) > 4 and all(low <= p and p + 3 <= high for p in firsts)
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["127.0.0.1:20000"], ["127.0.0.1:20001"], ["127.0.0.1:20002"]]')
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    assert ring_ports() == {20000: 0, 20001: 1, 20002: 2}
+    hostfile.write_text("[[")
+    assert ring_ports() == {}
