@@ -132,14 +132,14 @@ class RankInbox(Inbox):
     def _local(self, wire: Any) -> Any:
         """A follower's copy of a queue item rank 0 shared (a
         :mod:`kit.engine.world_codec` ``Gen``, ``SwapTo`` or ``Stop``)."""
-        if hasattr(wire, "request"):
+        if isinstance(wire, Gen):
             jid = wire.jid
 
             def sink(event: Any) -> None:
                 if event is END:
                     self._jobs.pop(jid, None)
             return Job(wire.request, sink, jid=jid)
-        if hasattr(wire, "spec"):
+        if isinstance(wire, SwapTo):
             return Swap(wire.spec, lambda result, error: None)
         return None
 
