@@ -128,7 +128,10 @@ class World:
         seq, self._seq = self._seq, self._seq + 1
         frame = b""
         if self.rank == root and record is not None:
-            frame = codec.encode(self.key, seq, root, record)
+            try:
+                frame = codec.encode(self.key, seq, root, record)
+            except codec.ShareError as e:  # past its bound: the others would wait forever
+                raise WorldLost(f"rank {self.rank} ({self.host}): cannot share: {e}") from None
         prelude = [0, 0]
         if self.rank == root:
             prelude = [len(frame), codec.length_tag(self.key, seq, root, len(frame))]
