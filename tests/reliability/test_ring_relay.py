@@ -4,7 +4,8 @@ relays between two ranks gets nothing in: another user's relay is refused before
 first share (its socket is not ours), a same-user relay that puts a pickle in place of a
 share is refused by the share's MAC (and the pickle never runs), and in both cases the
 world ends naming the ring link, and the server never answers (/health is never up)
-through the unproven ring. Real processes on loopback: the server, mlx.launch, three
+through the unproven ring. The world's secret is on no command line of the server's
+processes. Real processes on loopback: the server, mlx.launch, three
 ranks and tests/reliability/ring_relay.py (as `nobody` where root can drop to it)."""
 
 from __future__ import annotations
@@ -20,25 +21,45 @@ import httpx
 import psutil
 import pytest
 
+from kit.engine.world_codec import KEY_ENV
 from tests.helpers import spawn_server, stop
 
 RELAY = Path(__file__).with_name("ring_relay.py")
 RANKS = ("--ranks", "3", "--rank-timeout", "60", "--temperature", "0")
 
 
-def _starting_port(server_pid: int, timeout: float = 120) -> int:
-    """mlx.launch's ``--starting-port``, read from its command line as another user can."""
+def _starting_port(server_pid: int, timeout: float = 120) -> tuple[int, str]:
+    """mlx.launch's ``--starting-port``, read from its command line as another user can,
+    and the world's secret from its environment (which only this user can read)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             for p in psutil.Process(server_pid).children(recursive=True):
                 cmd = p.cmdline()
                 if "--starting-port" in cmd:
-                    return int(cmd[cmd.index("--starting-port") + 1])
+                    return (int(cmd[cmd.index("--starting-port") + 1]),
+                            p.environ().get(KEY_ENV, ""))
         except psutil.Error:
             pass
         time.sleep(0.001)
     raise TimeoutError("no mlx.launch command line")
+
+
+def _argv_with(secret: str, server_pid: int) -> list[str]:
+    """The command lines of the server's processes that hold ``secret``."""
+    found = []
+    try:
+        procs = [psutil.Process(server_pid), *psutil.Process(server_pid).children(True)]
+    except psutil.Error:
+        return found
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if secret in cmd:
+            found.append(cmd)
+    return found
 
 
 def _as_nobody() -> list[str]:
@@ -56,12 +77,15 @@ def _attack(hf_home: Path, tmp: Path, mode: str, prefix: list[str]) -> tuple[str
     relay = None
     served = False
     try:
-        port = _starting_port(server.proc.pid)
+        port, secret = _starting_port(server.proc.pid)
+        assert len(secret) == 64
+        leaks = _argv_with(secret, server.proc.pid)
         relay = subprocess.Popen([*prefix, sys.executable, str(RELAY), str(port + 1), mode,
                                   str(marker)], stdout=subprocess.PIPE, text=True,
                                  cwd="/")
         deadline = time.monotonic() + 240
         while server.proc.poll() is None and time.monotonic() < deadline:
+            leaks += _argv_with(secret, server.proc.pid)
             try:
                 served |= httpx.get(f"{server.root}/health", timeout=1).status_code == 200
             except httpx.HTTPError:
@@ -75,6 +99,7 @@ def _attack(hf_home: Path, tmp: Path, mode: str, prefix: list[str]) -> tuple[str
             relay.kill()
             out = relay.communicate(timeout=10)[0]
     assert not marker.exists(), "the relay's pickle ran in a rank"
+    assert leaks == [], "the world's secret is on a command line"
     assert server.proc.returncode == 1
     return server.log.read_text(errors="replace"), out, served
 
