@@ -13,18 +13,22 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import secrets
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.errors import ConfigError
+from kit.errors import ConfigError, ServerError
 from kit.models.split import MAX_RANKS
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 #: exit status of a rank that lost a peer or timed out waiting for one (kit/engine/world.py);
 #: the server names the rank that exited first with another status as the one that failed
 EXIT_PEER_LOST = 75
+#: exit status of a rank that refused what crossed the ring (a share that failed its MAC,
+#: a rank that could not prove the world's secret, a ring link to another user's socket)
+EXIT_TAMPERED = 77
 _MAX_HOSTFILE = 1 << 20  # bytes; mlx.distributed_config writes a few hundred per host
 _MAX_HOSTS_TEXT = 64 * 256
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}")  # a name, IPv4 or IPv6
@@ -241,3 +245,40 @@ def python_for_ranks() -> str:
     """The interpreter every rank runs (the same path on every host: install mlx-kit in
     the same virtual environment path on each)."""
     return sys.executable
+
+
+_RING_PORTS = (10000, 32768)  # where free_ring_ports draws: below Linux's ephemeral range,
+# where a port free now can be any outgoing connection's a moment later
+
+
+def _ring_range() -> tuple[int, int]:
+    low, high = _RING_PORTS
+    try:  # a machine whose ephemeral range starts lower
+        first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        high = max(low + 1000, min(high, first))
+    except (OSError, ValueError, IndexError):
+        pass
+    return low, high
+
+
+def free_ring_ports(count: int) -> int:
+    """A first port of ``count`` consecutive free TCP ports on loopback (the ring backend
+    listens on one per rank), drawn at random (``secrets``) below the ephemeral range,
+    so no other user can tell it before ``mlx.launch``'s command line shows it (the
+    kernel's own pick, ``bind(0)``, follows a sequence others can sample) and no
+    outgoing connection takes it meanwhile.
+
+    Raises:
+        ServerError: no free run of ports in 50 draws.
+    """
+    low, high = _ring_range()
+    for _ in range(50):
+        base = low + secrets.randbelow(high - low - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise ServerError("no free ports for the ring backend")

@@ -18,6 +18,13 @@ both ends, so each end sends under a lock):
   after every change of :meth:`Engine.snapshot` (sent before the ``Finished`` event that
   follows it, so ``/health`` never lags behind an answer the client has).
 
+Pickles on this pipe reach no other user's bytes: it is an anonymous socketpair
+(``ctx.Pipe()``) whose child end the engine process inherits when it is spawned (the fd
+itself, in its ``pass_fds``); no path or port names it, so nothing but these two
+processes can write to it. (The ranks' shares, which another user can reach through the
+ring's ports, are typed and signed instead: :mod:`kit.engine.world_codec`.) Moving this
+pipe to the same typed encoding is left for later (issue 25).
+
 Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its
 clients time to finish), then the engine exits. If the server dies (even ``kill -9``), the
 engine's pipe reads end-of-file: it cancels what runs and exits. If the engine dies, every

@@ -91,7 +91,7 @@ def sharded_loader(world: Any, pipeline: bool) -> Any:
         except Exception as e:
             _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
                    f"{type(e).__name__}: {e}", 1)
-        world.share(None)  # every rank holds its shard before any answers
+        world.barrier()  # every rank holds its shard before any answers
         return model, tokenizer
     return load
 
@@ -124,6 +124,13 @@ def _connect(control: Path) -> Any:
 def main() -> None:
     """Run this rank until the server says stop, goes away, or a peer is lost."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
+    from kit.engine.ring_guard import KeyMissing, check_ring_peers, read_world_key
+
+    try:  # before stdin is closed: a remote rank's secret arrives there
+        key = read_world_key()
+    except KeyMissing as e:
+        _logging(int(os.environ.get("MLX_RANK", "0") or 0))
+        _fatal(str(e), 1)
     # mlx.launch waits on each rank's stdin being writable and spins while it is (about
     # 13% of a core per rank, measured with idle ranks); with ours closed, the one byte
     # the server then writes fails with EPIPE and mlx.launch stops watching it.
@@ -137,25 +144,37 @@ def main() -> None:
     from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported
-    from kit.engine.world import EXIT_PEER_LOST, World, WorldLost
+    from kit.engine.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered
+    from kit.engine.world_codec import Setup, setup_of
+    from kit.models.resolve import ModelInfo
 
     backend = os.environ.get("MLX_KIT_BACKEND", "ring")
     pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
     timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
     try:  # mlx.launch's "jaccl-ring" (a host file may name it) is mx's "jaccl"
-        world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout)
+        world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout,
+                           key)
     except RuntimeError as e:
         _logging(int(os.environ.get("MLX_RANK", "0") or 0))
         _fatal(f"cannot join the {backend} group: {e}", 1)
     _logging(world.rank)
     conn = None
     try:
+        # before anything crosses the ring, and before rank 0 tells the server the world
+        # is up (it serves nothing until then): every link is ours (check_ring_peers, where
+        # it can tell), every rank holds the secret (prove)
+        if backend == "ring":
+            check_ring_peers(world)
+        world.prove()
         setup = None
         if world.rank == 0:
             conn = _connect(Path(os.environ["MLX_KIT_CONTROL"]))
             _kind, model, options, level = conn.recv()
-            setup = (model, options, level)
-        model, options, level = world.share(setup)
+            setup = setup_of(model, options, level)
+        setup = world.share(Setup, setup)
+        model, options, level = (ModelInfo(setup.model_id, Path(setup.model_path),
+                                           setup.context_window),
+                                 setup.options.model_dump(), setup.log_level)
         # a follower's request lines repeat rank 0's: only its warnings, unless debugging
         logging.getLogger("mlx_kit").setLevel(
             level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
@@ -167,6 +186,8 @@ def main() -> None:
         _run(world, conn, model, options, backend, pipeline)
         if world.rank == 0:
             _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
+    except WorldTampered as e:
+        _fatal(f"{e}; this rank stops", EXIT_TAMPERED)
     except WorldLost as e:
         _fatal(f"{e}; this rank stops (a peer exited or cannot be reached)", EXIT_PEER_LOST)
     _fatal_free_exit()
@@ -194,12 +215,15 @@ def _check_alike(world: Any) -> None:
 
     from kit import __version__
 
-    mine = (version("mlx"), version("mlx-lm"), __version__,
-            str(mx.default_device()), prefill_step_size())
-    every = world.gather(mine)
+    from kit.engine.world_codec import Alike
+
+    mine = Alike(mlx=version("mlx"), mlx_lm=version("mlx-lm"), kit=__version__,
+                 device=str(mx.default_device()), prefill=prefill_step_size())
+    every = world.gather(Alike, mine)
     if any(other != every[0] for other in every):
         names = "mlx, mlx-lm, mlx-kit, device, prefill chunk"
-        rows = "; ".join(f"rank {r}: {', '.join(map(str, e))}" for r, e in enumerate(every))
+        rows = "; ".join(f"rank {r}: {', '.join(map(str, e.model_dump().values()))}"
+                         for r, e in enumerate(every))
         _fatal(f"the ranks differ ({names}): {rows}; install the same versions on every "
                "host", 1)
 
@@ -229,25 +253,27 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
     from kit.engine.child import _PipeServer
     from kit.engine.engine import Engine
     from kit.engine.rank_inbox import RankInbox
+    from kit.engine.world_codec import Machine, RankFacts
 
     listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host
 
     def ranks() -> dict[str, Any]:
         """Every rank's host, pid and memory (collective: at every state change)."""
-        mine = {"rank": world.rank, "host": host, "hostname": world.host, "pid": os.getpid(),
-                "memory": engine.memory()}
+        mine = RankFacts(rank=world.rank, host=host, hostname=world.host, pid=os.getpid(),
+                         memory=engine.memory())
 
         if engine.state != "loading":  # the first load is over, whatever its outcome
             world.paused = False
             world.mark()
         return {"distributed": {"world_size": world.size, "backend": backend,
                                 "mode": "pipeline" if pipeline else "tensor",
-                                "ranks": world.gather(mine)}}
+                                "ranks": [r.model_dump()
+                                          for r in world.gather(RankFacts, mine)]}}
 
     _check_alike(world)
-    machine = (world.host, uuid.getnode())  # two hosts may share a name
-    machines = world.gather(machine)
+    machine = Machine(host=world.host, node=uuid.getnode())  # two hosts may share a name
+    machines = world.gather(Machine, machine)
     model = _local_model(world, model)
 
     def fatal(error: BaseException) -> None:

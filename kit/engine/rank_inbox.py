@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kit.engine.bridge import END
 from kit.engine.inbox import Inbox
 from kit.engine.run import Job, Swap
+from kit.engine.world_codec import Arrivals, Gen, Stop, SwapTo
 
 if TYPE_CHECKING:  # it imports mlx; this module is tested without
     from kit.engine.world import World
@@ -38,12 +39,12 @@ IDLE_TICK_S = 0.2  # most seconds between syncs while there is no work (see the 
 _FIRST_TICK_S = 0.005  # the first idle tick; each next one doubles, up to IDLE_TICK_S
 
 
-def _wire(item: Any) -> tuple:
+def _wire(item: Any) -> Any:
     if isinstance(item, Job):
-        return ("gen", item.jid, item.request)
+        return Gen(jid=item.jid, request=item.request)
     if isinstance(item, Swap):
-        return ("swap", item.spec)
-    return ("stop",)
+        return SwapTo(spec=item.spec)
+    return Stop()
 
 
 class RankInbox(Inbox):
@@ -111,12 +112,13 @@ class RankInbox(Inbox):
                     break
             timed_out = not local and deadline is not None and time.monotonic() >= deadline
             if local or cancels or timed_out:
-                payload = ([_wire(i) for i in local], cancels, timed_out)
-        payload = world.share(payload)
+                payload = Arrivals(items=[_wire(i) for i in local], cancels=cancels,
+                                   timed_out=timed_out)
+        payload = world.share(Arrivals, payload)
         if payload is None:
             return False
-        wires, cancels, timed_out = payload
-        items = local if world.rank == 0 else [self._local(w) for w in wires]
+        cancels, timed_out = payload.cancels, payload.timed_out
+        items = local if world.rank == 0 else [self._local(w) for w in payload.items]
         for item in items:
             if isinstance(item, Job):
                 self._jobs[item.jid] = item
@@ -127,17 +129,18 @@ class RankInbox(Inbox):
                 job.cancelled.set()
         return timed_out
 
-    def _local(self, wire: tuple) -> Any:
-        """A follower's copy of a queue item rank 0 shared."""
-        if wire[0] == "gen":
-            jid = wire[1]
+    def _local(self, wire: Any) -> Any:
+        """A follower's copy of a queue item rank 0 shared (a
+        :mod:`kit.engine.world_codec` ``Gen``, ``SwapTo`` or ``Stop``)."""
+        if isinstance(wire, Gen):
+            jid = wire.jid
 
             def sink(event: Any) -> None:
                 if event is END:
                     self._jobs.pop(jid, None)
-            return Job(wire[2], sink, jid=jid)
-        if wire[0] == "swap":
-            return Swap(wire[1], lambda result, error: None)
+            return Job(wire.request, sink, jid=jid)
+        if isinstance(wire, SwapTo):
+            return Swap(wire.spec, lambda result, error: None)
         return None
 
     def sync(self) -> None:

@@ -35,9 +35,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.engine.hosts import EXIT_PEER_LOST, WorldPlan, python_for_ranks
+from kit.engine.hosts import (
+    EXIT_PEER_LOST,
+    EXIT_TAMPERED,
+    WorldPlan,
+    free_ring_ports,
+    python_for_ranks,
+)
 from kit.engine.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
+from kit.engine.world_codec import KEY_BYTES, KEY_ENV
 from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
 
@@ -123,25 +130,6 @@ class _Launched:
         return False
 
 
-def _free_ports(count: int) -> int:
-    """A first port of ``count`` consecutive free TCP ports on loopback (the ring
-    backend listens on one per rank)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise ServerError("no free ports for the ring backend")
-
-
 class DistributedEngine(EngineProcess):
     """:class:`kit.engine.interface.EngineLike` over several ranks (``plan``). State,
     counters, memory and capabilities come from rank 0; ``distributed`` (``/health``)
@@ -205,17 +193,27 @@ class DistributedEngine(EngineProcess):
         from multiprocessing.connection import Listener
 
         listener = Listener(str(control / "socket"), family="AF_UNIX", authkey=authkey)
+        # the world's secret (kit/engine/world_codec.py): in mlx.launch's environment, which
+        # local ranks inherit, and on its stdin, which it forwards to every rank (over ssh
+        # to remote ones); never in `env`, which mlx.launch puts on command lines
+        world_key = secrets.token_bytes(KEY_BYTES).hex()
         env = {"MLX_KIT_CONTROL": str(control), "MLX_KIT_BACKEND": self.plan.backend,
                "MLX_KIT_PIPELINE": "1" if self.plan.pipeline else "0",
                "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout),
                "MLX_KIT_HOSTS": ",".join(self.plan.hosts)}
-        port = _free_ports(self.plan.size)  # free here; other hosts are most likely alike
+        port = free_ring_ports(self.plan.size)  # free here; other hosts are most likely alike
         cmd = self.plan.command(python_for_ranks(), port, env)
         log.info("starting %d ranks (%s, %s parallel): %s", self.plan.size,
                  self.plan.backend, self.plan.mode, " ".join(cmd))
         popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True,
-                                 env={**os.environ, **env})
+                                 env={**os.environ, **env, KEY_ENV: world_key})
+        try:
+            assert popen.stdin is not None
+            popen.stdin.write(world_key.encode() + b"\n")
+            popen.stdin.flush()
+        except OSError:  # mlx.launch already exited: _accept reports why
+            pass
         launched = _Launched(popen)
         self._output = threading.Thread(target=self._read_output, args=(popen.stdout, False),
                                         name="mlx-kit-ranks-output", daemon=True)
@@ -350,6 +348,8 @@ class DistributedEngine(EngineProcess):
                "was killed" if code is None else
                f"was killed by signal {-code}" if code < 0 else
                "lost its connection to the other ranks" if code == EXIT_PEER_LOST else
+               "refused what crossed the ring (docs/distributed.md: who can reach the "
+               "ring)" if code == EXIT_TAMPERED else
                f"exited with code {code}")
         why = f"rank {rank} on {host} {how}"
         if rank in self._errors:

@@ -5,7 +5,6 @@ tests/distributed/ over real ring ranks)."""
 
 from __future__ import annotations
 
-import pickle
 import queue
 import random
 import threading
@@ -16,7 +15,10 @@ import pytest
 from kit.engine.bridge import END
 from kit.engine.rank_inbox import RankInbox
 from kit.engine.run import Job, Swap
+from kit.engine import world_codec as codec
 from kit.engine.types import ChatRequest
+
+_KEY = bytes(32)
 
 
 class _Hub:
@@ -33,14 +35,18 @@ class FakeWorld:
         self.idle = False
         self.shares = 0
 
-    def share(self, obj=None, root: int = 0):
+    def share(self, kind, record=None, root: int = 0):
+        # the real World's frames (kit.engine.world_codec), through a barrier
         if self.rank == root:
-            self.hub.slot = pickle.dumps(obj)
+            self.hub.slot = b"" if record is None else \
+                codec.encode(_KEY, self.shares, root, record)
         self.hub.barrier.wait()
         data = self.hub.slot
         self.hub.barrier.wait()
-        self.shares += 1
-        return obj if self.rank == root else pickle.loads(data)
+        seq, self.shares = self.shares, self.shares + 1
+        if self.rank == root or not data:
+            return record
+        return codec.decode(_KEY, seq, root, kind, data)
 
 
 def _request(text: str) -> ChatRequest:
