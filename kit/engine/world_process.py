@@ -324,8 +324,11 @@ class DistributedEngine(EngineProcess):
     def _why(self) -> str:
         """Which rank failed first and why, from mlx.launch's exit lines and the ranks'
         last errors; a rank that hung (every other one gave up on it) is named as such."""
-        if self._hung and all(c == EXIT_PEER_LOST for r, c in self._exits
-                              if r not in self._hung):
+        # the others gave up on it (75); mlx.launch may have ended some of them first
+        # (SIGTERM, or "was killed" remotely) after the first one gave up
+        others = [c for r, c in self._exits if r not in self._hung]
+        if self._hung and EXIT_PEER_LOST in others and all(
+                c in (EXIT_PEER_LOST, -signal.SIGTERM, None) for c in others):
             names = ", ".join(f"rank {r} on {self.plan.hosts[r]}" for r in self._hung)
             return (f"{names} stopped answering: the other ranks waited "
                     f"{self.plan.timeout:.0f} s (--rank-timeout) and gave up")

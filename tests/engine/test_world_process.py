@@ -72,3 +72,25 @@ def test_a_distributed_engine_runs_without_the_prompt_cache_disk_tier(caplog):
                                    prompt_cache_disk_bytes=10 << 30, prompt_cache_dir="/x")
     assert engine._options["prompt_cache_disk_bytes"] == 0
     assert "disk tier is off for a distributed engine" in caplog.text
+
+
+@pytest.mark.parametrize("others", [
+    ["[WARN] Node with rank 0 exited with code 75", "[WARN] Node with rank 1 exited with "
+     "code 75"],
+    # rank 1's watchdog gave up first and mlx.launch's SIGTERM reached rank 0 before its
+    # own watchdog did (seen in tests/distributed/test_failures.py on a loaded machine)
+    ["[WARN] Node with rank 1 exited with code 75", "[WARN] Node with rank 0 exited with "
+     "code -15"],
+])
+def test_a_hung_rank_is_named_when_a_peer_gave_up_on_it_and_the_rest_were_ended(others):
+    engine = _engine(others)
+    engine._hung = [2]  # still running when mlx.launch's group was ended
+    assert engine._why() == ("rank 2 on 127.0.0.1 stopped answering: the other ranks "
+                             "waited 300 s (--rank-timeout) and gave up")
+
+
+def test_ranks_all_ended_from_outside_do_not_blame_a_hung_one():
+    engine = _engine(["[WARN] Node with rank 0 exited with code -15",
+                      "[WARN] Node with rank 1 exited with code -15"])
+    engine._hung = [2]  # no peer gave up on it: it is not known to have hung
+    assert "stopped answering" not in engine._why()
