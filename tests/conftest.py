@@ -9,8 +9,10 @@ tests/helpers.py.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,12 @@ def anthropic_client(api_server):
     """The official Anthropic SDK on ``api_server`` (base URL without /v1, as Claude Code
     sets it), no retries, 120 s timeout."""
     return helpers.anthropic_for(api_server)
+
+
+@pytest.fixture
+def sticky_box():
+    """A sticky, world-writable folder that ``nobody`` can reach (pytest's tmp is 0700)."""
+    box = Path(tempfile.mkdtemp(prefix="mlx-kit-test-"))
+    box.chmod(0o1777)
+    yield box
+    shutil.rmtree(box)

@@ -11,7 +11,6 @@ import re
 import shutil
 import struct
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -239,15 +238,6 @@ def test_a_symlink_to_a_shared_folder_is_judged_by_its_target(tmp_path):
     shared.chmod(0o777)
     (tmp_path / "link").symlink_to(shared)
     assert "shared is writable" in not_private(tmp_path / "link")
-
-
-@pytest.fixture
-def sticky_box():
-    """A sticky, world-writable folder that ``nobody`` can reach (pytest's tmp is 0700)."""
-    box = Path(tempfile.mkdtemp(prefix="mlx-kit-test-"))
-    box.chmod(0o1777)
-    yield box
-    shutil.rmtree(box)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -173,15 +172,6 @@ def test_the_planted_file_sealed_under_the_victims_key_would_poison_the_answer(
         helpers.stop(s)
     # measured: cold "The capital of France is Paris.", poisoned "... is Berlin."
     assert "Berlin" in text and "Berlin" not in cold_text, (cold_text, text)
-
-
-@pytest.fixture
-def sticky_box():
-    """A sticky, world-writable folder that ``nobody`` can reach (pytest's tmp is 0700)."""
-    box = Path(tempfile.mkdtemp(prefix="mlx-kit-test-"))
-    box.chmod(0o1777)
-    yield box
-    shutil.rmtree(box)
 
 
 def test_a_prompt_cache_dir_others_can_write_is_refused_at_start(tmp_path):
