@@ -52,10 +52,12 @@ def free_port() -> int:
 
 def clean_env(home: Path, hf_home: Path | None = None, **extra: str) -> dict[str, str]:
     """An environment with a throwaway HOME (XDG dirs derived from it) and no kit settings:
-    every ``XDG_*``, ``MLX_KIT_*``, ``PI_*`` and ``HF_*`` variable dropped, ``PI_OFFLINE=1``,
+    every ``XDG_*``, ``MLX_KIT_*``, ``PI_*`` and ``HF_*`` variable dropped (but
+    ``MLX_KIT_BLAS``: which BLAS mlx gets is the machine's, like ``OPENBLAS_CORETYPE``, so
+    the suite can run as on a machine without OpenBLAS), ``PI_OFFLINE=1``,
     ``HF_HOME=hf_home`` if given, then ``extra`` on top."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XDG_", "MLX_KIT_", "PI_", "HF_"))}
+           if not k.startswith(("XDG_", "MLX_KIT_", "PI_", "HF_")) or k == "MLX_KIT_BLAS"}
     env.update(HOME=str(home), PI_OFFLINE="1", PYTHONUNBUFFERED="1")
     if hf_home is not None:
         env["HF_HOME"] = str(hf_home)
