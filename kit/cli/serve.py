@@ -116,6 +116,17 @@ def _say_ready(engine, model_id: str, root: str, progress) -> None:
                  + (f" (loaded in {took:.1f} s)" if took is not None else ""))
 
 
+class _StoppedEarly(Exception):
+    """A SIGTERM before uvicorn took over (the start-up is unwound, the engine stopped)."""
+
+
+def _stop_early(_sig: int, _frame: Any) -> None:
+    """The SIGTERM handler while the server starts: unwinds the start-up (raises
+    :class:`_StoppedEarly` in the main thread); a second SIGTERM ends the process."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise _StoppedEarly()
+
+
 def _stop_once(server) -> Callable[[int, Any], None]:
     """A SIGTERM handler for while uvicorn runs: uvicorn handles the signal itself (a
     graceful shutdown), then re-raises it to the handler it replaced, this one. A stop that
@@ -299,25 +310,29 @@ def serve(
         # exits 1.
         engine = DistributedEngine(info, world, on_lost=lambda _why: end_serving(), **options)
         progress(f"starting {world.size} ranks ({world.backend}, {world.mode} parallel)")
-    engine.start()
-    admin_token = secrets.token_urlsafe(24)
-    write_pid_file(url, info.id, log_path, admin_token)
-    # not "serving": the engine is still loading (and maybe warming) the model; /health
-    # says when it is ready
-    log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)
-    threading.Thread(target=_say_ready, args=(engine, info.id, url.root, progress),
-                     name="mlx-kit-ready", daemon=True).start()
-    state = ServerState(engine, api_key=api_key, admin_token=admin_token, aliases=aliases,
-                        swap_on_request=swap_on_request, default_temperature=temperature,
-                        default_top_p=top_p)
-    # The first catalog scan runs while the engine loads; listening only after it ended
-    # means no request ever waits for one (later rescans run in the background).
-    concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)
     def shutdown() -> None:
         engine.stop()
         remove_pid_file(url)
 
+    # A SIGTERM (or Ctrl-C) from here until uvicorn runs ends the start-up through the
+    # finally below, which stops the engine: a daemon engine left to multiprocessing's exit
+    # hook would hang it (the engine ignores SIGTERM and waits for the pipe).
+    signal.signal(signal.SIGTERM, _stop_early)
     try:
+        engine.start()
+        admin_token = secrets.token_urlsafe(24)
+        write_pid_file(url, info.id, log_path, admin_token)
+        # not "serving": the engine is still loading (and maybe warming) the model; /health
+        # says when it is ready
+        log.info("starting %s as 'local' on %s/v1 (loading the model)", info.id, url.root)
+        threading.Thread(target=_say_ready, args=(engine, info.id, url.root, progress),
+                         name="mlx-kit-ready", daemon=True).start()
+        state = ServerState(engine, api_key=api_key, admin_token=admin_token,
+                            aliases=aliases, swap_on_request=swap_on_request,
+                            default_temperature=temperature, default_top_p=top_p)
+        # The first catalog scan runs while the engine loads; listening only after it ended
+        # means no request ever waits for one (later rescans run in the background).
+        concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)
         app = create_app(state, on_shutdown=shutdown, edge=edge,
                          docs=_is_loopback(host) if docs is None else docs)
         web.append(uvicorn.Server(uvicorn.Config(
@@ -330,6 +345,8 @@ def serve(
             web[0].run()
         except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a clean stop
             pass                   # (uvicorn.run swallows it the same way)
+    except (KeyboardInterrupt, _StoppedEarly):  # a stop asked for during start-up: exit 0
+        pass
     finally:
         shutdown()
     if getattr(engine, "lost", None):

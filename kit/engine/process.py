@@ -129,6 +129,7 @@ class EngineProcess:
         self._ready = threading.Event()
         self._start_lock = threading.Lock()
         self._stopping = False
+        self._exit_hook = False  # atexit.register(self.stop) done (once: restarts reuse it)
         self._link: _Link | None = None
         self._base: dict[str, int] = {}  # counters of engines that ended
         self._auto_restarts: list[float] = []  # monotonic times of restarts made on our own
@@ -137,6 +138,7 @@ class EngineProcess:
 
     def start(self) -> None:
         """Start the engine process (it loads the model) and the thread reading from it."""
+        import atexit
         import multiprocessing
         import os
 
@@ -152,13 +154,20 @@ class EngineProcess:
         # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
         # them (a traceback from its imports, or a death taken for a crash, otherwise):
         # the child inherits this thread's blocked signals
+        # (and a stop that arrives meanwhile must find the link to stop it through)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPED_BY_THE_SERVER)
         try:
             process.start()
+            child.close()  # the child's end lives in the child only: its death is our EOF
+            self._link = link = _Link(conn, process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        child.close()  # the child's end lives in the child only: its death is our EOF
-        self._link = link = _Link(conn, process)
+        if not self._exit_hook:
+            # before multiprocessing's own exit hook (atexit runs the last registered
+            # first), which would SIGTERM the daemon engine, that ignores it, then join it
+            # forever: a server leaving by any path stops its engine through the pipe
+            atexit.register(self.stop)
+            self._exit_hook = True
         threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
                          daemon=True).start()
 

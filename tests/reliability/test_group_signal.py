@@ -58,3 +58,38 @@ def test_a_group_sigterm_stops_a_3_rank_world_and_every_rank_without_an_error(
         _stopped_cleanly(server, signal.SIGTERM, timeout=90)
     finally:
         stop(server)
+
+
+@pytest.mark.parametrize("how", ["SystemExit", "KeyboardInterrupt"])
+def test_a_process_that_leaves_without_stopping_its_engine_does_not_hang(hf_home, tmp_path,
+                                                                         how):
+    # Regression: the engine ignores SIGTERM, and multiprocessing's exit hook SIGTERMs a
+    # daemon child then joins it with no timeout: a server that left with its engine
+    # still up (a Ctrl-C while it started, before uvicorn ran) hung forever. Its exit
+    # hook now stops the engine through the pipe first.
+    import subprocess
+    import sys
+
+    from tests.helpers import clean_env
+
+    code = ("from huggingface_hub import snapshot_download\n"
+            "from kit.engine.process import EngineProcess\n"
+            "from kit.models.resolve import resolve_model\n"
+            "from kit.models.starter import STARTER_ID\n"
+            "e = EngineProcess(resolve_model(snapshot_download(STARTER_ID, "
+            "local_files_only=True)))\n"
+            "e.start()\n"
+            "assert e.wait_ready(120)\n"
+            "print(e.pid, flush=True)\n"
+            f"raise {how}()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=clean_env(tmp_path, hf_home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    engine = int(out.split()[0])
+    assert not psutil.pid_exists(engine) or \
+        psutil.Process(engine).status() == psutil.STATUS_ZOMBIE, "the engine outlived it"
+    # SystemExit() exits 0; an uncaught KeyboardInterrupt dies of SIGINT, as Python does
+    assert proc.returncode == (0 if how == "SystemExit" else -signal.SIGINT), err
