@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from kit.engine.types import (
     ChatRequest,
@@ -93,7 +93,7 @@ class ThinkingConfig(LenientModel):
     fields are accepted and ignored."""
 
     type: Id
-    budget_tokens: int | None = Field(default=None, ge=1024, le=MAX_TOKENS)
+    budget_tokens: StrictInt | None = Field(default=None, ge=1024, le=MAX_TOKENS)
 
 
 class OutputConfig(LenientModel):

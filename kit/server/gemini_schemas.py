@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -135,7 +135,8 @@ class ToolConfig(G):
 
 class ThinkingConfig(G):
     include_thoughts: bool | None = None
-    thinking_budget: int | None = Field(default=None, ge=-1)  # -1: dynamic, 0: off
+    # -1: dynamic, 0: off
+    thinking_budget: StrictInt | None = Field(default=None, ge=-1, le=2**31 - 1)
     thinking_level: Literal["THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM",
                             "HIGH"] | None = None
 

@@ -120,6 +120,14 @@ def test_gemini_max_output_tokens_that_is_not_an_integer_is_400_naming_it(
     assert f"generationConfig.{name}: " in err["message"]
 
 
+@pytest.mark.parametrize("value", [True, "2048", 5.0], ids=["true", "string", "float"])
+def test_gemini_thinking_budget_that_is_not_an_integer_is_400_naming_it(stand_in, value):
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "generationConfig": {"thinkingConfig": {"thinkingBudget": value}}}
+    err = google_error(stand_in.post(GENERATE, json=body))
+    assert "generationConfig.thinkingConfig.thinkingBudget: " in err["message"]
+
+
 def test_gemini_integer_max_output_tokens_is_still_served(stand_in):
     r = stand_in.post(GENERATE, json=user([{"text": "hi"}]))
     assert r.status_code == 200, r.text[:500]

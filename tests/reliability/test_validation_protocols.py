@@ -277,6 +277,14 @@ def test_anthropic_max_tokens_that_is_not_an_integer_is_400_naming_it(stand_in, 
     assert anthropic_error(r)["message"].startswith("max_tokens: ")
 
 
+@NOT_INTEGERS
+def test_anthropic_thinking_budget_that_is_not_an_integer_is_400_naming_it(stand_in, value):
+    r = stand_in.post("/v1" + MESSAGES, json={
+        "model": "local", "messages": USER, "max_tokens": 5,
+        "thinking": {"type": "enabled", "budget_tokens": value}})
+    assert anthropic_error(r)["message"].startswith("thinking.budget_tokens: ")
+
+
 @pytest.mark.parametrize("path,body,field", [*OPENAI_COUNTS, (MESSAGES, {"messages": USER},
                                                                "max_tokens")])
 def test_an_integer_token_count_is_still_served(stand_in, path, body, field):
