@@ -5,6 +5,7 @@ is one only this user can write (:func:`not_private`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -122,9 +123,11 @@ def not_private(folder: Path) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
 def users_own_group(gid: int) -> bool:
     """Whether the group ``gid`` is this user's private group: the user's primary group,
-    named as the user, no other member and no other user's primary group."""
+    named as the user, no other member and no other user's primary group. Cached per gid
+    (``pwd.getpwall`` lists every user, which takes seconds on a large directory)."""
     try:
         import grp
         import pwd

@@ -48,7 +48,11 @@ def render_in_child(job: dict[str, Any]) -> dict[str, str]:
     here = str(Path(kit.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.Popen([sys.executable, "-m", "kit.harness.render_box"], cwd="/",
+    # -c, not -m: -m puts the working directory ("/") first on sys.path, where a
+    # container's /kit would be imported; here the first entry is this kit's folder
+    boot = ("import runpy, sys; sys.path[0] = sys.argv[1]; "
+            "runpy.run_module('kit.harness.render_box', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", boot, here], cwd="/",
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
