@@ -55,6 +55,8 @@ class DiskTier:
         :data:`MIN_TOKENS`; a queued cache whose tokens this one extends is dropped (this
         one serves its prompts), and only the newest :data:`PENDING_MAX` are kept. The
         model's identity is taken now: a swap before the write does not mislabel it."""
+        if self.disk.key is None:  # the tier is off (no key, a shared folder): hold nothing
+            return
         ident = self._identity()
         if ident is None or len(tokens) < MIN_TOKENS:
             return

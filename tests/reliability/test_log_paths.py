@@ -111,8 +111,11 @@ def test_logs_follow_never_shows_a_file_another_user_put_at_the_log_path(tmp_pat
     try:
         wait_until(lambda: followed.text() == "ours 1\n", timeout=30, what="ours 1")
         path.rename(tmp_path / "server.log.1")
-        path.write_bytes(b"2026-12-02 06:00:00,000 ERROR mlx_kit.serve: fake\n")
-        os.chown(path, NOBODY, NOBODY)
+        # made nobody's before it takes the path (as root it would be "ours" meanwhile)
+        planted = tmp_path / "planted"
+        planted.write_bytes(b"2026-12-02 06:00:00,000 ERROR mlx_kit.serve: fake\n")
+        os.chown(planted, NOBODY, NOBODY)
+        planted.rename(path)
         time.sleep(0.5)  # 50 polls: the planted file stays unread
         assert "fake" not in followed.text()
         path.unlink()
