@@ -106,6 +106,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if helpers.SESSION["server_starts"]:
         terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
                                     f"(of them rank worlds: {helpers.SESSION['world_starts']})")
+    log = Path(config.getoption("--basetemp") or tempfile.gettempdir()) / "mlx-kit-starts.json"
+    try:
+        import json
+        log.write_text(json.dumps(helpers.SESSION["start_log"], indent=1))
+        terminalreporter.write_line(f"server start log: {log}")
+    except OSError:
+        pass
 
 
 @pytest.fixture(scope="session")

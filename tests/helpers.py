@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: The test being run (set by conftest's ``pytest_runtest_protocol``), so that
 #: :func:`start_server` and :func:`require_binary` can check its markers; and how many
 #: servers this session started (conftest prints it in the summary).
-SESSION: dict[str, Any] = {"item": None, "server_starts": 0, "world_starts": 0}
+SESSION: dict[str, Any] = {"item": None, "server_starts": 0, "world_starts": 0,
+                           "start_log": []}
 
 
 # --- environment -------------------------------------------------------------------------
@@ -202,6 +203,9 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
                     "take the hf_home fixture (or add @pytest.mark.model)")
     SESSION["server_starts"] += 1
     SESSION["world_starts"] += any(a in ("--ranks", "--hosts", "--hostfile") for a in args)
+    item = SESSION["item"]
+    SESSION["start_log"].append({"test": item.nodeid if item else "?", "args": list(args),
+                                 "env": sorted(env), "ready_s": None})
     port = port or free_port()
     log = home / f"serve-{port}.log"
     extra = {"MLX_KIT_LOG_LEVEL": log_level} if log_level else {}
@@ -216,8 +220,10 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
 def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None,
                  new_session: bool = False, **env: str) -> Server:
     """:func:`spawn_server` (debug log), then wait until its /health is 200."""
+    began = time.monotonic()
     server = spawn_server(home, hf_home, *args, port=port, new_session=new_session, **env)
     wait_health(server.root, server.proc)
+    SESSION["start_log"][-1]["ready_s"] = round(time.monotonic() - began, 1)
     return server
 
 
