@@ -134,11 +134,24 @@ def hf_home(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(hf_home, tmp_path_factory):
+def servers(hf_home, tmp_path_factory):
+    """The session's :class:`tests.helpers.ServerPool`: one server per configuration,
+    shared by every module that asks for it."""
+    pool = helpers.ServerPool(tmp_path_factory.mktemp("pool"), hf_home)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def server(servers):
     """One real server on the starter, greedy by default (``--temperature 0``)."""
-    s = start_server(tmp_path_factory.mktemp("home-server"), hf_home, "--temperature", "0")
-    yield s
-    stop(s)
+    return servers.get("--temperature", "0", pin=True)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(servers):
+    """The session's greedy server behind :data:`tests.helpers.TEST_KEY`."""
+    return servers.keyed()
 
 
 @pytest.fixture(scope="module")

@@ -223,21 +223,15 @@ def test_invalid_json_body_is_a_400_not_a_500(server):
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
 
 
-@pytest.fixture(scope="module")
-def keyed_server(hf_home, tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("home-gemini-key"), hf_home, "--api-key", "s3cret",
-                     "--temperature", "0")
-    yield s
-    stop(s)
-
-
 def test_api_key_by_header_bearer_or_query_and_401_otherwise(keyed_server):
-    ok = make_client(keyed_server.root, key="s3cret")  # x-goog-api-key
+    from tests.helpers import TEST_KEY as s3cret
+
+    ok = make_client(keyed_server.root, key=s3cret)  # x-goog-api-key
     assert ok.models.count_tokens(model="local", contents="hi").total_tokens > 0
     url = keyed_server.root + "/v1beta/models/local:countTokens"
     body = {"contents": [{"parts": [{"text": "hi"}]}]}
-    assert httpx.post(url, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert httpx.post(url + "?key=s3cret", json=body).status_code == 200
+    assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {s3cret}"}).status_code == 200
+    assert httpx.post(url + f"?key={s3cret}", json=body).status_code == 200
     for headers in ({}, {"x-goog-api-key": "wrong"}):
         r = httpx.post(url, json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED"
@@ -246,7 +240,7 @@ def test_api_key_by_header_bearer_or_query_and_401_otherwise(keyed_server):
         wrong.models.generate_content(model="local", contents="hi")
     assert e.value.code == 401
     log = keyed_server.log_text()
-    assert "key=REDACTED" in log and "s3cret" not in log  # the key never reaches the log
+    assert "key=REDACTED" in log and s3cret not in log  # the key never reaches the log
 
 
 # Function calling: the starter's weights behind a ChatML template with tool calls
