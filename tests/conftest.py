@@ -149,6 +149,32 @@ def server(servers):
 
 
 @pytest.fixture(scope="session")
+def tools_server(servers, hf_home, tmp_path_factory):
+    """The session's greedy server on the starter behind a ChatML template with tool calls
+    (tests/data/chatml-tools.jinja, mlx-lm's ``json_tools`` parser); ``.model`` is its
+    folder. The 135M model does not call tools by itself: tests force calls."""
+    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
+                                  TESTS / "data" / "chatml-tools.jinja", tool_parser="json_tools")
+    s = servers.get("--model", str(model), "--temperature", "0", pin=True)
+    s.model = model
+    return s
+
+
+@pytest.fixture(scope="session")
+def think_server(servers, hf_home, tmp_path_factory):
+    """The session's greedy server on the starter behind a thinking template
+    (tests/data/chatml-think.jinja: the generation prompt opens ``<think>``, two unused
+    special tokens renamed to ``<think>``/``</think>``); ``.model`` is its folder."""
+    model = starter_with_template(
+        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think",
+        TESTS / "data" / "chatml-think.jinja",
+        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
+    s = servers.get("--model", str(model), "--temperature", "0", pin=True)
+    s.model = model
+    return s
+
+
+@pytest.fixture(scope="session")
 def keyed_server(servers):
     """The session's greedy server behind :data:`tests.helpers.TEST_KEY`."""
     return servers.keyed()

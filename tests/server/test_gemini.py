@@ -12,7 +12,6 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.helpers import start_server, stop
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 QUESTION = "What is the capital of France?"
@@ -257,15 +256,9 @@ ASK = "What is the weather in Paris?"
 
 
 @pytest.fixture(scope="module")
-def tools_client(hf_home, tmp_path_factory):
-    from tests.helpers import starter_with_template
-
-    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
-                                  DATA / "chatml-tools.jinja", tool_parser="json_tools")
-    s = start_server(tmp_path_factory.mktemp("home-gemini-tools"), hf_home, "--model",
-                     str(model), "--temperature", "0")
-    yield make_client(s.root)
-    stop(s)
+def tools_client(tools_server):
+    """The Gemini SDK on the session's ``tools_server`` (as test_tool_calls.py uses)."""
+    return make_client(tools_server.root)
 
 
 def tool_config(mode: str, names: list[str] | None = None) -> types.GenerateContentConfig:
@@ -324,18 +317,10 @@ def test_the_function_response_turn_is_answered_in_text(tools_client):
 
 
 @pytest.fixture(scope="module")
-def think_client(hf_home, tmp_path_factory):
+def think_client(think_server):
     """The starter behind a thinking template (tests/data/chatml-think.jinja: the
     generation prompt opens <think>), as in test_thinking_cache.py."""
-    from tests.helpers import starter_with_template
-
-    model = starter_with_template(
-        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think", DATA / "chatml-think.jinja",
-        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
-    s = start_server(tmp_path_factory.mktemp("home-gemini-think"), hf_home, "--model",
-                     str(model), "--temperature", "0")
-    yield make_client(s.root)
-    stop(s)
+    return make_client(think_server.root)
 
 
 def test_reasoning_comes_as_thought_parts_only_when_include_thoughts(think_client):
