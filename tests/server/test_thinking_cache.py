@@ -11,7 +11,6 @@ caches what the next turn will resend instead.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 from tokenizers import Tokenizer

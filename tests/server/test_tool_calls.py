@@ -12,7 +12,6 @@ generation, mlx-lm's tool parser, the protocol adapters.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anthropic
 import httpx
