@@ -125,6 +125,8 @@ def _record(message: tuple) -> tuple[_Rec | tuple[type[_Rec], dict], int]:
     if tag == "state":
         snap = dict(message[1])
         info = snap.pop("model_info")
+        if isinstance(snap.get("error"), str):  # a report must never fail on its text
+            snap["error"] = snap["error"][:64 << 10]
         return State(model=ModelRef(id=info.id, path=str(info.path),
                                     context_window=info.context_window),
                      status=Status.model_validate(snap, strict=False)), 0

@@ -64,6 +64,7 @@ MESSAGES = [
     ("init", MODEL, {"prompt_cache_size": 2, "ttl": 60.0}, 20),
     ("ev", 1, Started("org/m", 12, 4, 5, 8)),
     ("ev", 1, TextDelta("Hi", (TokenLogprob("Hi", -0.25, (("Hi", -0.25), ("Ho", -2.0))),))),
+    ("ev", 1, TextDelta("x", (TokenLogprob("x", 0.0, (("y", float("-inf")),)),))),  # masked
     ("ev", 1, ReasoningDelta("hmm")), ("ev", 1, ToolCall("call_1", "f", '{"a": 1}', 0)),
     ("ev", 1, Finished("stop", Usage(12, 3, 4, 1), "org/m", 0.5, 31.0, "x")),
     ("ev", 1, wire.WIRE_END),
