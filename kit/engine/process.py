@@ -327,9 +327,11 @@ class EngineProcess:
         while True:
             try:
                 message = wire.recv(link.conn, wire.TO_SERVER_MAX)
-            except wire.WireError as e:
-                if self._refused(link, e):
+            except wire.WireError as e:  # never unpickled, never run: refused, named
+                log.error("refused a message from the engine process: %s", e)
+                if wire.fail_refused(e, link.sinks, link.calls):
                     continue
+                link.process.kill()  # out of step with us: nothing more it sends can be read
                 break
             except (EOFError, OSError):
                 break
@@ -359,27 +361,6 @@ class EngineProcess:
                     else:
                         future.set_result(message[2])
         self._gone(link)
-
-    def _refused(self, link: _Link, error: wire.WireError) -> bool:
-        """A frame from the engine that does not decode: the request or call it names
-        fails with ``error`` (True: read on; a bad state report is dropped); a frame that
-        is not ours at all fails every open request and call and ends the link (False)."""
-        log.error("refused a message from the engine process: %s", error)
-        if error.stream is None:  # not ours at all
-            sinks, calls = list(link.sinks.values()), list(link.calls.values())
-            link.calls.clear()
-        else:
-            sinks = [link.sinks.get(error.ident)] if error.stream == "ev" else []
-            calls = [link.calls.pop(error.ident, None)] if error.stream == "reply" else []
-        for sink in sinks:
-            if sink is not None:
-                sink(error)  # the first error is the one the request raises
-        for future in calls:
-            if future is not None and future.set_running_or_notify_cancel():
-                future.set_exception(error)
-        if error.stream is None:
-            link.process.kill()  # out of step with us: nothing more it sends can be read
-        return error.stream is not None
 
     def _gone(self, link: _Link) -> None:
         """An engine's pipe closed: fail what waited on it, say why, and start a new engine

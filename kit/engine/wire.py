@@ -34,6 +34,8 @@ report's ``Status``, the ``init`` options).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +252,25 @@ def recv(conn: Any, limit: int) -> tuple:
             raise WireError(f"a frame past the pipe's bound ({limit} bytes)") from None
         raise
     return decode(frame)
+
+
+def fail_refused(error: WireError, sinks: dict[int, Callable[[Any], None]],
+                 calls: dict[int, Future]) -> bool:
+    """Fail what a refused frame names with ``error``: the sink of its request (stream
+    ``"ev"``) or the future of its call (``"reply"``, removed from ``calls``); a state
+    report's is only dropped. A frame not ours at all (stream None) fails every sink and
+    call (``calls`` emptied). Returns whether the link can go on (False: end it)."""
+    if error.stream is None:
+        failed, futures = list(sinks.values()), list(calls.values())
+        calls.clear()
+    else:
+        ident = -1 if error.ident is None else error.ident
+        failed = [sinks.get(ident)] if error.stream == "ev" else []
+        futures = [calls.pop(ident, None)] if error.stream == "reply" else []
+    for sink in failed:
+        if sink is not None:
+            sink(error)  # the first error is the one the request raises
+    for future in futures:
+        if future is not None and future.set_running_or_notify_cancel():
+            future.set_exception(error)
+    return error.stream is not None
