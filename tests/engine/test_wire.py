@@ -250,3 +250,47 @@ def test_the_server_fails_only_the_request_or_call_a_bad_frame_names():
     assert calls[3].exception().stream == "reply"
     assert isinstance(calls[4].exception(), wire.WireError)
     assert engine.state == "loading"  # the bad state report changed nothing
+
+
+class _Engine:
+    """What _PipeServer.read_commands needs of an Engine."""
+    reclaim_heap = False
+
+    def __init__(self) -> None:
+        self.submitted: list = []
+
+    def submit(self, item) -> None:
+        self.submitted.append(item)
+
+    def cancel(self, job) -> None:
+        pass
+
+
+def test_the_engine_refuses_a_bad_request_by_name_and_stops_on_a_pickle(tmp_path):
+    """The engine's reader (child._PipeServer): a request that does not validate fails
+    alone (its error, then its end); a pickle is never run and ends the link as if the
+    server were gone (the worker is told to stop)."""
+    from kit.engine.child import _PipeServer
+
+    marker = tmp_path / "ran"
+    server_end, engine_end = multiprocessing.Pipe()
+    pipe = _PipeServer.__new__(_PipeServer)  # no Engine: nothing here loads a model
+    pipe._conn, pipe._send_lock, pipe._live, pipe._extra = engine_end, threading.Lock(), {}, None
+    pipe.engine = engine = _Engine()
+    reader = threading.Thread(target=pipe.read_commands, daemon=True)
+    reader.start()
+    server_end.send_bytes(frame(wire.Gen.KIND, b'{"request":{"messages":"not a list"}}',
+                                ident=5))
+    got = [wire.recv(server_end, wire.TO_SERVER_MAX) for _ in range(2)]
+    assert got[0][:2] == ("ev", 5) and isinstance(got[0][2], wire.WireError)
+    assert "ChatRequest" in str(got[0][2]) or "Gen" in str(got[0][2])
+    assert got[1] == ("ev", 5, wire.WIRE_END)
+    server_end.send_bytes(wire.encode(("count", 6, REQUEST))[:-1])  # cut: not JSON
+    _, cid, result, error = wire.recv(server_end, wire.TO_SERVER_MAX)
+    assert (cid, result) == (6, None) and isinstance(error, wire.WireError)
+    assert engine.submitted == []
+    server_end.send(("gen", 7, _RunsACommand(marker)))  # a pickle, as Connection.send makes
+    reader.join(10)
+    assert not reader.is_alive() and engine.submitted == [None]
+    assert not marker.exists()
+    server_end.close(), engine_end.close()
