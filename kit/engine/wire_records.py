@@ -206,7 +206,7 @@ class ToolCallEv(_Rec):
 
 class FinishedEv(_Rec):
     """``("ev", jid, Finished)``, with its usage."""
-    KIND, TAG, MAX_BYTES, STREAM = 20, "ev", 64 * _KIB, "ev"
+    KIND, TAG, MAX_BYTES, STREAM = 20, "ev", EVENT_BYTES, "ev"  # a stop string of any length
     event: Finished
 
 
@@ -217,7 +217,7 @@ class EndEv(_Rec):
 
 class ErrorEv(_Rec):
     """``("ev", jid, exception)``: the request failed (END follows)."""
-    KIND, TAG, MAX_BYTES, STREAM = 22, "ev", 1 * _MIB, "ev"
+    KIND, TAG, MAX_BYTES, STREAM = 22, "ev", EVENT_BYTES, "ev"  # its fields bound it
     error: ErrorRecord
 
 
@@ -241,7 +241,7 @@ class MemoryReply(_Rec):
 
 class ErrorReply(_Rec):
     """``("reply", cid, None, exception)``."""
-    KIND, TAG, MAX_BYTES, STREAM = 35, "reply", 1 * _MIB, "reply"
+    KIND, TAG, MAX_BYTES, STREAM = 35, "reply", EVENT_BYTES, "reply"
     error: ErrorRecord
 
 
