@@ -19,7 +19,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
+import pytest
+
+from tests.helpers import (assert_served, clean_env, require_binary, requests_served, run_kit,
+                           wait_until)
 
 
 #: The user's own settings: Google login, their model, UI settings and a model-config
@@ -75,8 +78,17 @@ def test_gemini_answers_through_our_server_and_remove_restores_the_file(server, 
     answer = r.stdout.strip()
     assert answer
     assert_served(server, before, answer)
-    log = server.log_text()[log_start:]
-    assert "POST /v1beta/models/local%3AstreamGenerateContent?alt=sse" in log
+    # uvicorn writes a streamed response's access line from the HTTP process, which may
+    # land after the client has its last event (and after the engine's own lines): wait
+    # for it instead of reading the log once (this raced on a loaded machine)
+    try:
+        wait_until(lambda: "POST /v1beta/models/local%3AstreamGenerateContent?alt=sse"
+                   in server.log_text()[log_start:], timeout=30,
+                   what="the streamGenerateContent access line in the server's log")
+    except TimeoutError:
+        access = [ln for ln in server.log_text().splitlines() if "uvicorn.access" in ln]
+        pytest.fail("no streamGenerateContent request in the server's access log; its last "
+                    "access lines: " + "\n".join(access[-8:]))
     assert config_warnings(r.stderr) == [], r.stderr
     merged = json.loads(settings.read_text())
     assert merged["security"]["auth"]["selectedType"] == "gemini-api-key"
