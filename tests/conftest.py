@@ -9,6 +9,7 @@ tests/helpers.py.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -103,16 +104,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """How many server processes the tests started (each is ~5-8 s here), and how many of
     them were multi-rank worlds (~15-30 s each)."""
-    if helpers.SESSION["server_starts"]:
-        terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
-                                    f"(of them rank worlds: {helpers.SESSION['world_starts']})")
-    log = Path(config.getoption("--basetemp") or tempfile.gettempdir()) / "mlx-kit-starts.json"
-    try:
-        import json
+    if not helpers.SESSION["server_starts"]:
+        return
+    terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
+                                f"(of them rank worlds: {helpers.SESSION['world_starts']})")
+    if hasattr(config, "_tmp_path_factory"):  # each start's test, arguments and seconds
+        log = config._tmp_path_factory.getbasetemp() / "mlx-kit-starts.json"
         log.write_text(json.dumps(helpers.SESSION["start_log"], indent=1))
         terminalreporter.write_line(f"server start log: {log}")
-    except OSError:
-        pass
 
 
 @pytest.fixture(scope="session")
