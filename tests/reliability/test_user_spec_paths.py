@@ -42,7 +42,17 @@ def _install(home: Path, folder: str, path: str, text: str = "ssh-ed25519 AAAA a
      "start programs"),
     ("{kit_config_dir}", "harnesses/other.toml", ".config/mlx-kit/harnesses/other.toml",
      "is mlx-kit's own"),
-], ids=["authorized-keys", "bashrc", "systemd-unit", "mlx-kits-own-specs"])
+    # review findings: case (macOS ignores it), aliases, systemd's other user folder, .pth
+    ("~/.SSH", "authorized_keys", ".SSH/authorized_keys", "files in ~/.ssh hold keys"),
+    ("~", ".Bashrc", ".Bashrc", "a shell or session runs that file"),
+    ("~", ".bash_aliases", ".bash_aliases", "a shell or session runs that file"),
+    ("~/.local/share/systemd", "user/evil.service", ".local/share/systemd/user/evil.service",
+     "start programs"),
+    ("~/.local/lib/python3.11/site-packages", "evil.pth",
+     ".local/lib/python3.11/site-packages/evil.pth", "Python runs that file at start-up"),
+], ids=["authorized-keys", "bashrc", "systemd-unit", "mlx-kits-own-specs",
+        "authorized-keys-in-upper-case", "bashrc-in-mixed-case", "bash-aliases",
+        "systemd-user-data-unit", "python-pth"])
 def test_a_user_spec_cannot_install_a_file_where_keys_or_startup_code_live(
         tmp_path, folder, path, target, why):
     """Before: each was written (a drop-in's first line is a # comment, which none of
