@@ -40,16 +40,22 @@ MAX_BODY_BYTES = 4 * 2**20
 def _get_json(address: str, timeout: float, headers: dict[str, str] | None = None
               ) -> tuple[httpx.Response, Any]:
     """GET ``address``: the response and its JSON body (None when it is not JSON, is over
-    :data:`MAX_BODY_BYTES` or takes past ``timeout`` seconds in all: httpx's timeout is
-    per read, so a body sent a byte at a time would never end). Bounded while it reads.
+    :data:`MAX_BODY_BYTES`, is compressed, or takes past ``timeout`` seconds in all:
+    httpx's timeout is per read, so a body sent a byte at a time would never end; the
+    whole read ends within ``2 * timeout``, the deadline plus one read). Bounded while it
+    reads: the body is asked for uncompressed and read raw, since one compressed chunk
+    could inflate to hundreds of MB before a bound after decoding saw it.
 
     Raises:
         httpx.HTTPError: no HTTP answer.
     """
     deadline = time.monotonic() + timeout
+    headers = {**(headers or {}), "Accept-Encoding": "identity"}
     with httpx.stream("GET", address, timeout=timeout, headers=headers) as r:
+        if r.headers.get("content-encoding", "identity").lower() != "identity":
+            return r, None  # not asked for: not us
         body = bytearray()
-        for chunk in r.iter_bytes():  # decoded: a gzip bomb is bounded as it inflates
+        for chunk in r.iter_raw():
             body += chunk
             if len(body) > MAX_BODY_BYTES or time.monotonic() > deadline:
                 return r, None
@@ -86,9 +92,11 @@ def fetch_models(url: ServerURL, timeout: float = 2.0, api_key: str | None = Non
 
 
 def fetch_status(url: ServerURL, api_key: str | None = None, timeout: float = 2.0) -> int | None:
-    """The HTTP status of GET /v1/models (e.g. 401 when a key is needed), None if no answer."""
+    """The HTTP status of GET /v1/models (e.g. 401 when a key is needed), None if no answer.
+    Only the status line and headers are read: the body, whatever its size, never is."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        return httpx.get(url.v1 + "/models", timeout=timeout, headers=headers).status_code
+        with httpx.stream("GET", url.v1 + "/models", timeout=timeout, headers=headers) as r:
+            return r.status_code
     except httpx.HTTPError:
         return None

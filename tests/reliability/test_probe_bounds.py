@@ -5,14 +5,19 @@ not fill memory or hang them. A real HTTP server on loopback plays the stranger.
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kit.probe import MAX_BODY_BYTES, fetch_models, probe
+from kit.probe import MAX_BODY_BYTES, fetch_models, fetch_status, probe
 from kit.urls import parse_url
+
+
+#: 1 GiB of JSON-looking text, gzipped to ~1 MiB: one read's worth inflates past any bound
+BOMB = gzip.compress(b'{"service": "mlx-kit", "data": ["' + b"x" * 2**30, 9)
 
 
 @pytest.fixture
@@ -26,6 +31,13 @@ def stranger():
         def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("content-type", "application/json")
+            if state["mode"] == "gzip":
+                self.send_header("content-encoding", "gzip")
+                self.send_header("content-length", str(len(BOMB)))
+                self.end_headers()
+                self.wfile.write(BOMB)
+                state["sent"] += len(BOMB)
+                return
             self.end_headers()
             try:
                 self.wfile.write(b'{"service": "mlx-kit", "data": ["')
@@ -52,10 +64,11 @@ def stranger():
     httpd.server_close()
 
 
-@pytest.mark.parametrize("mode", ["endless", "drip"])
+@pytest.mark.parametrize("mode", ["endless", "drip", "gzip"])
 def test_a_stranger_at_the_port_cannot_fill_memory_or_hang_a_probe(stranger, mode):
     """Before: httpx read the whole body (endless: memory grew until killed), and its
-    timeout is per read (drip: never ended)."""
+    timeout is per read (drip: never ended); the bound was checked after inflating each
+    chunk (gzip: a ~1 MiB reply inflates to 1 GiB), and fetch_status read any body whole."""
     import tracemalloc
 
     url, state = stranger
@@ -65,6 +78,7 @@ def test_a_stranger_at_the_port_cannot_fill_memory_or_hang_a_probe(stranger, mod
     try:
         assert fetch_models(url, timeout=2.0) is None
         found = probe(url, timeout=2.0)
+        assert fetch_status(url, timeout=2.0) == 200  # the status only: no body read
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
