@@ -10,6 +10,8 @@ main thread. vLLM splits its engine core from its API server for the same reason
 Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is written by
 both ends, so each end sends under a lock):
 
+- process start: :func:`serve_engine`'s arguments carry the :class:`kit.config.EngineConfig`
+  whole (pickled with the process's arguments).
 - server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
   ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("memory", id, None)``,
   ``("stop",)``.
@@ -49,13 +51,16 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine.bridge import END, LoopSink
 from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
+
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -96,13 +101,16 @@ class EngineProcess:
 
     Args:
         model: what to load first.
-        **options: :class:`Engine`'s keyword arguments (``prompt_cache_size``, ``ttl``,
-            ``memory_budget``, ``max_batch``, ``trust_remote_code``, ``kv_bits``,
-            ``kv_group_size``, ...), handed to every
-            engine process it starts (restarts too).
+        config: the knobs (:class:`kit.config.EngineConfig`, without secrets:
+            :meth:`~kit.config.EngineConfig.for_engine`), handed whole to every engine
+            process it starts (restarts too); default: defaults and the environment.
     """
 
-    def __init__(self, model: ModelInfo, **options: Any) -> None:
+    def __init__(self, model: ModelInfo, config: EngineConfig | None = None) -> None:
+        from kit.config import EngineConfig
+        from kit.engine.kv import describe
+
+        config = config if config is not None else EngineConfig()
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
@@ -110,17 +118,13 @@ class EngineProcess:
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
-        self.ttl = options.get("ttl")
-        from kit.engine.kv import check_kv, describe, resolve_max_batch
-
-        check_kv(options.get("kv_bits"), options.get("kv_group_size", 64))
-        # the engine's own checks, here too: a bad combination fails before a process starts
-        self.max_batch = resolve_max_batch(options.get("max_batch"), options.get("kv_bits"))
+        self.ttl = config.ttl or None
+        self.max_batch = config.batch
         #: /health's KV settings until the engine's first snapshot (which adds its layers)
         self.kv_cache: dict[str, Any] = {
-            **describe(options.get("kv_bits"), options.get("kv_group_size", 64)),
+            **describe(config.kv_bits, config.kv_group_size),
             "quantized_layers": None, "layers": None, "max_batch": self.max_batch}
-        self._options = options
+        self.config = config
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
         self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
@@ -149,7 +153,7 @@ class EngineProcess:
         ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads
         conn, child = ctx.Pipe()
         process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
-                              args=(child, self.model_info, self._options,
+                              args=(child, self.model_info, self.config,
                                     logging.getLogger("mlx_kit").getEffectiveLevel()))
         # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
         # them (a traceback from its imports, or a death taken for a crash, otherwise):

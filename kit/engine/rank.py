@@ -169,12 +169,12 @@ def main() -> None:
         setup = None
         if world.rank == 0:
             conn = _connect(Path(os.environ["MLX_KIT_CONTROL"]))
-            _kind, model, options, level = conn.recv()
-            setup = setup_of(model, options, level)
+            _kind, model, config, level = conn.recv()
+            setup = setup_of(model, config, level)
         setup = world.share(Setup, setup)
-        model, options, level = (ModelInfo(setup.model_id, Path(setup.model_path),
-                                           setup.context_window),
-                                 setup.options.model_dump(), setup.log_level)
+        model, config, level = (ModelInfo(setup.model_id, Path(setup.model_path),
+                                          setup.context_window),
+                                setup.options, setup.log_level)
         # a follower's request lines repeat rank 0's: only its warnings, unless debugging
         logging.getLogger("mlx_kit").setLevel(
             level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
@@ -183,7 +183,7 @@ def main() -> None:
         # the engine before it passes no sync point either.
         world.paused = True
         world.start_watchdog()
-        _run(world, conn, model, options, backend, pipeline)
+        _run(world, conn, model, config, backend, pipeline)
         if world.rank == 0:
             _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
     except WorldTampered as e:
@@ -248,14 +248,14 @@ def _fatal_free_exit() -> None:
     os._exit(0)  # no interpreter teardown: mlx's group would be torn down under peers
 
 
-def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
+def _run(world: Any, conn: Any, model: Any, config: Any, backend: str,
          pipeline: bool) -> None:
     from kit.engine.child import _PipeServer
     from kit.engine.engine import Engine
     from kit.engine.rank_inbox import RankInbox
     from kit.engine.world_codec import Machine, RankFacts
 
-    listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
+    listed = os.environ.get("MLX_KIT_RANK_HOSTS", "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host
 
     def ranks() -> dict[str, Any]:
@@ -284,12 +284,12 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
              "agree": world.agree, "on_fatal": fatal,
              "split": (world.rank, world.size, pipeline, machines.count(machine))}
     if world.rank == 0:
-        server = _PipeServer(conn, model, extra_state=ranks, **options, **extra)
+        server = _PipeServer(conn, model, config, extra_state=ranks, **extra)
         engine = server.engine
         threading.Thread(target=server.read_commands, name="mlx-kit-engine-pipe",
                          daemon=True).start()
     else:
-        engine = Engine(model, on_change=ranks, **options, **extra)
+        engine = Engine(model, config, on_change=ranks, **extra)
     _pause_watchdog_while_loading(world, engine.slot)
     engine.run_worker()
 
