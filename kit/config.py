@@ -78,7 +78,7 @@ def _field(k: Knob) -> Any:
 class _Config(BaseSettings):
     """The methods of :class:`EngineConfig` (its fields come from :data:`KNOBS`)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True,
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", populate_by_name=True,
                                       case_sensitive=True, env_prefix="")
 
     @model_validator(mode="after")
@@ -167,7 +167,8 @@ def _config_error(e: ValidationError, given: dict[str, Any]) -> ConfigError:
     if k.secret:
         value = "***"
     reason = str(err.get("msg", "")).removeprefix("Value error, ")
-    return ConfigError(f"{where} {value}: {reason}",
+    shown = f"{where}: " if repr(value) in reason else f"{where} {value}: "
+    return ConfigError(shown + reason,
                        hint=f"see `mlx-kit serve --help` for {k.flag}")
 
 

@@ -48,7 +48,7 @@ def test_every_knob_has_a_flag_a_variable_a_default_and_help():
     assert set(EngineConfig.model_fields) == {k.name for k in KNOBS}
     for k in KNOBS:
         assert k.flag.startswith("--") and k.env_var.startswith("MLX_KIT_"), k.name
-        assert len(k.help) > 20, k.name
+        assert len(k.help) >= 9 and k.help.endswith((".", ")")), k.name
         assert k.commands, k.name
         field = EngineConfig.model_fields[k.name]
         assert field.default == k.default and field.description == k.help
@@ -113,8 +113,8 @@ def test_flags_win_over_variables_which_win_over_defaults(monkeypatch):
 @pytest.mark.parametrize(("given", "env", "message"), [
     ({"port": 0}, {}, "--port 0: Input should be greater than or equal to 1"),
     ({}, {"MLX_KIT_TTL": "soon"}, "MLX_KIT_TTL soon: Input should be a valid number"),
-    ({"prompt_cache_disk": "lots"}, {}, "--prompt-cache-disk lots: not a size"),
-    ({}, {"MLX_KIT_MEMORY_BUDGET": "8 apples"}, "MLX_KIT_MEMORY_BUDGET 8 apples: not a size"),
+    ({"prompt_cache_disk": "lots"}, {}, "--prompt-cache-disk: not a size: 'lots'"),
+    ({}, {"MLX_KIT_MEMORY_BUDGET": "8 apples"}, "MLX_KIT_MEMORY_BUDGET: not a size"),
     ({"kv_bits": 3}, {}, "--kv-bits 3 is not supported"),
     ({"kv_bits": 8, "max_batch": 4}, {}, "--kv-bits 8 cannot be combined with --max-batch 4"),
     ({}, {"MLX_KIT_API_KEY": ""}, None),  # an empty key is no key, not an error

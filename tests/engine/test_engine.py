@@ -6,8 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from huggingface_hub import snapshot_download
 
+from kit.config import EngineConfig
 from kit.engine.engine import Engine
 from kit.engine.types import ChatRequest, Finished, SamplingParams
 from kit.models.resolve import resolve_model
@@ -19,7 +21,7 @@ from tests.greedy import Step, check_agreement
 def engine(hf_home):
     folder = snapshot_download(STARTER_ID, cache_dir=Path(hf_home) / "hub",
                                local_files_only=True)
-    e = Engine(resolve_model(folder), max_batch=1)
+    e = Engine(resolve_model(folder), EngineConfig(max_batch=1))
     e.start()
     assert e.wait_ready(120)
     yield e

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+
+from kit.config import EngineConfig
 from kit.engine.engine import Engine
 from kit.engine.slot import ModelSlot, remote_code
 from kit.errors import ModelError
@@ -51,7 +53,7 @@ def test_the_option_reaches_mlx_lms_load(tmp_path, monkeypatch, trust):
         raise RuntimeError("recorded")
 
     monkeypatch.setattr(mlx_lm, "load", load)
-    engine = Engine(_info(tmp_path), trust_remote_code=trust)  # what the engine child builds
+    engine = Engine(_info(tmp_path), EngineConfig(trust_remote_code=trust))  # what the engine child builds
     with pytest.raises(ModelError):
         engine.slot.load(_info(tmp_path), replacing=0)
     assert calls == [(str(tmp_path), {"tokenizer_config": {"trust_remote_code": trust},
