@@ -75,15 +75,18 @@ def takes_config(command: str) -> Callable[[Callable[..., Any]], Callable[..., A
             params.append(inspect.Parameter(k.name, inspect.Parameter.KEYWORD_ONLY,
                                             default=option, annotation=annotation))
             annotations[k.name] = annotation
-        params.append(inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY,
-                                        annotation=typer.Context))
-        annotations[_CTX] = typer.Context
+        # typer hands its context to one parameter only: the command's own, if it has one
+        ctx_name = next((n for n, a in annotations.items() if a is typer.Context), None)
+        if ctx_name is None:
+            params.append(inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=typer.Context))
+            annotations[_CTX] = typer.Context
 
         @functools.wraps(fn)
         def command_fn(**kwargs: Any) -> Any:
             from kit.config import EngineConfig
 
-            ctx = kwargs.pop(_CTX)
+            ctx = kwargs[ctx_name] if ctx_name else kwargs.pop(_CTX)
             given = {}
             for k in knobs:
                 value = kwargs.pop(k.name)

@@ -6,7 +6,6 @@ import concurrent.futures
 import errno
 import ipaddress
 import logging
-import os
 import secrets
 import signal
 import socket
@@ -14,14 +13,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import typer
-
 from kit.cli.api_key import resolve_api_key
 from kit.cli.config_options import takes_config
 from kit.cli.console import err_console
 from kit.cli.options import check_cache_dir
-from kit.knobs import LogLevel
 from kit.errors import ConfigError, PortInUseError, ServerError
+from kit.knobs import LogLevel
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
@@ -208,7 +205,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     if c.kv_bits is not None and c.max_batch is None:
         progress(f"--kv-bits {c.kv_bits}: requests decode one at a time (max batch 1): "
                  "mlx-lm's batched decode cannot merge quantized KV caches")
-    info = resolve_model(model, progress=progress)
+    info = resolve_model(c.model, progress=progress)
     options = c.for_engine()
     if world is None:
         engine = EngineProcess(info, options)
