@@ -57,6 +57,7 @@ from kit.models.resolve import ModelInfo
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
+    from kit.engine.status import EngineStatus
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -214,6 +215,13 @@ class Engine:
                 "capabilities": self.capabilities(), "admission": self.admission,
                 "prompt_cache": self.prompt_cache,
                 "kv_cache": kv_snapshot(self.slot, self.max_batch)}
+
+    def status(self) -> EngineStatus:
+        """See :meth:`kit.engine.interface.EngineLike.status`."""
+        from kit.engine.status import status_of
+
+        return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
+                         kv_cache=kv_snapshot(self.slot, self.max_batch))
 
     @property
     def admission(self) -> dict[str, Any]:

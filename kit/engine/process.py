@@ -61,6 +61,7 @@ from kit.models.resolve import ModelInfo
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
+    from kit.engine.status import EngineStatus
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -125,6 +126,11 @@ class EngineProcess:
             **describe(config.kv_bits, config.kv_group_size),
             "quantized_layers": None, "layers": None, "max_batch": self.max_batch}
         self.config = config
+        #: the engine's last reports (None until its first snapshot; ``distributed``: a
+        #: distributed engine's ranks)
+        self.prompt_cache: dict[str, int] | None = None
+        self.admission: dict[str, Any] | None = None
+        self.distributed: dict[str, Any] | None = None
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
         self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
@@ -224,6 +230,14 @@ class EngineProcess:
     def capabilities(self) -> dict[str, Any]:
         """See :meth:`Engine.capabilities`."""
         return dict(self._capabilities)
+
+    def status(self) -> EngineStatus:
+        """See :meth:`kit.engine.interface.EngineLike.status` (the engine's last report;
+        never blocks)."""
+        from kit.engine.status import status_of
+
+        return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
+                         kv_cache=self.kv_cache, distributed=self.distributed)
 
     # -- API -------------------------------------------------------------------------------
 
