@@ -169,7 +169,7 @@ def _config_error(e: ValidationError, given: dict[str, Any]) -> ConfigError:
     reason = str(err.get("msg", "")).removeprefix("Value error, ")
     shown = f"{where}: " if repr(value) in reason else f"{where} {value}: "
     return ConfigError(shown + reason,
-                       hint=f"see `mlx-kit serve --help` for {k.flag}")
+                       hint=f"see --help for {k.flag}")
 
 
 EngineConfig = type("EngineConfig", (_Config,), {

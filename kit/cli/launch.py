@@ -16,6 +16,7 @@ from kit.errors import AgentNotInstalledError, ConfigError
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
+    from kit.engine.status import DistributedStatus
 
 
 @takes_config("launch")
@@ -57,31 +58,33 @@ def launch(
         probe, started = ensure_server(u, model, timeout,
                                        on_wait=lambda line: spinner.update(f"server {line}"),
                                        serve_args=serve_args or None)
-    health = probe.health or {}
+    health = probe.health
+    assert health is not None  # ensure_server returns a ready server's probe
     if trust_remote_code and not started:
         # the flag is the server's: a server already running keeps what it was started with
         err_console.print("warning: --trust-remote-code applies to a server this command "
                           "starts; the running one keeps its own setting (`mlx-kit stop`, "
                           "then launch again with the flag, if a model needs it)")
-    if not started and (differs := _world_differs(world, health.get("distributed"))):
+    if not started and (differs := _world_differs(world, health.distributed)):
         err_console.print(f"warning: the running server keeps its layout ({differs}); the "
                           "--ranks/--hosts/--hostfile/--backend/--pipeline flags apply to a "
                           "server this command starts (`mlx-kit stop`, then launch again "
                           "with them)", markup=False)
-    running_kv = (health.get("kv_cache") or {}).get("bits")
+    running_kv = health.kv_cache.bits if health.kv_cache else None
     if not started and kv_bits is not None and running_kv != kv_bits:
         err_console.print(f"warning: the running server keeps its KV cache "
                           f"({f'{running_kv} bits' if running_kv else 'full precision'}); "
                           "--kv-bits applies to a server this command starts (`mlx-kit "
                           "stop`, then launch again with it)", markup=False)
-    if model and not started and model not in (health.get("model"), str(health.get("model"))):
+    local_model = health.model
+    if model and not started and model != local_model:
         from kit.daemon import admin_swap
 
         with err_console.status(f"swapping the server to {model}"):
             result = admin_swap(u, model)
-        health["model"] = result["model"]
+        local_model = result["model"]
     err_console.print(f"{'started' if started else 'reusing'} mlx-kit server {u.v1} "
-                      f"(pid {health.get('pid')}): local -> {health.get('model')}")
+                      f"(pid {health.pid}): local -> {local_model}")
     if started:
         err_console.print("the server keeps running in the background for the next launch; "
                           "`mlx-kit stop` ends it")
@@ -108,7 +111,7 @@ def launch(
     os.execvpe(binary, argv, {**os.environ, **extra_env})
 
 
-def _world_differs(world: Any, running: dict | None) -> str | None:
+def _world_differs(world: Any, running: DistributedStatus | None) -> str | None:
     """How the running server's world (/health's ``distributed``, None for a single
     process) differs from the one the flags ask for (a ``WorldPlan`` or None), as the
     text of a warning; None when it is the same or no flag asked for one. Compared:
@@ -118,7 +121,7 @@ def _world_differs(world: Any, running: dict | None) -> str | None:
         return None
     if not running:
         return f"one process, not {world.size} {world.backend} ranks"
-    have = (running.get("world_size"), running.get("backend"), running.get("mode"))
+    have = (running.world_size, running.backend, running.mode)
     want = (world.size, world.backend, world.mode)
     if have == want or (not world.pipeline and have[:2] == want[:2]
                         and have[2] == "pipeline"):  # serve's fallback to a layer split

@@ -15,6 +15,7 @@ from kit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
+    from kit.health import HealthBody
 
 
 def models(
@@ -34,7 +35,7 @@ def models(
     from kit.urls import parse_url
 
     p = probe(parse_url(url), timeout=1.0)
-    local = p.health.get("model") if p.kind == "ours" and p.health else None
+    local = p.health.model if p.kind == "ours" and p.health else None
     entries = scan()
     if local and all(e.id != local for e in entries) and Path(local).is_dir():
         # a server on a model folder (`serve --model ./dir`): not in the HF cache scan, yet
@@ -81,7 +82,7 @@ def swap(
     u = parse_url(url)
     health = _running_server(u, probe(u))
     if model == STABLE_MODEL_ID:  # the alias of what is loaded: nothing to swap
-        result = {"model": health.get("model"), "previous": health.get("model"),
+        result = {"model": health.model, "previous": health.model,
                   "load_seconds": 0.0, "changed": False}
     else:
         with err_console.status(f"loading {model} on {u.root}"):
@@ -95,8 +96,9 @@ def swap(
         console.print(f"local -> {result['model']} (already loaded)", markup=False)
 
 
-def _running_server(u, p) -> dict:
-    """/health's body of the mlx-kit server the probe ``p`` of URL ``u`` found.
+def _running_server(u, p) -> HealthBody:
+    """/health's body (:class:`kit.health.HealthBody`) of the mlx-kit server the probe
+    ``p`` of URL ``u`` found.
 
     Raises:
         ServerNotRunningError: nothing answers there (exit 3).
@@ -110,7 +112,7 @@ def _running_server(u, p) -> dict:
                                          "launch AGENT`), or pass --url")
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
-    return p.health or {}
+    return p.health
 
 
 @takes_config("fit")
