@@ -18,10 +18,11 @@ from typing import Annotated, Any, Optional
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError, \
     model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, \
+    SettingsError
 
 from kit.errors import ConfigError
-from kit.knobs import KNOBS, Knob
+from kit.knobs import KNOBS, Knob, env, environment
 
 
 def _size(value: Any) -> Any:
@@ -75,11 +76,25 @@ def _field(k: Knob) -> Any:
                  validation_alias=AliasChoices(k.env_var), json_schema_extra=extra)
 
 
+class _KnobVariables(EnvSettingsSource):
+    """pydantic-settings' environment source over :func:`kit.knobs.environment` (the one
+    module that reads ``MLX_KIT_*``), not the whole of ``os.environ``."""
+
+    def _load_env_vars(self) -> dict[str, str | None]:
+        return dict(environment())
+
+
 class _Config(BaseSettings):
     """The methods of :class:`EngineConfig` (its fields come from :data:`KNOBS`)."""
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid", populate_by_name=True,
                                       case_sensitive=True, env_prefix="")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, **_: Any
+                                   ) -> tuple[Any, ...]:
+        # keywords (the command line), then the knobs' variables; no .env or secrets dir
+        return init_settings, _KnobVariables(settings_cls, case_sensitive=True)
 
     @model_validator(mode="after")
     def _checks(self) -> "_Config":
@@ -99,6 +114,11 @@ class _Config(BaseSettings):
             ConfigError: a value is refused; the message names the flag, or the variable
                 when the value came from the environment.
         """
+        given = dict(given)
+        for k in KNOBS:  # a list knob's flags add to its variable's items (as they always did)
+            if k.kind == "list" and k.name in given and env(k.env_var):
+                given[k.name] = tuple(dict.fromkeys([*_comma_list(env(k.env_var)),
+                                                     *given[k.name]]))
         try:
             return cls(**given)  # type: ignore[return-value]
         except ValidationError as e:

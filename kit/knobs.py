@@ -13,10 +13,15 @@ options, and importing pydantic there would cost ~0.3 s on ``mlx-kit status`` to
 is imported only once a command runs (:mod:`kit.config`).
 
 Adding a knob: one entry here, then the code that uses ``config.<name>``.
+
+This module is also the one reader of ``MLX_KIT_*`` variables (:func:`env`): the knobs'
+(for :class:`~kit.config.EngineConfig`, :func:`environment`) and those one mlx-kit process
+sets for another (:data:`VARIABLES`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -52,7 +57,7 @@ class Knob:
         name: the field of :class:`kit.config.EngineConfig` (``prompt_cache_disk``).
         kind: ``int``, ``float``, ``str``, ``bool``, ``"size"`` (bytes, given as ``8GiB`` /
             ``8GB`` / a number; stored as an int), ``"list"`` (repeatable flag; the
-            variable is comma-separated), ``"secret"`` (a str never put on a command line by
+            variable is comma-separated, and the flags add to its items), ``"secret"`` (a str never put on a command line by
             :meth:`~kit.config.EngineConfig.to_argv`, never sent to the engine) or an Enum.
         default: the value when neither the flag nor the variable is given (a size in
             bytes); None: unset.
@@ -193,3 +198,45 @@ BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 def knobs_of(command: str) -> tuple[Knob, ...]:
     """The knobs ``command`` (``serve``, ``launch``, ``fit``) takes, in table order."""
     return tuple(k for k in KNOBS if command in k.commands)
+
+
+#: Variables that are not knobs (name -> what it carries): the CLI's, and those one mlx-kit
+#: process sets for another. Knobs' variables are :attr:`Knob.env_var`.
+VARIABLES: dict[str, str] = {
+    "MLX_KIT_URL": "the server URL every command talks to (--url's default)",
+    "MLX_KIT_BLAS": "the BLAS library preloaded before mlx: auto, off or a path",
+    "MLX_KIT_SERVER_LOG": "serve --log-file's path, for its engine process",
+    "MLX_KIT_CONTROL": "a rank's control folder (the server's socket and authkey)",
+    "MLX_KIT_WORLD_KEY": "the world's secret (hex), for local ranks; removed once read",
+    # the ranks' own copies of their knobs (set by the server for mlx.launch's ranks)
+    "MLX_KIT_BACKEND": "a rank's backend (the backend knob)",
+    "MLX_KIT_PIPELINE": "1 for a rank of a pipeline split (the pipeline knob)",
+    "MLX_KIT_RANK_TIMEOUT": "a rank's wait for its peers, s (the rank_timeout knob)",
+    "MLX_KIT_RANK_HOSTS": "the ranks' hosts, comma-separated (the hosts knob)",
+}
+
+
+def _declared(name: str) -> str:
+    if name not in VARIABLES and all(k.env_var != name for k in KNOBS):
+        raise KeyError(f"{name} is not an mlx-kit variable (kit/knobs.py declares them)")
+    return name
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """The variable ``name`` (a knob's or one of :data:`VARIABLES`), else ``default``.
+
+    Raises:
+        KeyError: ``name`` is declared nowhere (a typo must not read as unset).
+    """
+    return os.environ.get(_declared(name), default)
+
+
+def take_env(name: str) -> str:
+    """The variable ``name`` ("" when unset), removed from this process's environment (a
+    secret must not reach what this process starts)."""
+    return os.environ.pop(_declared(name), "")
+
+
+def environment() -> dict[str, str]:
+    """Every knob's variable that is set: what :class:`kit.config.EngineConfig` reads."""
+    return {k.env_var: os.environ[k.env_var] for k in KNOBS if k.env_var in os.environ}

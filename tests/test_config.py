@@ -106,6 +106,9 @@ def test_flags_win_over_variables_which_win_over_defaults(monkeypatch):
     assert EngineConfig.from_flags({}).port == 9100
     assert EngineConfig.from_flags({"port": 9200}).port == 9200
     assert EngineConfig.from_flags({}).allow_host == ("a.example", ".b.example")
+    # a list's flags add to its variable's items
+    both = EngineConfig.from_flags({"allow_host": ("c.example", "a.example")}).allow_host
+    assert both == ("a.example", ".b.example", "c.example")
     monkeypatch.delenv("MLX_KIT_PORT")
     assert EngineConfig.from_flags({}).port == 8090
 
@@ -143,3 +146,22 @@ def test_the_config_pickles_whole_for_the_engine_process():
     c = EngineConfig.from_flags({"kv_bits": 4, "prompt_cache_disk": "0"}).for_engine()
     again = pickle.loads(pickle.dumps(c))
     assert again == c and again.batch == 1 and again.prompt_cache_disk == 0
+
+
+def test_every_mlx_kit_variable_is_declared_in_kit_knobs():
+    """kit/knobs.py declares every MLX_KIT_* name kit uses (a knob's or a process's), and
+    is the one module that reads them (env(), environment())."""
+    import re
+    from pathlib import Path
+
+    from kit.knobs import VARIABLES
+
+    root = Path(__file__).resolve().parents[1] / "kit"
+    declared = set(VARIABLES) | {k.env_var for k in KNOBS}
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        names = set(re.findall(r"\bMLX_KIT_[A-Z_]*[A-Z]\b", text))
+        assert names <= declared, (path, names - declared)
+        if path.name != "knobs.py":
+            reads = re.findall(r"os\.(?:environ\.get|getenv)\((?:\"MLX_KIT|[A-Z_]*ENV\b)", text)
+            assert not reads, (path, reads)

@@ -90,7 +90,7 @@ def launch(
                           "`mlx-kit stop` ends it")
     from kit.probe import fetch_status
 
-    if fetch_status(u, os.environ.get("MLX_KIT_API_KEY")) == 401:
+    if fetch_status(u, config.secret("api_key")) == 401:
         raise ConfigError(f"the server at {u.root} requires an API key",
                           hint="export MLX_KIT_API_KEY=<the server's --api-key>")
     try:

@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from kit.knobs import env
+
 log = logging.getLogger("mlx_kit.engine")
 
 
@@ -148,9 +150,9 @@ def main() -> None:
     from kit.engine.world_codec import Setup, setup_of
     from kit.models.resolve import ModelInfo
 
-    backend = os.environ.get("MLX_KIT_BACKEND", "ring")
-    pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
-    timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
+    backend = env("MLX_KIT_BACKEND", "ring") or "ring"
+    pipeline = env("MLX_KIT_PIPELINE") == "1"
+    timeout = float(env("MLX_KIT_RANK_TIMEOUT", "300") or 300)
     try:  # mlx.launch's "jaccl-ring" (a host file may name it) is mx's "jaccl"
         world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout,
                            key)
@@ -168,7 +170,7 @@ def main() -> None:
         world.prove()
         setup = None
         if world.rank == 0:
-            conn = _connect(Path(os.environ["MLX_KIT_CONTROL"]))
+            conn = _connect(Path(env("MLX_KIT_CONTROL") or ""))
             _kind, model, config, level = conn.recv()
             setup = setup_of(model, config, level)
         setup = world.share(Setup, setup)
@@ -185,7 +187,7 @@ def main() -> None:
         world.start_watchdog()
         _run(world, conn, model, config, backend, pipeline)
         if world.rank == 0:
-            _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
+            _remove_control(Path(env("MLX_KIT_CONTROL") or ""))
     except WorldTampered as e:
         _fatal(f"{e}; this rank stops", EXIT_TAMPERED)
     except WorldLost as e:
@@ -255,7 +257,7 @@ def _run(world: Any, conn: Any, model: Any, config: Any, backend: str,
     from kit.engine.rank_inbox import RankInbox
     from kit.engine.world_codec import Machine, RankFacts
 
-    listed = os.environ.get("MLX_KIT_RANK_HOSTS", "").split(",")
+    listed = (env("MLX_KIT_RANK_HOSTS") or "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host
 
     def ranks() -> dict[str, Any]:
