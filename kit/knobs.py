@@ -57,8 +57,9 @@ class Knob:
         name: the field of :class:`kit.config.EngineConfig` (``prompt_cache_disk``).
         kind: ``int``, ``float``, ``str``, ``bool``, ``"size"`` (bytes, given as ``8GiB`` /
             ``8GB`` / a number; stored as an int), ``"list"`` (repeatable flag; the
-            variable is comma-separated, and the flags add to its items), ``"secret"`` (a str never put on a command line by
-            :meth:`~kit.config.EngineConfig.to_argv`, never sent to the engine) or an Enum.
+            variable is comma-separated, and the flags add to its items), ``"secret"``
+            (a str never put on a command line by :meth:`~kit.config.EngineConfig.to_argv`,
+            never sent to the engine) or an Enum.
         default: the value when neither the flag nor the variable is given (a size in
             bytes); None: unset.
         help: the flag's help text.
