@@ -40,7 +40,9 @@ class HealthBody(BaseModel):
     service: str = Field("mlx-kit", description="Always `mlx-kit`: how clients tell it is ours.")
     version: str = ""
     status: str
-    model_state: str
+    # optional here so a minimal body ({"service", "status"}) still reads as ours; the
+    # server always sets it
+    model_state: Optional[str] = Field(None, description="The engine's state.")
     model: Optional[str] = Field(None, description="The model behind `local`.")
     context_window: Optional[int] = Field(None, description="Tokens.")
     pid: Optional[int] = Field(None, description="The server's process (HTTP).")

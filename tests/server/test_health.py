@@ -59,6 +59,8 @@ def test_the_openapi_schema_documents_the_health_body():
 def test_the_probe_refuses_what_is_not_our_body():
     assert parse_health({"service": "other"}) is None
     assert parse_health({"service": "mlx-kit", "status": 3, "model_state": []}) is None
+    minimal = parse_health({"service": "mlx-kit", "status": "ok", "pid": 7})  # still ours
+    assert minimal is not None and minimal.ok and minimal.pid == 7
     newer = parse_health({"service": "mlx-kit", "status": "ok", "model_state": "ready",
                           "a_field_of_a_newer_server": 1})
     assert newer is not None and newer.to_json()["a_field_of_a_newer_server"] == 1
