@@ -141,7 +141,7 @@ def test_the_server_launch_starts_gets_trust_remote_code(hf_home, tmp_path):
     env, url = clean_env(home, hf_home), f"http://127.0.0.1:{free_port()}"
     code = ("from kit.daemon import ensure_server; from kit.urls import parse_url; "
             f"p, started = ensure_server(parse_url({url!r}), {str(model)!r}, 120, "
-            "serve_args=['--trust-remote-code']); print(started, p.health['status'])")
+            "serve_args=['--trust-remote-code']); print(started, p.health.status)")
     try:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=180)
