@@ -178,6 +178,8 @@ KNOBS: tuple[Knob, ...] = (
          "batches before the server says ready, so mlx compiles their kernels then (kept per "
          "machine in the kernel cache). auto: only where mlx runs on CUDA; on; off (not even "
          "one tiny generation).", _STARTS),
+    Knob("graceful_shutdown_s", int, 5, "Seconds a stop (Ctrl-C, SIGTERM, `mlx-kit stop`) "
+         "gives open requests to finish before they are cut off.", unit="s", ge=0, le=3600),
     Knob("log_file", str, None, "Log to FILE (and the engine's output too) instead of "
          "stderr; rotated at 10 MiB, 3 backups kept (FILE.1 to FILE.3). `mlx-kit logs` reads "
          "it.", path=True),

@@ -165,3 +165,13 @@ def test_every_mlx_kit_variable_is_declared_in_kit_knobs():
         if path.name != "knobs.py":
             reads = re.findall(r"os\.(?:environ\.get|getenv)\((?:\"MLX_KIT|[A-Z_]*ENV\b)", text)
             assert not reads, (path, reads)
+
+
+def test_a_knob_reaches_serve_from_its_flag_or_its_variable(monkeypatch):
+    # the example knob of the closing note: one table entry, one use in serve
+    for k in KNOBS:
+        monkeypatch.delenv(k.env_var, raising=False)
+    assert EngineConfig.from_flags({}).graceful_shutdown_s == 5
+    assert _parsed("serve", ["--graceful-shutdown-s", "30"]).graceful_shutdown_s == 30
+    monkeypatch.setenv("MLX_KIT_GRACEFUL_SHUTDOWN_S", "12")
+    assert _parsed("serve", []).graceful_shutdown_s == 12

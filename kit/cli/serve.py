@@ -246,7 +246,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
                          docs=_is_loopback(host) if c.docs is None else c.docs)
         web.append(uvicorn.Server(uvicorn.Config(
             app, host=host, port=port, log_config=None, log_level=log_level.value,
-            timeout_graceful_shutdown=5)))
+            timeout_graceful_shutdown=c.graceful_shutdown_s)))
         if lost.is_set():  # lost while the catalog scan ran
             web[0].should_exit = True
         signal.signal(signal.SIGTERM, _stop_once(web[0]))
