@@ -78,8 +78,9 @@ def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
 
 def reduce_error(error: BaseException) -> tuple:
     """``__reduce__`` for exceptions whose ``__init__`` does not take ``self.args`` back
-    (keyword fields, formatted messages): rebuilt from args and attributes, so they cross
-    from the engine process to the server unchanged."""
+    (keyword fields, formatted messages): rebuilt from args and attributes, so a copy
+    (``copy.copy``, ``deepcopy``) keeps them. Between processes they cross as typed
+    records instead (:mod:`kit.engine.wire`), never pickles."""
     return _rebuild, (type(error), error.args, dict(error.__dict__))
 
 
@@ -182,8 +183,9 @@ class AgentNotInstalledError(KitError):
 
 class EngineError(KitError):
     """A generation or engine call failed inside the engine: an internal error (HTTP 500)
-    unless a subclass says more. Raised by ``kit.engine`` and re-raised unchanged on the
-    server's side of the engine process's pipe (``__reduce__`` keeps the attributes)."""
+    unless a subclass says more. Raised by ``kit.engine`` and re-raised on the server's
+    side of the engine process's pipe as the same class with the same attributes (it
+    crosses as a typed record, :mod:`kit.engine.wire`, never a pickle)."""
 
 
 class InvalidRequest(EngineError):

@@ -106,6 +106,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if helpers.SESSION["server_starts"]:
         terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
                                     f"(of them rank worlds: {helpers.SESSION['world_starts']})")
+    log = Path(config.getoption("--basetemp") or tempfile.gettempdir()) / "mlx-kit-starts.json"
+    try:
+        import json
+        log.write_text(json.dumps(helpers.SESSION["start_log"], indent=1))
+        terminalreporter.write_line(f"server start log: {log}")
+    except OSError:
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -127,11 +134,50 @@ def hf_home(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(hf_home, tmp_path_factory):
+def servers(hf_home, tmp_path_factory):
+    """The session's :class:`tests.helpers.ServerPool`: one server per configuration,
+    shared by every module that asks for it."""
+    pool = helpers.ServerPool(tmp_path_factory.mktemp("pool"), hf_home)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def server(servers):
     """One real server on the starter, greedy by default (``--temperature 0``)."""
-    s = start_server(tmp_path_factory.mktemp("home-server"), hf_home, "--temperature", "0")
-    yield s
-    stop(s)
+    return servers.get("--temperature", "0", pin=True)
+
+
+@pytest.fixture(scope="session")
+def tools_server(servers, hf_home, tmp_path_factory):
+    """The session's greedy server on the starter behind a ChatML template with tool calls
+    (tests/data/chatml-tools.jinja, mlx-lm's ``json_tools`` parser); ``.model`` is its
+    folder. The 135M model does not call tools by itself: tests force calls."""
+    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
+                                  TESTS / "data" / "chatml-tools.jinja", tool_parser="json_tools")
+    s = servers.get("--model", str(model), "--temperature", "0", pin=True)
+    s.model = model
+    return s
+
+
+@pytest.fixture(scope="session")
+def think_server(servers, hf_home, tmp_path_factory):
+    """The session's greedy server on the starter behind a thinking template
+    (tests/data/chatml-think.jinja: the generation prompt opens ``<think>``, two unused
+    special tokens renamed to ``<think>``/``</think>``); ``.model`` is its folder."""
+    model = starter_with_template(
+        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think",
+        TESTS / "data" / "chatml-think.jinja",
+        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
+    s = servers.get("--model", str(model), "--temperature", "0", pin=True)
+    s.model = model
+    return s
+
+
+@pytest.fixture(scope="session")
+def keyed_server(servers):
+    """The session's greedy server behind :data:`tests.helpers.TEST_KEY`."""
+    return servers.keyed()
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: The test being run (set by conftest's ``pytest_runtest_protocol``), so that
 #: :func:`start_server` and :func:`require_binary` can check its markers; and how many
 #: servers this session started (conftest prints it in the summary).
-SESSION: dict[str, Any] = {"item": None, "server_starts": 0, "world_starts": 0}
+SESSION: dict[str, Any] = {"item": None, "server_starts": 0, "world_starts": 0,
+                           "start_log": []}
 
 
 # --- environment -------------------------------------------------------------------------
@@ -202,6 +203,9 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
                     "take the hf_home fixture (or add @pytest.mark.model)")
     SESSION["server_starts"] += 1
     SESSION["world_starts"] += any(a in ("--ranks", "--hosts", "--hostfile") for a in args)
+    item = SESSION["item"]
+    SESSION["start_log"].append({"test": item.nodeid if item else "?", "args": list(args),
+                                 "env": sorted(env), "ready_s": None})
     port = port or free_port()
     log = home / f"serve-{port}.log"
     extra = {"MLX_KIT_LOG_LEVEL": log_level} if log_level else {}
@@ -216,8 +220,10 @@ def spawn_server(home: Path, hf_home: Path | None, *args: str, port: int | None 
 def start_server(home: Path, hf_home: Path, *args: str, port: int | None = None,
                  new_session: bool = False, **env: str) -> Server:
     """:func:`spawn_server` (debug log), then wait until its /health is 200."""
+    began = time.monotonic()
     server = spawn_server(home, hf_home, *args, port=port, new_session=new_session, **env)
     wait_health(server.root, server.proc)
+    SESSION["start_log"][-1]["ready_s"] = round(time.monotonic() - began, 1)
     return server
 
 
@@ -228,6 +234,61 @@ def stop(server: Server) -> None:
         server.proc.wait(20)
     except subprocess.TimeoutExpired:
         server.proc.kill()
+
+
+#: The API key of the session's keyed servers (:meth:`ServerPool.keyed`): one key, so one
+#: keyed server serves every protocol's and agent's key tests.
+TEST_KEY = "sekret-123"
+
+
+class ServerPool:
+    """Servers shared by the whole test session, one per configuration: :meth:`get` with
+    the same arguments and environment returns the same running server, started on first
+    use (in a throwaway HOME of its own) and stopped when the session ends.
+
+    Each start costs ~5-8 s here (a 3-rank world 15-30 s), so a configuration that several
+    modules need is started once. Only for tests that leave the server as they found it:
+    no swap left in place, no alias or key changed, no engine killed; a test that counts
+    requests reads ``requests_served`` before and after instead of assuming zero, and one
+    that checks a cache miss sends a prompt no other test sends.
+
+    At most ``limit`` servers stay up besides the pinned ones (the least recently used is
+    stopped first), which bounds memory: each holds the starter's weights (~0.5 GiB). A
+    session fixture that hands one server to many modules pins it (``pin=True``).
+    """
+
+    def __init__(self, root: Path, hf_home: Path, limit: int = 6):
+        self.root, self.hf_home, self.limit = root, hf_home, limit
+        self._servers: dict[tuple, Server] = {}
+        self._pinned: set[tuple] = set()
+
+    def get(self, *args: str, pin: bool = False, **env: str) -> Server:
+        """The running server for ``serve ARGS`` with ``env`` on top of :func:`clean_env`;
+        started (and /health waited for) if none runs for them. ``pin``: never stopped
+        before the session ends."""
+        key = (args, tuple(sorted(env.items())))
+        if pin:
+            self._pinned.add(key)
+        server = self._servers.pop(key, None)
+        if server is None or server.proc.poll() is not None:
+            unpinned = [k for k in self._servers if k not in self._pinned]
+            while len(unpinned) >= self.limit:
+                stop(self._servers.pop(unpinned.pop(0)))
+            home = self.root / f"pool-{SESSION['server_starts']}"
+            home.mkdir(parents=True)
+            server = start_server(home, self.hf_home, *args, **env)
+        self._servers[key] = server  # last: the most recently used
+        return server
+
+    def keyed(self) -> Server:
+        """The session's greedy server that needs :data:`TEST_KEY` (given in the
+        environment, as the docs show first; ``--api-key`` on argv is tested on its own)."""
+        return self.get("--temperature", "0", pin=True, MLX_KIT_API_KEY=TEST_KEY)
+
+    def close(self) -> None:
+        """Stop every server of the pool."""
+        while self._servers:
+            stop(self._servers.popitem()[1])
 
 
 def openai_for(server: Server, timeout: float = 120) -> Any:

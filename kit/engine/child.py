@@ -1,6 +1,7 @@
 """The engine process's side of :mod:`kit.engine.process`: the ``multiprocessing`` target
 (:func:`serve_engine`) and the server of the pipe that drives an :class:`Engine` (the wire
-protocol is described there). Kept apart so each module has one side of the pipe."""
+protocol is described there; every message is a :mod:`kit.engine.wire` frame, never a
+pickle). Kept apart so each module has one side of the pipe."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kit.engine import reclaim
+from kit.engine import reclaim, wire
 from kit.engine.bridge import END
 from kit.engine.engine import Engine
 from kit.engine.run import Job, Swap
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlx_kit.engine")
 
-WIRE_END = "end"  # END on the wire (an object() does not survive pickling)
+WIRE_END = wire.WIRE_END  # END in a message (an object() cannot cross)
 
 
 class _PipeServer:
@@ -43,18 +44,25 @@ class _PipeServer:
         self.engine = Engine(model, config, on_change=self._changed, **hooks)
 
     def send(self, message: tuple) -> None:
+        """Send one message (a tuple of :mod:`kit.engine.process`'s protocol) as a
+        :mod:`kit.engine.wire` frame; one that cannot be encoded (past its bound, not
+        its record) is logged and its request or call gets the error instead."""
+        try:
+            frame = wire.encode(message)  # outside the lock: the other senders go on
+        except Exception as e:
+            log.exception("cannot send %s to the server", message[0])
+            error = EngineError(f"{type(e).__name__}: {e}")
+            if message[0] == "ev":
+                frame = wire.encode(("ev", message[1], error))
+            elif message[0] == "reply":
+                frame = wire.encode(("reply", message[1], None, error))
+            else:
+                return
         with self._send_lock:
             try:
-                self._conn.send(message)
+                self._conn.send_bytes(frame)
             except (OSError, ValueError):  # the server is gone; read_commands ends us
                 pass
-            except Exception as e:  # an unpicklable event or reply: send the error instead
-                log.exception("cannot send %s to the server", message[0])
-                error = EngineError(f"{type(e).__name__}: {e}")
-                if message[0] == "ev":
-                    self._conn.send(("ev", message[1], error))
-                elif message[0] == "reply":
-                    self._conn.send(("reply", message[1], None, error))
 
     def _changed(self) -> None:
         # the collective part first: a local failure below must not skip it on rank 0 only
@@ -80,8 +88,20 @@ class _PipeServer:
                 engine.reclaim_heap = False
                 reclaim.give_back(mlx_cache=False)
             try:
-                message = self._conn.recv()
-            except (EOFError, OSError):  # the server died: stop what runs, then exit
+                message = wire.recv(self._conn, wire.TO_ENGINE_MAX)
+            except wire.WireError as e:  # never unpickled, never run: refused, named
+                log.error("refused a message from the server: %s", e)
+                if e.stream == "ev":  # that request alone fails
+                    self.send(("ev", e.ident, e))
+                    self.send(("ev", e.ident, WIRE_END))
+                    continue
+                if e.stream == "reply":
+                    self.send(("reply", e.ident, None, e))
+                    continue
+                message = None  # not ours at all: as if the server were gone
+            except (EOFError, OSError):  # the server died
+                message = None
+            if message is None:  # stop what runs, then exit
                 for job in list(self._live.values()):
                     engine.cancel(job)
                 engine.submit(None)

@@ -7,8 +7,9 @@ thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
 main thread. vLLM splits its engine core from its API server for the same reason.
 
-Wire protocol (one ``multiprocessing`` pipe, pickled tuples; a duplex pipe is written by
-both ends, so each end sends under a lock):
+Wire protocol (one ``multiprocessing`` pipe of typed, versioned :mod:`kit.engine.wire`
+records, sent with ``send_bytes`` and read under a size bound, never pickles; each end
+sends under a lock, as a duplex pipe is written by both). Each side handles tuples:
 
 - process start: :func:`serve_engine`'s arguments carry the :class:`kit.config.EngineConfig`
   whole (pickled with the process's arguments).
@@ -19,13 +20,15 @@ both ends, so each end sends under a lock):
   too), ``("reply", id, result, error)`` for swap, count and memory, ``("state", snapshot)``
   after every change of :meth:`Engine.snapshot` (sent before the ``Finished`` event that
   follows it, so ``/health`` never lags behind an answer the client has).
+- An exception crosses as a record and is rebuilt as its class if it is one of
+  :data:`kit.engine.wire.ALLOWED`, else as an EngineError naming it. A message that does
+  not decode is a :class:`kit.engine.wire.WireError`: the request or call it names fails
+  with it; a frame not ours at all ends the link (the engine is killed and restarted).
 
-Pickles on this pipe reach no other user's bytes: it is an anonymous socketpair
-(``ctx.Pipe()``) whose child end the engine process inherits when it is spawned (the fd
-itself, in its ``pass_fds``); no path or port names it, so nothing but these two
-processes can write to it. (The ranks' shares, which another user can reach through the
-ring's ports, are typed and signed instead: :mod:`kit.engine.world_codec`.) Moving this
-pipe to the same typed encoding is left for later (issue 25).
+The pipe is an anonymous socketpair (``ctx.Pipe()``, the child's end passed as an fd):
+no path or port names it. Nothing on it is deserialized into code all the same: a
+distributed engine's rank 0 speaks this protocol over a Unix socket
+(:mod:`kit.engine.world_process`), and the rule is the ranks' (:mod:`kit.engine.world_codec`).
 
 Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its
 clients time to finish), then the engine exits. If the server dies (even ``kill -9``), the
@@ -53,6 +56,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from kit.engine import wire
 from kit.engine.bridge import END, LoopSink
 from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
@@ -85,9 +89,15 @@ class _Link:
         self.closed = threading.Event()  # the reader saw the end and reaped the process
 
     def send(self, message: tuple) -> None:
+        """Send one message as a :mod:`kit.engine.wire` frame.
+
+        Raises:
+            WireError: it cannot be encoded (a request past the pipe's bound).
+        """
+        frame = wire.encode(message)  # outside the lock: the sender's own cost
         with self.lock:
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(frame)
             except (OSError, ValueError):  # the engine is gone; the reader reports it
                 pass
 
@@ -323,14 +333,24 @@ class EngineProcess:
             return future
         cid = next(self._ids)
         link.calls[cid] = future
-        link.send((kind, cid, arg))
+        try:
+            link.send((kind, cid, arg))
+        except wire.WireError as e:  # a request past the pipe's bound: this call fails
+            link.calls.pop(cid, None)
+            future.set_exception(e)
         return future
 
     def _read(self, link: _Link) -> None:
         """On a thread: route what one engine process sends until its pipe closes."""
         while True:
             try:
-                message = link.conn.recv()
+                message = wire.recv(link.conn, wire.TO_SERVER_MAX)
+            except wire.WireError as e:  # never unpickled, never run: refused, named
+                log.error("refused a message from the engine process: %s", e)
+                if wire.fail_refused(e, link.sinks, link.calls):
+                    continue
+                link.process.kill()  # out of step with us: nothing more it sends can be read
+                break
             except (EOFError, OSError):
                 break
             kind = message[0]

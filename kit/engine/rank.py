@@ -7,7 +7,9 @@ over a :class:`kit.engine.rank_inbox.RankInbox`. Rank 0 also connects to the ser
 (a ``multiprocessing.connection`` Unix socket whose authkey is in a file only the user can
 read, both in the directory ``MLX_KIT_CONTROL`` names) and serves the same pipe protocol
 as a single engine process (:mod:`kit.engine.child`): its first message is ``("init",
-model, options, log_level)``, which rank 0 shares with the others.
+model, options, log_level)``, which rank 0 shares with the others. Everything on that
+socket is a typed :mod:`kit.engine.wire` record (nothing is unpickled); what does not
+decode is refused by name.
 
 A rank whose peers are gone (a collective fails, or the watchdog sees none answer for
 ``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.hosts.EXIT_PEER_LOST`; a
@@ -171,8 +173,15 @@ def main() -> None:
         setup = None
         if world.rank == 0:
             conn = _connect(Path(env("MLX_KIT_CONTROL") or ""))
-            _kind, model, config, level = conn.recv()
-            setup = setup_of(model, config, level)
+            from kit.engine import wire
+
+            try:  # a kit.engine.wire record, never a pickle
+                kind, *init = wire.recv(conn, wire.TO_ENGINE_MAX)
+            except (wire.WireError, EOFError, OSError) as e:
+                _fatal(f"the server's first message was refused: {e}", 1)
+            if kind != "init":
+                _fatal(f"the server's first message was {kind!r}, not init", 1)
+            setup = setup_of(*init)
         setup = world.share(Setup, setup)
         model, config, level = (ModelInfo(setup.model_id, Path(setup.model_path),
                                           setup.context_window),

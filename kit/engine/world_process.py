@@ -7,6 +7,11 @@ with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 ex
   not reach the ranks; the server stops them through rank 0) and rank 0 connects to the
   socket. :meth:`DistributedEngine.start` waits for that connection, then the model loads
   on every rank while ``state`` is ``loading``.
+- The socket carries the engine process's protocol (:mod:`kit.engine.process`), preceded
+  by ``("init", model, options, log_level)``: :mod:`kit.engine.wire` records, never
+  pickles. ``multiprocessing.connection``'s authkey handshake (HMAC challenges both ways,
+  no pickle) is a second lock: a process of another user cannot open the 0700 directory,
+  and one that reaches the socket without the key is refused before any message.
 - What the ranks print goes to the server's log, line by line. ``mlx.launch`` reports
   every rank's exit ("Node with rank N exited with code C"); the first rank that exited
   with a status other than :data:`kit.engine.hosts.EXIT_PEER_LOST` (the status of ranks
@@ -35,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kit.engine import wire
 from kit.engine.hosts import (
     EXIT_PEER_LOST,
     EXIT_TAMPERED,
@@ -193,6 +199,10 @@ class DistributedEngine(EngineProcess):
         Raises:
             ServerError: the ranks did not come up (the reason, from their output).
         """
+        # rank 0's first message, as a kit.engine.wire record (checked before any rank
+        # starts: an option the ranks do not take fails here)
+        init = wire.encode(("init", self.model_info, self.config,
+                            logging.getLogger("mlx_kit").getEffectiveLevel()))
         control = Path(tempfile.mkdtemp(prefix="mlx-kit-ranks-"))  # 0700
         self._control = control
         key = control / "authkey"
@@ -241,8 +251,7 @@ class DistributedEngine(EngineProcess):
             popen.stdin.flush()
         except OSError:
             pass
-        conn.send(("init", self.model_info, self.config,
-                   logging.getLogger("mlx_kit").getEffectiveLevel()))
+        conn.send_bytes(init)
         self._link = link = _Link(conn, launched)
         threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
                          daemon=True).start()

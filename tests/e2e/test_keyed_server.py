@@ -1,4 +1,4 @@
-"""The real agents against a server that requires a key (`serve --api-key`, as a user who
+"""The real agents against a server that requires a key (MLX_KIT_API_KEY, as a user who
 keeps other local accounts out runs it): with MLX_KIT_API_KEY set, `mlx-kit launch AGENT`
 gets an answer, and the server saw no request without the key (no 401 in its log)."""
 
@@ -10,12 +10,11 @@ import subprocess
 import httpx
 import pytest
 
-from tests.helpers import (assert_served, clean_env, require_binary, requests_served, run_kit,
-                           start_server, stop)
+from tests.helpers import TEST_KEY as KEY
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
 from tests.e2e.test_claude_codex import CLAUDE_SLIM
 
 
-KEY = "sekret-key-0123"
 Q = "What is the capital of France?"
 HEADLESS = {
     "claude": ("claude", [*CLAUDE_SLIM, "-p", Q]),
@@ -25,14 +24,6 @@ HEADLESS = {
                         "--no-stream"]),
     "llm": ("llm", ["--no-log", Q]),
 }
-
-
-@pytest.fixture(scope="module")
-def keyed_server(hf_home, tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("home-keyed"), hf_home, "--temperature", "0",
-                     "--api-key", KEY)
-    yield s
-    stop(s)
 
 
 def test_the_keyed_server_refuses_requests_without_the_key(keyed_server):

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from kit.harness.spec_loader import load_spec
-from tests.helpers import (assert_served, clean_env, free_port, generated_texts,
-                           require_binary, run_kit, start_server, stop)
+from tests.helpers import (TEST_KEY, assert_served, clean_env, free_port, generated_texts,
+                           require_binary, run_kit)
 from tests.e2e.warnings import assert_no_config_warnings
 
 
@@ -181,27 +181,25 @@ def test_harness_remove_leaves_the_extensions_folder_as_it_was(env):
     assert env.extensions() == env.before
 
 
-def test_a_server_started_with_api_key_accepts_pis_requests(env, hf_home):
+def test_a_server_started_with_api_key_accepts_pis_requests(env, keyed_server):
     """pi >= 0.77 sends a plain apiKey string as the key itself: the extension must hand
     pi MLX_KIT_API_KEY's value, else every request is a 401 (issue 13)."""
-    (env.home / "keyed").mkdir(exist_ok=True)
-    server = start_server(env.home / "keyed", hf_home, "--api-key", "sekret-123",
-                          "--temperature", "0")
-    try:
-        keyed = {**env.env, "MLX_KIT_URL": server.v1, "MLX_KIT_API_KEY": "sekret-123"}
-        r = run_kit(keyed, "launch", "pi", "--", "-p", "What is the capital of France?",
-                    "--no-session", cwd=env.home, timeout=300)
-        assert r.returncode == 0, r.stderr
-        assert_no_config_warnings("pi", r.stdout, r.stderr)
-        assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
-        assert '"POST /v1/chat/completions HTTP/1.1" 200' in server.log_text()
-        # The same extension without the key in the environment: the server says 401
-        # (launch itself refuses first, so pi is run directly).
-        no_key = {k: v for k, v in keyed.items() if k != "MLX_KIT_API_KEY"}
-        r = subprocess.run([shutil.which("pi", path=env.env["PATH"]), "--provider", "mlx-kit",
-                            "--model", "local", "-p", "hi", "--no-session"], env=no_key,
-                           cwd=env.home, capture_output=True, text=True, timeout=120)
-        assert r.returncode != 0 and "401" in r.stdout + r.stderr
-        assert '"POST /v1/chat/completions HTTP/1.1" 401' in server.log_text()
-    finally:
-        stop(server)
+    server = keyed_server
+    refused = '"POST /v1/chat/completions HTTP/1.1" 401'
+    keyed = {**env.env, "MLX_KIT_URL": server.v1, "MLX_KIT_API_KEY": TEST_KEY}
+    before = server.log_text().count('"POST /v1/chat/completions HTTP/1.1" 200')
+    r = run_kit(keyed, "launch", "pi", "--", "-p", "What is the capital of France?",
+                "--no-session", cwd=env.home, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_no_config_warnings("pi", r.stdout, r.stderr)
+    assert r.stdout.strip() in [t.strip() for t in generated_texts(server.log_text())]
+    assert server.log_text().count('"POST /v1/chat/completions HTTP/1.1" 200') > before
+    # The same extension without the key in the environment: the server says 401
+    # (launch itself refuses first, so pi is run directly).
+    no_key = {k: v for k, v in keyed.items() if k != "MLX_KIT_API_KEY"}
+    was_refused = server.log_text().count(refused)
+    r = subprocess.run([shutil.which("pi", path=env.env["PATH"]), "--provider", "mlx-kit",
+                        "--model", "local", "-p", "hi", "--no-session"], env=no_key,
+                       cwd=env.home, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "401" in r.stdout + r.stderr
+    assert server.log_text().count(refused) > was_refused

@@ -106,15 +106,34 @@ def reasoning_format(family: Family) -> str | None:
     return family.reasoning_format
 
 
-@pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
-def fam(request, hf_home, tmp_path_factory):
-    """(family, server): the starter behind the family's template, greedy."""
-    family: Family = request.param
-    model = family_model(hf_home, tmp_path_factory.mktemp("models") / family.name, family)
-    s = start_server(tmp_path_factory.mktemp(f"home-{family.name}"), hf_home, "--model",
-                     str(model), "--temperature", "0")
-    yield family, s
+@pytest.fixture(scope="module")
+def family_models(hf_home, tmp_path_factory) -> dict[str, Path]:
+    """Every family's model folder (the starter behind the family's template)."""
+    root = tmp_path_factory.mktemp("models")
+    return {f.name: family_model(hf_home, root / f.name, f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def table_server(hf_home, family_models, tmp_path_factory):
+    """One greedy server for the whole table: each family swaps its model in (a load, not
+    a process: the swap path is what a user's ``mlx-kit swap`` takes too)."""
+    s = start_server(tmp_path_factory.mktemp("home-families"), hf_home, "--model",
+                     str(family_models[FAMILIES[0].name]), "--temperature", "0")
+    yield s
     stop(s)
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f.name for f in FAMILIES])
+def fam(request, table_server, family_models):
+    """(family, server): the starter behind the family's template, greedy, behind
+    ``local`` (swapped in on the table's server)."""
+    family: Family = request.param
+    model = str(family_models[family.name])
+    if table_server.health()["model"] != model:
+        r = table_server.swap(model)
+        assert r.status_code == 200, r.text
+    assert table_server.health()["model"] == model
+    return family, table_server
 
 
 def tools_or_skip(fam) -> tuple[Family, object]:

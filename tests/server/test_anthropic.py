@@ -118,20 +118,17 @@ def test_claude_code_probes_head_and_get_root(server):
     assert httpx.get(server.root + "/").json()["service"] == "mlx-kit"
 
 
-def test_key_via_x_api_key_or_bearer(hf_home, tmp_path):
-    from tests.conftest import start_server, stop
+def test_key_via_x_api_key_or_bearer(keyed_server):
+    from tests.helpers import TEST_KEY as k
 
-    s = start_server(tmp_path, hf_home, "--api-key", "k")
-    try:
-        body = {"model": "local", "max_tokens": 3, "messages": QUESTION}
-        r = httpx.post(s.v1 + "/messages", json=body)
-        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-        assert httpx.post(s.v1 + "/messages", json=body, headers={"x-api-key": "k"},
-                          timeout=60).status_code == 200
-        assert httpx.post(s.v1 + "/messages", json=body, headers={"authorization": "Bearer k"},
-                          timeout=60).status_code == 200
-    finally:
-        stop(s)
+    s = keyed_server
+    body = {"model": "local", "max_tokens": 3, "messages": QUESTION}
+    r = httpx.post(s.v1 + "/messages", json=body)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.post(s.v1 + "/messages", json=body, headers={"x-api-key": k},
+                      timeout=60).status_code == 200
+    assert httpx.post(s.v1 + "/messages", json=body, headers={"authorization": f"Bearer {k}"},
+                      timeout=60).status_code == 200
 
 
 def test_stream_event_payloads_are_well_formed(server):

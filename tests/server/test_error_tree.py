@@ -1,6 +1,5 @@
 """The one error tree: each cause maps to its status by type, in every protocol's words."""
 
-import pickle
 
 import pytest
 
@@ -53,9 +52,22 @@ def test_a_neutral_field_gets_the_protocols_name():
 
 
 def test_engine_errors_cross_the_process_pipe_with_their_fields():
-    e = pickle.loads(pickle.dumps(InvalidRequest("m", code="c", field="top_k")))
+    from kit.engine import wire
+
+    def across(error):  # as the engine process sends a failed request's error
+        return wire.decode(wire.encode(("ev", 1, error)))[2]
+    e = across(InvalidRequest("m", code="c", field="top_k"))
     assert (type(e), e.message, e.code, e.field) == (InvalidRequest, "m", "c", "top_k")
-    fit = pickle.loads(pickle.dumps(ModelDoesNotFitError("m", "h", needed=3, budget=2)))
+    fit = across(ModelDoesNotFitError("m", "h", needed=3, budget=2))
+    assert (fit.hint, fit.needed, fit.budget) == ("h", 3, 2)
+
+
+def test_engine_errors_keep_their_fields_when_copied():
+    import copy
+
+    e = copy.deepcopy(InvalidRequest("m", code="c", field="top_k"))
+    assert (type(e), e.message, e.code, e.field) == (InvalidRequest, "m", "c", "top_k")
+    fit = copy.copy(ModelDoesNotFitError("m", "h", needed=3, budget=2))
     assert (fit.hint, fit.needed, fit.budget) == ("h", 3, 2)
 
 

@@ -12,7 +12,6 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.helpers import start_server, stop
 
 F32 = "mlx-kit/SmolLM2-135M-Instruct"
 QUESTION = "What is the capital of France?"
@@ -223,21 +222,15 @@ def test_invalid_json_body_is_a_400_not_a_500(server):
     assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
 
 
-@pytest.fixture(scope="module")
-def keyed_server(hf_home, tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("home-gemini-key"), hf_home, "--api-key", "s3cret",
-                     "--temperature", "0")
-    yield s
-    stop(s)
-
-
 def test_api_key_by_header_bearer_or_query_and_401_otherwise(keyed_server):
-    ok = make_client(keyed_server.root, key="s3cret")  # x-goog-api-key
+    from tests.helpers import TEST_KEY as s3cret
+
+    ok = make_client(keyed_server.root, key=s3cret)  # x-goog-api-key
     assert ok.models.count_tokens(model="local", contents="hi").total_tokens > 0
     url = keyed_server.root + "/v1beta/models/local:countTokens"
     body = {"contents": [{"parts": [{"text": "hi"}]}]}
-    assert httpx.post(url, json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-    assert httpx.post(url + "?key=s3cret", json=body).status_code == 200
+    assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {s3cret}"}).status_code == 200
+    assert httpx.post(url + f"?key={s3cret}", json=body).status_code == 200
     for headers in ({}, {"x-goog-api-key": "wrong"}):
         r = httpx.post(url, json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["status"] == "UNAUTHENTICATED"
@@ -246,7 +239,7 @@ def test_api_key_by_header_bearer_or_query_and_401_otherwise(keyed_server):
         wrong.models.generate_content(model="local", contents="hi")
     assert e.value.code == 401
     log = keyed_server.log_text()
-    assert "key=REDACTED" in log and "s3cret" not in log  # the key never reaches the log
+    assert "key=REDACTED" in log and s3cret not in log  # the key never reaches the log
 
 
 # Function calling: the starter's weights behind a ChatML template with tool calls
@@ -263,15 +256,9 @@ ASK = "What is the weather in Paris?"
 
 
 @pytest.fixture(scope="module")
-def tools_client(hf_home, tmp_path_factory):
-    from tests.helpers import starter_with_template
-
-    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
-                                  DATA / "chatml-tools.jinja", tool_parser="json_tools")
-    s = start_server(tmp_path_factory.mktemp("home-gemini-tools"), hf_home, "--model",
-                     str(model), "--temperature", "0")
-    yield make_client(s.root)
-    stop(s)
+def tools_client(tools_server):
+    """The Gemini SDK on the session's ``tools_server`` (as test_tool_calls.py uses)."""
+    return make_client(tools_server.root)
 
 
 def tool_config(mode: str, names: list[str] | None = None) -> types.GenerateContentConfig:
@@ -330,18 +317,10 @@ def test_the_function_response_turn_is_answered_in_text(tools_client):
 
 
 @pytest.fixture(scope="module")
-def think_client(hf_home, tmp_path_factory):
+def think_client(think_server):
     """The starter behind a thinking template (tests/data/chatml-think.jinja: the
     generation prompt opens <think>), as in test_thinking_cache.py."""
-    from tests.helpers import starter_with_template
-
-    model = starter_with_template(
-        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think", DATA / "chatml-think.jinja",
-        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
-    s = start_server(tmp_path_factory.mktemp("home-gemini-think"), hf_home, "--model",
-                     str(model), "--temperature", "0")
-    yield make_client(s.root)
-    stop(s)
+    return make_client(think_server.root)
 
 
 def test_reasoning_comes_as_thought_parts_only_when_include_thoughts(think_client):

@@ -10,7 +10,6 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_server, stop
 from tests.greedy import assert_agrees
 from tests.helpers import openai_for
 
@@ -194,16 +193,15 @@ def test_client_disconnect_stops_generation(server):
     assert server.health()["requests_served"] >= before + 2
 
 
-def test_api_key_is_required_when_set(hf_home, tmp_path):
-    s = start_server(tmp_path, hf_home, "--api-key", "sekret")
-    try:
-        r = httpx.get(s.v1 + "/models")
-        assert r.status_code == 401 and _error(r)["code"] == "invalid_api_key"
-        assert httpx.get(s.v1 + "/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
-        assert httpx.get(s.v1 + "/models", headers={"x-api-key": "sekret"}).status_code == 200
-        assert httpx.get(s.root + "/health").status_code == 200  # probes need no key
-    finally:
-        stop(s)
+def test_api_key_is_required_when_set(keyed_server):
+    from tests.helpers import TEST_KEY as key
+
+    s = keyed_server
+    r = httpx.get(s.v1 + "/models")
+    assert r.status_code == 401 and _error(r)["code"] == "invalid_api_key"
+    assert httpx.get(s.v1 + "/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert httpx.get(s.v1 + "/models", headers={"x-api-key": key}).status_code == 200
+    assert httpx.get(s.root + "/health").status_code == 200  # probes need no key
 
 
 # --- sampling parameters, logprobs, formats, tools (through the SDK's own types) ----------

@@ -11,27 +11,11 @@ caches what the next turn will resend instead.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
-import pytest
 from tokenizers import Tokenizer
 
-from tests.helpers import start_server, starter_with_template, stop
 
-DATA = Path(__file__).parent.parent / "data"
-
-
-@pytest.fixture(scope="module")
-def think_server(hf_home, tmp_path_factory):
-    model = starter_with_template(
-        hf_home, tmp_path_factory.mktemp("models") / "smollm2-think", DATA / "chatml-think.jinja",
-        rename_tokens={"<jupyter_script>": "<think>", "<empty_output>": "</think>"})
-    s = start_server(tmp_path_factory.mktemp("home-think"), hf_home, "--model", str(model),
-                     "--temperature", "0")
-    s.model = model
-    yield s
-    stop(s)
 
 
 def test_next_turn_prefills_only_its_new_message(think_server):

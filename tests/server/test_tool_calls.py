@@ -12,7 +12,6 @@ generation, mlx-lm's tool parser, the protocol adapters.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -21,9 +20,7 @@ import pytest
 
 from tokenizers import Tokenizer
 
-from tests.conftest import start_server, starter_with_template, stop
 
-DATA = Path(__file__).parent.parent / "data"
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",
@@ -35,17 +32,6 @@ TIME = {"type": "function", "function": {
                    "required": ["timezone"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-
-@pytest.fixture(scope="module")
-def tools_server(hf_home, tmp_path_factory):
-    home = tmp_path_factory.mktemp("home-tools")
-    model = starter_with_template(hf_home, tmp_path_factory.mktemp("models") / "smollm2-tools",
-                                  DATA / "chatml-tools.jinja", tool_parser="json_tools")
-    s = start_server(home, hf_home, "--model", str(model), "--temperature", "0")
-    s.model = model
-    yield s
-    stop(s)
 
 
 @pytest.fixture(scope="module")
