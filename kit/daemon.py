@@ -136,12 +136,12 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         p = probe(url, timeout=1.0)
         if p.ready:
             return p
-        if p.kind == "ours" and p.health and p.health.get("status") == "failed":
+        if p.kind == "ours" and p.health and p.health.status == "failed":
             # (an engine that died is restarted by the server: "restarting", waited for)
-            message = (f"the server's engine failed: {p.health.get('error')}\n{tail(log)}")
+            message = (f"the server's engine failed: {p.health.error}\n{tail(log)}")
             hint = (f"`mlx-kit swap MODEL` to a model that loads, or `mlx-kit stop` and "
                     f"retry; full log: {log}")
-            if p.health.get("error_type") == error_kind(ModelDoesNotFitError("")):
+            if p.health.error_type == error_kind(ModelDoesNotFitError("")):
                 raise ModelDoesNotFitError(message, hint)  # the CLI's exit 5
             raise ServerError(message, hint=hint)
         if proc is not None and proc.poll() is not None:
@@ -155,8 +155,8 @@ def wait_ready(url: ServerURL, proc: subprocess.Popen | None, log: Path, timeout
         # line alone may read "serving" while the model still loads.
         ours = [ln for ln in tail(log, 50).splitlines() if " mlx_kit." in ln]
         line = ours[-1].split(": ", 1)[-1][:100] if ours else "starting"
-        h = p.health or {}
-        state = (h.get("status") or "starting") + (f", {h['phase']}" if h.get("phase") else "")
+        h = p.health
+        state = (h.status if h else "starting") + (f", {h.phase}" if h and h.phase else "")
         on_wait(f"{state}: {line}" if p.kind == "ours" else line)
         time.sleep(0.25)
 
@@ -324,7 +324,7 @@ def owned_server(url: ServerURL) -> Owned | None:
         raise ServerError(f"not stopping the server at {url.root}: no pid file of this user "
                           f"in {state_dir()}, so it was started by another user or HOME",
                           hint="stop it from the session or account that started it")
-    health_pid = (p.health or {}).get("pid")
+    health_pid = p.health.pid if p.health else None
     if proc is not None and health_pid == proc.pid:
         return Owned(info, proc)
     if proc is not None:  # our server lives, but something else answers: keep the token

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from kit.knobs import env
+
 #: Bytes of one log file before it is rotated, and how many rotated files are kept.
 MAX_BYTES = 10 * 2**20
 BACKUPS = 3
@@ -59,8 +61,8 @@ _SNIFF_BYTES = 64 * 1024
 def max_bytes() -> int:
     """:data:`MAX_BYTES`, or the hidden ``MLX_KIT_LOG_MAX_BYTES`` (at least 512)."""
     try:
-        return max(512, int(os.environ[MAX_BYTES_ENV]))
-    except (KeyError, ValueError):
+        return max(512, int(env(MAX_BYTES_ENV) or ""))
+    except ValueError:
         return MAX_BYTES
 
 
@@ -305,7 +307,7 @@ def setup_server(level: str, log_file: Path | None) -> None:
 def setup_engine(level: int) -> None:
     """Configure the engine process's logging like its server's: the server's log file
     (from the environment) or stderr; ``mlx_kit`` at ``level``."""
-    path = os.environ.get(LOG_FILE_ENV)
+    path = env(LOG_FILE_ENV)
     logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
                         handlers=_handlers(Path(path) if path else None, EngineLogFile))
     logging.getLogger("mlx_kit").setLevel(level)

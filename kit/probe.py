@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from kit.urls import ServerURL
+
+if TYPE_CHECKING:
+    from kit.health import HealthBody
 
 
 @dataclass(frozen=True)
@@ -19,17 +22,17 @@ class Probe:
     Attributes:
         kind: ``ours`` (an mlx-kit server, maybe still loading), ``other`` (something else
             holds the port) or ``none`` (nothing listens).
-        health: our /health body when ``kind == "ours"``.
+        health: our /health body (:class:`kit.health.HealthBody`) when ``kind == "ours"``.
         detail: what the other thing said, for messages.
     """
 
     kind: Literal["ours", "other", "none"]
-    health: dict[str, Any] | None = None
+    health: HealthBody | None = None
     detail: str = ""
 
     @property
     def ready(self) -> bool:
-        return self.kind == "ours" and bool(self.health) and self.health.get("status") == "ok"
+        return self.kind == "ours" and self.health is not None and self.health.ok
 
 
 #: The largest body read from what answers at a URL (our /health is ~2 KiB, /v1/models a
@@ -74,7 +77,12 @@ def probe(url: ServerURL, timeout: float = 2.0) -> Probe:
     except httpx.HTTPError as e:
         return Probe("other", detail=f"no HTTP answer ({type(e).__name__})")
     if isinstance(body, dict) and body.get("service") == "mlx-kit":
-        return Probe("ours", health=body)
+        from kit.health import parse_health  # pydantic: only once something answered
+
+        health = parse_health(body)
+        if health is None:
+            return Probe("other", detail="an mlx-kit /health this version cannot read")
+        return Probe("ours", health=health)
     server = r.headers.get("server", "unknown server")
     return Probe("other", detail=f"HTTP {r.status_code} from {server}")
 

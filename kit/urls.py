@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from kit.errors import ConfigError
+from kit.knobs import env
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 URL_ENV = "MLX_KIT_URL"
@@ -40,7 +40,7 @@ def parse_url(url: str | None = None) -> ServerURL:
     Raises:
         ConfigError: the URL is not ``http(s)://host[:port][/v1]``.
     """
-    raw = (url or os.environ.get(URL_ENV) or DEFAULT_URL).strip()
+    raw = (url or env(URL_ENV) or DEFAULT_URL).strip()
     hint = "use http://HOST:PORT, with or without /v1, e.g. " + DEFAULT_URL
     try:
         parts = urlsplit(raw)

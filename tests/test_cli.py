@@ -342,17 +342,21 @@ def test_serve_refuses_a_bad_prompt_cache_disk_size_naming_the_flag(home):
 
 
 def test_launch_passes_the_prompt_cache_flags_to_the_server_it_starts(tmp_path):
-    from kit.cli.launch import _cache_args
+    from kit.cli.serve import check_startable
+    from kit.config import EngineConfig
 
-    assert _cache_args(None, None) == []
-    args = _cache_args(str(tmp_path / "x" / ".." / "cache"), "2GiB")
-    assert args == ["--prompt-cache-dir", str(tmp_path / "cache"), "--prompt-cache-disk",
-                    "2GiB"]
+    assert EngineConfig.from_flags({}).to_argv("launch") == []
+    c = EngineConfig.from_flags({"prompt_cache_dir": str(tmp_path / "x" / ".." / "cache"),
+                                 "prompt_cache_disk": "2GiB"})
+    # the folder absolute (the server may start elsewhere); the size in bytes
+    assert c.to_argv("launch") == ["--prompt-cache-dir", str(tmp_path / "x" / ".." / "cache"),
+                                   "--prompt-cache-disk", str(2 * 2**30)]
     with pytest.raises(ConfigError, match="--prompt-cache-disk"):
-        _cache_args(None, "12x")
+        EngineConfig.from_flags({"prompt_cache_disk": "12x"})
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # refused here, before a server starts (as serve refuses it)
     with pytest.raises(ConfigError, match="refusing --prompt-cache-dir .*writable by"):
-        _cache_args(str(shared), None)
-    assert _cache_args(str(shared), "0")[0] == "--prompt-cache-dir"  # no disk tier: unused
+        check_startable(EngineConfig.from_flags({"prompt_cache_dir": str(shared)}), None)
+    check_startable(EngineConfig.from_flags({"prompt_cache_dir": str(shared),
+                                             "prompt_cache_disk": "0"}), None)  # unused

@@ -72,7 +72,7 @@ def test_bad_flag_values_exit_as_the_table_says(home, tiny_model):
     rejects for its type or range is a usage error, 2: the table's rows say which."""
     size = run_kit(home, "fit", str(tiny_model), "--memory-budget", "lots")
     assert size.returncode == ExitCode.ERROR, size.stderr
-    assert "error: not a size: 'lots'" in size.stderr
+    assert "error: --memory-budget: not a size: 'lots'" in size.stderr
     rng = run_kit(home, "logs", "-n", "-1")
     assert rng.returncode == ExitCode.USAGE, rng.stderr
     meanings = dict(EXIT_CODE_MEANINGS)

@@ -354,7 +354,7 @@ def detached(hf_home, tmp_path_factory):
     env = clean_env(home, hf_home, MLX_KIT_LOG_LEVEL="debug")
     code = ("from kit.daemon import ensure_server; from kit.urls import parse_url; "
             f"p, started = ensure_server(parse_url({url!r}), None, 180); "
-            "print(started, p.health['status'])")
+            "print(started, p.health.status)")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.stdout.split() == ["True", "ok"], r.stderr[-2000:]

@@ -10,33 +10,10 @@ import stat
 from pathlib import Path
 from typing import Callable, Optional
 
-import typer
-
 from kit.errors import ConfigError
 
 API_KEY_ENV = "MLX_KIT_API_KEY"
 MAX_KEY_FILE = 4096  # bytes: a key, not a document; bounded before it is read
-
-class _ArgvKey(str):
-    """A key that came from ``--api-key`` on the command line (not the environment)."""
-
-
-def _mark_argv(ctx: typer.Context, param: typer.CallbackParam, value: Optional[str]
-               ) -> Optional[str]:
-    # typer hands the command no context to ask later, so the source is marked on the value;
-    # by name: click 8.5's ParameterSource is not the object click.core re-exports
-    source = ctx.get_parameter_source(param.name or "")
-    if value and getattr(source, "name", None) == "COMMANDLINE":
-        return _ArgvKey(value)
-    return value
-
-
-API_KEY = typer.Option(None, "--api-key", envvar=API_KEY_ENV, callback=_mark_argv,
-                       help="Require this key (Bearer or x-api-key) on /v1. Prefer "
-                            "--api-key-file or MLX_KIT_API_KEY: other local users can read "
-                            "a command line.")
-API_KEY_FILE = typer.Option(None, "--api-key-file", help="Require the key in FILE (its first "
-                            "line; the file must be yours and 0600 or stricter).")
 
 ARGV_WARNING = ("warning: --api-key puts the key on the command line, where other local "
                 "users can read it (ps, /proc/PID/cmdline); use --api-key-file PATH (0600) "
@@ -85,17 +62,17 @@ def read_key_file(path: Path) -> str:
 
 
 def resolve_api_key(api_key: Optional[str], api_key_file: Optional[str],
-                    warn: Callable[[str], None]) -> Optional[str]:
+                    warn: Callable[[str], None], from_argv: bool = False) -> Optional[str]:
     """The key ``serve`` requires (None: none), from ``--api-key-file``, else
-    ``--api-key`` / ``$MLX_KIT_API_KEY`` (typer fills ``api_key`` from either); ``warn``
-    gets :data:`ARGV_WARNING` when the key came from the command line.
+    ``--api-key`` / ``$MLX_KIT_API_KEY`` (:class:`kit.config.EngineConfig`'s ``api_key``);
+    ``warn`` gets :data:`ARGV_WARNING` when the key came from the command line
+    (``from_argv``).
 
     Raises:
         ConfigError: both ``--api-key`` and ``--api-key-file`` given; ``$MLX_KIT_API_KEY``
             and the file hold different keys (a client reading the variable would be
             refused); or the file fails :func:`read_key_file`.
     """
-    from_argv = isinstance(api_key, _ArgvKey)
     if api_key_file is not None:
         if from_argv:
             raise ConfigError("--api-key and --api-key-file both give a key",

@@ -36,6 +36,14 @@ One table for every command (`kit.errors.ExitCode`):
 Scripts can tell "no server" (3) from "the model does not fit" (5) from a bug (70) without
 reading the text. Usage errors (2) are click's: the message names the bad flag.
 
+## Settings: flags and variables
+
+Every option of `serve`, `launch` and `fit` that configures the server or the engine is
+also read from the `MLX_KIT_*` variable its help names (`[env ...]`): a flag wins over its
+variable, a variable over the default; a repeatable flag adds to its variable's
+comma-separated items. A bad value is refused naming the flag or the variable (exit 1, or 2
+for a flag click rejects).
+
 ## Output for scripts: `--json`
 
 Commands that report (`status`, `stop`, `models`, `fit`, `swap`, `pull`, `harness list`,

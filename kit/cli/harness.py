@@ -291,8 +291,9 @@ def _status_json(spec, st, v, reachable: dict, here) -> dict:
     server = None
     if st.base_url:
         p = reachable[st.base_url]
-        health = p.health or {}
-        server = {"kind": p.kind, "status": health.get("status"), "model": health.get("model"),
+        health = p.health
+        server = {"kind": p.kind, "status": health.status if health else None,
+                  "model": health.model if health else None,
                   "elsewhere": here is not None and parse_url(st.base_url).root != here.root}
     return {"name": spec.name, "binary": st.binary,
             "version": v.version if v is not None else None,

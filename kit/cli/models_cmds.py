@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from kit.cli.config_options import takes_config
 from kit.cli.console import console, err_console
 from kit.cli.options import URL
 from kit.cli.output import JSON, emit_json, print_table
 from kit.errors import ExitCode
+
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
+    from kit.health import HealthBody
 
 
 def models(
@@ -30,7 +35,7 @@ def models(
     from kit.urls import parse_url
 
     p = probe(parse_url(url), timeout=1.0)
-    local = p.health.get("model") if p.kind == "ours" and p.health else None
+    local = p.health.model if p.kind == "ours" and p.health else None
     entries = scan()
     if local and all(e.id != local for e in entries) and Path(local).is_dir():
         # a server on a model folder (`serve --model ./dir`): not in the HF cache scan, yet
@@ -77,7 +82,7 @@ def swap(
     u = parse_url(url)
     health = _running_server(u, probe(u))
     if model == STABLE_MODEL_ID:  # the alias of what is loaded: nothing to swap
-        result = {"model": health.get("model"), "previous": health.get("model"),
+        result = {"model": health.model, "previous": health.model,
                   "load_seconds": 0.0, "changed": False}
     else:
         with err_console.status(f"loading {model} on {u.root}"):
@@ -91,8 +96,9 @@ def swap(
         console.print(f"local -> {result['model']} (already loaded)", markup=False)
 
 
-def _running_server(u, p) -> dict:
-    """/health's body of the mlx-kit server the probe ``p`` of URL ``u`` found.
+def _running_server(u, p) -> HealthBody:
+    """/health's body (:class:`kit.health.HealthBody`) of the mlx-kit server the probe
+    ``p`` of URL ``u`` found.
 
     Raises:
         ServerNotRunningError: nothing answers there (exit 3).
@@ -106,28 +112,17 @@ def _running_server(u, p) -> dict:
                                          "launch AGENT`), or pass --url")
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
-    return p.health or {}
+    return p.health
 
 
+@takes_config("fit")
 def fit(
     model: str = typer.Argument(..., help="Cache id (ORG/NAME) or model folder."),
     ctx: Optional[int] = typer.Option(None, "--ctx", min=1, help="Context tokens (default: "
                                       "the model's context window)."),
-    ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="Split the model over "
-                                        "N ranks (mx.distributed): print each rank's share."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated hosts the "
-                                        "ranks run on (the first is this machine); without "
-                                        "--ranks, one rank per host."),
-    pipeline: bool = typer.Option(False, "--pipeline", help="Split by layers (mlx-lm's "
-                                  "pipeline mode) instead of tensor parallelism."),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Check "
-                                                "against this ceiling, e.g. 8GiB, as "
-                                                "serve --memory-budget does."),
-    kv_bits: Optional[int] = typer.Option(None, "--kv-bits", help="Estimate with the KV "
-                                          "cache quantized to 8 or 4 bits (serve --kv-bits)."),
-    kv_group_size: int = typer.Option(64, "--kv-group-size", help="Its group size (32, 64, "
-                                      "128)."),
     as_json: bool = JSON,
+    *,
+    config: EngineConfig,
 ) -> None:
     """Estimate the memory MODEL needs (weights + KV cache) against the memory ceiling
     (--memory-budget; else on a Mac, Metal's GPU working set; else what is available now);
@@ -146,13 +141,12 @@ def fit(
     which --memory-budget sets here too) and "unchecked_hosts"; without
     "kv_bytes_per_token", "context_that_fits" and the kv keys.
     """
-    from kit.engine.kv import check_kv
     from kit.models.memory import (context_that_fits, estimate, fit_context, human,
-                                   memory_ceiling, parse_size)
+                                   memory_ceiling)
     from kit.models.resolve import resolve_model
 
-    check_kv(kv_bits, kv_group_size)
-    budget = parse_size(memory_budget) if memory_budget else None
+    ranks, hosts, pipeline = config.ranks, config.hosts, config.pipeline
+    kv_bits, kv_group_size, budget = config.kv_bits, config.kv_group_size, config.memory_budget
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -10,6 +10,10 @@ from kit.cli.console import console, err_console
 from kit.cli.options import URL
 from kit.cli.output import JSON, emit_json
 from kit.errors import ExitCode, PortInUseError, ServerError
+
+if TYPE_CHECKING:
+    from kit.engine.status import DistributedStatus
+    from kit.health import HealthBody
 
 #: `status` exit codes (listed in its --help and docs/server.md), from the one table
 #: kit.errors.ExitCode: 3 "not running" and 1 "dead" as in the LSB/systemctl convention
@@ -52,34 +56,34 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
         raise typer.Exit(EXIT_NO_SERVER)
     if p.kind == "other":
         raise PortInUseError(f"{u.root} answers but is not mlx-kit ({p.detail})")
-    h = p.health or {}
+    h = p.health
+    assert h is not None  # "ours" always carries its parsed body
     info = read_pid_file(u) or {}
-    log = info.get("log") if info.get("pid") == h.get("pid") else None
+    log = info.get("log") if info.get("pid") == h.pid else None
     where = f"; log: {log}" if log else (f"; log: {log_file(u)}" if info else "")
-    failed = _failure(h, where) if not p.ready and h.get("status") == "failed" else None
+    failed = _failure(h, where) if not p.ready and h.status == "failed" else None
     if as_json:
         # "error" is the CLI's error object (docs/cli.md) or null; /health's own string
         # (the reason, also while not ready) is under "health_error"
-        emit_json({**h, "health_error": h.get("error"), "url": u.v1, "log": log,
+        emit_json({**h.to_json(), "health_error": h.error, "url": u.v1, "log": log,
                    "running": True, **(failed or {"error": None})})
         if p.ready:
             return
         raise typer.Exit(failed["error"]["exit_code"] if failed else EXIT_NOT_READY)
-    phase = f", {h['phase']}" if h.get("phase") else ""  # issue 16's load phase, if any
-    console.print(f"url:     {u.v1}\nstatus:  {h.get('status')} (model "
-                  f"{h.get('model_state')}{phase})\n"
-                  f"pid:     {h.get('pid')} (engine {h.get('engine_pid')})\n"
-                  f"local -> {h.get('model')} (context window {h.get('context_window')})\n"
-                  f"served:  {h.get('requests_served')} requests, {h.get('swaps')} swaps, "
-                  f"{h.get('restarts')} engine restarts\n"
+    phase = f", {h.phase}" if h.phase else ""  # issue 16's load phase, if any
+    console.print(f"url:     {u.v1}\nstatus:  {h.status} (model {h.model_state}{phase})\n"
+                  f"pid:     {h.pid} (engine {h.engine_pid})\n"
+                  f"local -> {h.model} (context window {h.context_window})\n"
+                  f"served:  {h.requests_served} requests, {h.swaps} swaps, "
+                  f"{h.restarts} engine restarts\n"
                   f"log:     {log or 'the terminal running `mlx-kit serve`'}", markup=False)
-    if isinstance(h.get("distributed"), dict):
-        console.print(_world_lines(h["distributed"]), markup=False)
+    if h.distributed is not None:
+        console.print(_world_lines(h.distributed), markup=False)
     if p.ready:
         return
     if failed is None:  # loading, restarting, stopped (shutting down)
-        reason = h.get("error") or ("the server is shutting down" if h.get("status") ==
-                                    "stopped" else "the model is loading")
+        reason = h.error or ("the server is shutting down" if h.status == "stopped"
+                             else "the model is loading")
         err_console.print(f"not ready yet: {reason}", markup=False)
         raise typer.Exit(EXIT_NOT_READY)
     err = failed["error"]
@@ -87,31 +91,29 @@ def status(url: Optional[str] = URL, as_json: bool = JSON) -> None:
     raise typer.Exit(err["exit_code"])
 
 
-def _failure(h: dict, where: str) -> dict:
+def _failure(h: HealthBody, where: str) -> dict:
     """The error of a server whose /health says ``failed``, as ``--json`` prints errors
     (:func:`kit.cli.output.error_json`): its exit code and type from /health's
     ``error_type`` (5 and ModelDoesNotFitError for ``model_does_not_fit``, else 1)."""
     from kit.cli.output import error_json
     from kit.errors import error_class_of_kind
 
-    cls = error_class_of_kind(h.get("error_type")) or ServerError
-    return error_json(h.get("error") or f"the server is {h.get('status')}",
+    cls = error_class_of_kind(h.error_type) or ServerError
+    return error_json(h.error or f"the server is {h.status}",
                       "`mlx-kit swap MODEL` to a model that loads (or fits), or `mlx-kit "
                       f"stop` and start it again (the next request also retries){where}",
                       cls.exit_code, cls.__name__)
 
 
-def _world_lines(world: dict) -> str:
+def _world_lines(world: DistributedStatus) -> str:
     """``status``'s lines for /health's ``distributed``: the world, then one line per rank
     (its host and pid; memory too once the rank reported it)."""
-    lines = [f"world:   {world.get('world_size')} ranks ({world.get('backend')}, "
-             f"{world.get('mode')} parallel)"]
-    for r in world.get("ranks") or []:
-        memory = r.get("memory") or {}
-        weights = memory.get("weights_bytes")
-        name = r.get("hostname")
-        lines.append(f"  rank {r.get('rank')}: {r.get('host')} (pid {r.get('pid')})"
-                     + (f", {name}" if name and name != r.get("host") else "")
+    lines = [f"world:   {world.world_size} ranks ({world.backend}, {world.mode} parallel)"]
+    for r in world.ranks:
+        weights = r.memory.weights_bytes if r.memory else None
+        name = r.hostname
+        lines.append(f"  rank {r.rank}: {r.host} (pid {r.pid})"
+                     + (f", {name}" if name and name != r.host else "")
                      + (f", weights {weights / 2**20:.0f} MiB" if weights else ""))
     return "\n".join(lines)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
 from pathlib import Path
+
+from kit.knobs import env
 
 ENV = "MLX_KIT_BLAS"
 _CANDIDATES = (
@@ -42,7 +43,7 @@ def preload_blas() -> str | None:
     if _done:
         return _loaded
     _done = True
-    choice = os.environ.get(ENV, "auto").strip()
+    choice = (env(ENV) or "auto").strip()
     if not sys.platform.startswith("linux") or choice.lower() in ("off", "0", "none", ""):
         return None
     if "mlx.core" in sys.modules:

@@ -9,7 +9,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine import reclaim, wire
 from kit.engine.bridge import END
@@ -17,6 +17,9 @@ from kit.engine.engine import Engine
 from kit.engine.run import Job, Swap
 from kit.engine.types import EngineError
 from kit.models.resolve import ModelInfo
+
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -27,17 +30,18 @@ class _PipeServer:
     """The engine in the child: its worker loop runs on the main thread; a reader thread
     turns pipe messages into queued work; events and state go back through the pipe."""
 
-    def __init__(self, conn: Any, model: ModelInfo,
+    def __init__(self, conn: Any, model: ModelInfo, config: EngineConfig,
                  extra_state: Callable[[], dict[str, Any]] | None = None,
-                 **options: Any) -> None:
-        """``extra_state``: called at every state change (on the worker), its keys added
-        to the snapshot sent (a distributed engine's ``distributed``); ``options``:
-        :class:`Engine`'s keyword arguments."""
+                 **hooks: Any) -> None:
+        """``config``: the engine's knobs (:class:`kit.config.EngineConfig`);
+        ``extra_state``: called at every state change (on the worker), its keys added to
+        the snapshot sent (a distributed engine's ``distributed``); ``hooks``:
+        :class:`Engine`'s other keyword arguments (a rank's inbox, loader, ...)."""
         self._conn = conn
         self._send_lock = threading.Lock()
         self._live: dict[int, Job] = {}
         self._extra = extra_state
-        self.engine = Engine(model, on_change=self._changed, **options)
+        self.engine = Engine(model, config, on_change=self._changed, **hooks)
 
     def send(self, message: tuple) -> None:
         """Send one message (a tuple of :mod:`kit.engine.process`'s protocol) as a
@@ -134,9 +138,10 @@ class _PipeServer:
 STOPPED_BY_THE_SERVER = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
-def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level: int) -> None:
-    """The engine process's entry point (``multiprocessing`` target): load ``model``, then
-    serve the pipe until told to stop or the server goes away."""
+def serve_engine(conn: Any, model: ModelInfo, config: EngineConfig, log_level: int) -> None:
+    """The engine process's entry point (``multiprocessing`` target): load ``model`` with
+    ``config`` (its knobs, whole), then serve the pipe until told to stop or the server
+    goes away."""
     # Ctrl-C, and a SIGTERM to the whole process group (`timeout`, systemd, a terminal's
     # job control), reach us with the server: the server stops us through the pipe once
     # its clients are done; dying first would look like a crash and start a new engine.
@@ -149,7 +154,7 @@ def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level
     from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported
-    server = _PipeServer(conn, model, **options)
+    server = _PipeServer(conn, model, config)
     threading.Thread(target=server.read_commands, name="mlx-kit-engine-pipe",
                      daemon=True).start()
     server.engine.run_worker()

@@ -35,11 +35,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine.bridge import END, LoopSink, settle_from_thread
 from kit.engine.inbox import Inbox
-from kit.engine.kv import kv_snapshot, resolve_max_batch
+from kit.engine.kv import kv_snapshot
 from kit.engine.interface import SwapResult
 from kit.engine.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.run import Job, Swap
@@ -55,24 +55,14 @@ from kit.engine.types import (
 from kit.errors import KitError, ModelError, error_kind
 from kit.models.resolve import ModelInfo
 
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
+    from kit.engine.status import EngineStatus
+
 log = logging.getLogger("mlx_kit.engine")
 
 _FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
                 # EngineProcess.stop waits)
-IDLE_WRITE_S = 5.0  # a queued prompt cache is written once no request came for this long:
-                    # an agent's next turn comes ms after an answer and must not wait for
-                    # a write (GBs for a big model); its newer cache replaces the queued one
-#: Hidden override of IDLE_WRITE_S (seconds, at least 0.5), for tests that wait for writes.
-IDLE_WRITE_ENV = "MLX_KIT_IDLE_WRITE_S"
-
-
-def idle_write_s() -> float:
-    """:data:`IDLE_WRITE_S`, or the hidden ``MLX_KIT_IDLE_WRITE_S`` (at least 0.5)."""
-    try:
-        return max(0.5, float(os.environ[IDLE_WRITE_ENV]))
-    except (KeyError, ValueError):
-        return IDLE_WRITE_S
-
 
 class Engine:
     """Owns one loaded model and serves chat requests and swaps from one queue; satisfies
@@ -80,19 +70,15 @@ class Engine:
 
     Args:
         model: what to load first (see :func:`kit.models.resolve.resolve_model`).
-        prompt_cache_size: how many prompt caches (KV of earlier requests) to keep.
-        prompt_cache_bytes: most bytes they may hold together, least recently used
-            evicted first (None: a quarter of the memory ceiling left after the weights,
-            computed at each load).
-        ttl: unload the model after this many idle seconds (None: never).
-        memory_budget: bytes a model may need at most (None: the memory available now
-            plus what the replaced model frees).
-        max_batch: most requests decoded together (continuous batching, mlx-lm's
-            ``BatchGenerator``); 1 runs requests one at a time with ``stream_generate``.
-            None: 8, or 1 with ``kv_bits`` (:func:`kit.engine.kv.resolve_max_batch`).
-        kv_bits, kv_group_size: quantize the KV cache to 4 or 8 bits in groups of 32, 64
-            or 128 values (None: full precision); see :mod:`kit.engine.kv`. Requests then
-            decode one at a time (mlx-lm cannot batch quantized caches).
+        config: the knobs (:class:`kit.config.EngineConfig`; default: the defaults and
+            the ``MLX_KIT_*`` environment). The engine reads ``prompt_cache_size``,
+            ``prompt_cache_bytes`` (None: a quarter of the memory ceiling left after the
+            weights, at each load), ``ttl`` (0: never unload), ``memory_budget`` (None:
+            what is available plus what the replaced model frees), ``max_batch`` (via
+            ``config.batch``), ``kv_bits``/``kv_group_size``, ``trust_remote_code``,
+            ``prompt_cache_dir``/``prompt_cache_disk`` (bytes; 0: no disk tier),
+            ``warmup`` and ``idle_write_s``; its validation (KV settings) ran once, when
+            it was built.
         on_change: called on the worker right after the public state changed (first
             load, reload, unload, swap, a request served, before its ``Finished``); the
             engine process forwards :meth:`snapshot` from here.
@@ -109,11 +95,6 @@ class Engine:
         on_fatal: called with an unexpected generation failure before it is reported to
             the request (a distributed engine's rank exits there: its peers wait inside a
             collective it will not join); default: nothing, the engine goes on.
-        prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
-        prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
-            :mod:`kit.engine.disk_tier`.
-        warmup: ``auto`` (warm the kernels before ready only where mlx runs on CUDA),
-            ``on`` or ``off`` (see :mod:`kit.engine.warmup`).
 
     Attributes:
         phase: what a load is doing now, ``"loading weights"`` or ``"warming up"``; None
@@ -124,23 +105,18 @@ class Engine:
             beside the worker clears it and gives memory back (see :mod:`kit.engine.reclaim`).
     """
 
-    def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
-                 prompt_cache_bytes: int | None = None, ttl: float | None = None,
-                 memory_budget: int | None = None,
-                 max_batch: int | None = None, on_change: Callable[[], None] | None = None,
-                 trust_remote_code: bool = False, inbox: Inbox | None = None,
+    def __init__(self, model: ModelInfo, config: EngineConfig | None = None, *,
+                 on_change: Callable[[], None] | None = None, inbox: Inbox | None = None,
                  loader: Callable[..., Any] | None = None,
                  agree: Callable[[BaseException | None], BaseException | None] | None = None,
                  split: tuple[int, int, bool, int] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None,
-                 prompt_cache_dir: str | None = None,
-                 prompt_cache_disk_bytes: int = 0,
-                 warmup: str = "auto",
-                 kv_bits: int | None = None, kv_group_size: int = 64) -> None:
-        """Raises ConfigError for KV settings :mod:`kit.engine.kv` refuses, or a warm-up
-        mode :func:`kit.engine.warmup.check_mode` refuses."""
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        """Raises ConfigError for a warm-up mode :func:`kit.engine.warmup.check_mode`
+        refuses (``on`` in a distributed engine)."""
+        from kit.config import EngineConfig
         from kit.engine.warmup import check_mode
 
+        c = self.config = config if config is not None else EngineConfig()
         self.state = "loading"
         self.phase: str | None = None
         self.error: str | None = None
@@ -153,22 +129,22 @@ class Engine:
         self.unloads = 0
         self.restarts = 0  # in-process there is no engine process to replace
         self.load_seconds: float | None = None
-        self.ttl = ttl
-        self.max_batch = resolve_max_batch(max_batch, kv_bits)
-        self.slot = ModelSlot(model, memory_budget, trust_remote_code=trust_remote_code,
+        self.ttl = c.ttl or None
+        self.max_batch = c.batch
+        self.slot = ModelSlot(model, c.memory_budget, trust_remote_code=c.trust_remote_code,
                               loader=loader, split=split,
-                              warmup=check_mode(warmup, distributed=split is not None),
-                              max_batch=self.max_batch, kv_bits=kv_bits,
-                              kv_group_size=kv_group_size)
+                              warmup=check_mode(c.warmup.value, distributed=split is not None),
+                              max_batch=self.max_batch, kv_bits=c.kv_bits,
+                              kv_group_size=c.kv_group_size)
         self.pipeline = Pipeline(self.slot,
-                                 PromptCachePolicy(prompt_cache_size, prompt_cache_bytes),
+                                 PromptCachePolicy(c.prompt_cache_size, c.prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
         self.pipeline.changed = lambda: self._on_change()
-        if prompt_cache_disk_bytes > 0:
+        if c.prompt_cache_disk > 0:
             from kit.engine.disk_tier import DiskTier
 
             self.pipeline.cache.attach_disk(DiskTier.for_slot(
-                prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
+                c.prompt_cache_dir, c.prompt_cache_disk, self.slot))
         self._agree = agree or (lambda error: error)
         self.reclaim_heap = False
         self._on_change = on_change or (lambda: None)
@@ -239,6 +215,13 @@ class Engine:
                 "capabilities": self.capabilities(), "admission": self.admission,
                 "prompt_cache": self.prompt_cache,
                 "kv_cache": kv_snapshot(self.slot, self.max_batch)}
+
+    def status(self) -> EngineStatus:
+        """See :meth:`kit.engine.interface.EngineLike.status`."""
+        from kit.engine.status import status_of
+
+        return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
+                         kv_cache=kv_snapshot(self.slot, self.max_batch))
 
     @property
     def admission(self) -> dict[str, Any]:
@@ -339,7 +322,7 @@ class Engine:
 
         backlog: deque = deque()
         item: Any = None
-        idle_s = idle_write_s()
+        idle_s = self.config.idle_write_s
         while True:  # requests queued during the first load are served once it is done
             timeout = self.ttl if self.ttl and self.slot.loaded else None
             item = None  # a served request's prompt must not live on until the next one
@@ -350,7 +333,7 @@ class Engine:
 
                 reclaim.give_back()
             try:
-                # with a write queued, wait IDLE_WRITE_S for a request first (the TTL,
+                # with a write queued, wait idle_write_s for a request first (the TTL,
                 # much longer, counts again after the write)
                 wait = min(timeout, idle_s) if idle_write and timeout else (
                     idle_s if idle_write else timeout)

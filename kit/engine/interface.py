@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from kit.engine.status import EngineStatus
 from kit.engine.types import ChatRequest, Event
 from kit.models.resolve import ModelInfo
 
@@ -45,8 +46,8 @@ class EngineLike(Protocol):
       when no load runs.
     - ``ttl``: idle seconds before an unload, or None for never.
     - ``pid``: the process that runs generation (None before it started).
-    - ``prompt_cache`` (read with ``getattr``: None until the engine reported it): the
-      prompt cache's counters (:meth:`kit.engine.pipeline.PromptCachePolicy.stats`).
+
+    ``/health`` and ``/metrics`` read :meth:`status` (one typed record), not these.
 
     Every method is called from the server's event loop thread unless it says otherwise.
 
@@ -144,3 +145,8 @@ class EngineLike(Protocol):
     def capabilities(self) -> dict[str, Any]:
         """What the loaded model's chat template supports: ``tools``, ``reasoning``
         (both False while unknown)."""
+
+    def status(self) -> EngineStatus:
+        """The engine's state as of its last report (:class:`kit.engine.status.EngineStatus`:
+        state, counters, memory, prompt cache, KV settings, admission, ranks): what
+        ``/health`` and ``/metrics`` show. Never blocks."""

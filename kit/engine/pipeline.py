@@ -172,7 +172,7 @@ class PromptCachePolicy:
 
     def write_pending(self) -> None:
         """Write the newest cache queued for the disk (the worker calls it once idle for
-        :data:`kit.engine.engine.IDLE_WRITE_S`)."""
+        the ``idle_write_s`` knob, :data:`kit.knobs.KNOBS`)."""
         self._disk.write_one()
 
     def flush(self, seconds: float) -> None:

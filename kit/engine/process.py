@@ -11,6 +11,8 @@ Wire protocol (one ``multiprocessing`` pipe of typed, versioned :mod:`kit.engine
 records, sent with ``send_bytes`` and read under a size bound, never pickles; each end
 sends under a lock, as a duplex pipe is written by both). Each side handles tuples:
 
+- process start: :func:`serve_engine`'s arguments carry the :class:`kit.config.EngineConfig`
+  whole (pickled with the process's arguments).
 - server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
   ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("memory", id, None)``,
   ``("stop",)``.
@@ -52,7 +54,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine import wire
 from kit.engine.bridge import END, LoopSink
@@ -60,6 +62,10 @@ from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
+
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
+    from kit.engine.status import EngineStatus
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -106,13 +112,16 @@ class EngineProcess:
 
     Args:
         model: what to load first.
-        **options: :class:`Engine`'s keyword arguments (``prompt_cache_size``, ``ttl``,
-            ``memory_budget``, ``max_batch``, ``trust_remote_code``, ``kv_bits``,
-            ``kv_group_size``, ...), handed to every
-            engine process it starts (restarts too).
+        config: the knobs (:class:`kit.config.EngineConfig`, without secrets:
+            :meth:`~kit.config.EngineConfig.for_engine`), handed whole to every engine
+            process it starts (restarts too); default: defaults and the environment.
     """
 
-    def __init__(self, model: ModelInfo, **options: Any) -> None:
+    def __init__(self, model: ModelInfo, config: EngineConfig | None = None) -> None:
+        from kit.config import EngineConfig
+        from kit.engine.kv import describe
+
+        config = config if config is not None else EngineConfig()
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
@@ -120,17 +129,18 @@ class EngineProcess:
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
-        self.ttl = options.get("ttl")
-        from kit.engine.kv import check_kv, describe, resolve_max_batch
-
-        check_kv(options.get("kv_bits"), options.get("kv_group_size", 64))
-        # the engine's own checks, here too: a bad combination fails before a process starts
-        self.max_batch = resolve_max_batch(options.get("max_batch"), options.get("kv_bits"))
+        self.ttl = config.ttl or None
+        self.max_batch = config.batch
         #: /health's KV settings until the engine's first snapshot (which adds its layers)
         self.kv_cache: dict[str, Any] = {
-            **describe(options.get("kv_bits"), options.get("kv_group_size", 64)),
+            **describe(config.kv_bits, config.kv_group_size),
             "quantized_layers": None, "layers": None, "max_batch": self.max_batch}
-        self._options = options
+        self.config = config
+        #: the engine's last reports (None until its first snapshot; ``distributed``: a
+        #: distributed engine's ranks)
+        self.prompt_cache: dict[str, int] | None = None
+        self.admission: dict[str, Any] | None = None
+        self.distributed: dict[str, Any] | None = None
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
         self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
@@ -159,7 +169,7 @@ class EngineProcess:
         ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads
         conn, child = ctx.Pipe()
         process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
-                              args=(child, self.model_info, self._options,
+                              args=(child, self.model_info, self.config,
                                     logging.getLogger("mlx_kit").getEffectiveLevel()))
         # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
         # them (a traceback from its imports, or a death taken for a crash, otherwise):
@@ -230,6 +240,14 @@ class EngineProcess:
     def capabilities(self) -> dict[str, Any]:
         """See :meth:`Engine.capabilities`."""
         return dict(self._capabilities)
+
+    def status(self) -> EngineStatus:
+        """See :meth:`kit.engine.interface.EngineLike.status` (the engine's last report;
+        never blocks)."""
+        from kit.engine.status import status_of
+
+        return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
+                         kv_cache=self.kv_cache, distributed=self.distributed)
 
     # -- API -------------------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from kit.knobs import env
+
 log = logging.getLogger("mlx_kit.engine")
 
 
@@ -150,9 +152,9 @@ def main() -> None:
     from kit.engine.world_codec import Setup, setup_of
     from kit.models.resolve import ModelInfo
 
-    backend = os.environ.get("MLX_KIT_BACKEND", "ring")
-    pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
-    timeout = float(os.environ.get("MLX_KIT_RANK_TIMEOUT", "300"))
+    backend = env("MLX_KIT_BACKEND", "ring") or "ring"
+    pipeline = env("MLX_KIT_PIPELINE") == "1"
+    timeout = float(env("MLX_KIT_RANK_TIMEOUT", "300") or 300)
     try:  # mlx.launch's "jaccl-ring" (a host file may name it) is mx's "jaccl"
         world = World.init("jaccl" if backend.startswith("jaccl") else backend, timeout,
                            key)
@@ -170,7 +172,7 @@ def main() -> None:
         world.prove()
         setup = None
         if world.rank == 0:
-            conn = _connect(Path(os.environ["MLX_KIT_CONTROL"]))
+            conn = _connect(Path(env("MLX_KIT_CONTROL") or ""))
             from kit.engine import wire
 
             try:  # a kit.engine.wire record, never a pickle
@@ -181,9 +183,9 @@ def main() -> None:
                 _fatal(f"the server's first message was {kind!r}, not init", 1)
             setup = setup_of(*init)
         setup = world.share(Setup, setup)
-        model, options, level = (ModelInfo(setup.model_id, Path(setup.model_path),
-                                           setup.context_window),
-                                 setup.options.model_dump(), setup.log_level)
+        model, config, level = (ModelInfo(setup.model_id, Path(setup.model_path),
+                                          setup.context_window),
+                                setup.options, setup.log_level)
         # a follower's request lines repeat rank 0's: only its warnings, unless debugging
         logging.getLogger("mlx_kit").setLevel(
             level if world.rank == 0 or level <= logging.DEBUG else max(level, logging.WARNING))
@@ -192,9 +194,9 @@ def main() -> None:
         # the engine before it passes no sync point either.
         world.paused = True
         world.start_watchdog()
-        _run(world, conn, model, options, backend, pipeline)
+        _run(world, conn, model, config, backend, pipeline)
         if world.rank == 0:
-            _remove_control(Path(os.environ["MLX_KIT_CONTROL"]))
+            _remove_control(Path(env("MLX_KIT_CONTROL") or ""))
     except WorldTampered as e:
         _fatal(f"{e}; this rank stops", EXIT_TAMPERED)
     except WorldLost as e:
@@ -257,14 +259,14 @@ def _fatal_free_exit() -> None:
     os._exit(0)  # no interpreter teardown: mlx's group would be torn down under peers
 
 
-def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
+def _run(world: Any, conn: Any, model: Any, config: Any, backend: str,
          pipeline: bool) -> None:
     from kit.engine.child import _PipeServer
     from kit.engine.engine import Engine
     from kit.engine.rank_inbox import RankInbox
     from kit.engine.world_codec import Machine, RankFacts
 
-    listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
+    listed = (env("MLX_KIT_RANK_HOSTS") or "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host
 
     def ranks() -> dict[str, Any]:
@@ -293,12 +295,12 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
              "agree": world.agree, "on_fatal": fatal,
              "split": (world.rank, world.size, pipeline, machines.count(machine))}
     if world.rank == 0:
-        server = _PipeServer(conn, model, extra_state=ranks, **options, **extra)
+        server = _PipeServer(conn, model, config, extra_state=ranks, **extra)
         engine = server.engine
         threading.Thread(target=server.read_commands, name="mlx-kit-engine-pipe",
                          daemon=True).start()
     else:
-        engine = Engine(model, on_change=ranks, **options, **extra)
+        engine = Engine(model, config, on_change=ranks, **extra)
     _pause_watchdog_while_loading(world, engine.slot)
     engine.run_worker()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.engine.world_codec import KEY_BYTES, KEY_ENV
+from kit.knobs import take_env
 
 _STDIN_WAIT_S = 60.0  # the server writes the line at once; mlx.launch forwards it
 
@@ -31,8 +32,7 @@ def read_world_key(environ: dict[str, str] | None = None, stdin: int = 0) -> byt
     Raises:
         KeyMissing: neither holds :data:`KEY_BYTES` bytes of hex.
     """
-    environ = os.environ if environ is None else environ
-    text = environ.pop(KEY_ENV, "")
+    text = take_env(KEY_ENV) if environ is None else environ.pop(KEY_ENV, "")
     if not text:
         line = b""
         while not line.endswith(b"\n") and len(line) < 1024:

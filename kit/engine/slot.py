@@ -103,9 +103,7 @@ class ModelSlot:
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
                  kv_group_size: int = 64) -> None:
-        from kit.engine.kv import check_kv
-
-        check_kv(kv_bits, kv_group_size)
+        # kv_bits/kv_group_size were checked once, by kit.config.EngineConfig
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.kv_layers: tuple[int, int] | None = None

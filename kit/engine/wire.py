@@ -233,7 +233,7 @@ def _tuple(record: _Rec, ident: int) -> tuple:
     if isinstance(record, Init):
         s = record.setup
         return ("init", ModelInfo(s.model_id, Path(s.model_path), s.context_window),
-                s.options.model_dump(), s.log_level)
+                s.options, s.log_level)
     return ("stop",)
 
 

@@ -6,8 +6,8 @@ and payload), and exceptions as :class:`ErrorRecord` records, rebuilt from an al
 Where the engine's other models plug in: a state report's :class:`Status` (today
 :meth:`kit.engine.engine.Engine.snapshot`'s keys less ``model_info``; EngineStatus can
 take its place in :class:`State`), and ``init``'s options, which are
-:class:`kit.engine.world_codec.Setup`'s (its ``EngineOptions``: EngineConfig there serves
-this socket and the ring alike).
+:class:`kit.engine.world_codec.Setup`'s (its ``options``: the whole
+:class:`kit.config.EngineConfig`, secrets blanked, on this socket and the ring alike).
 """
 
 from __future__ import annotations

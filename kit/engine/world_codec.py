@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kit.config import EngineConfig
 from kit.engine.types import ChatRequest
 
 VERSION = 1
@@ -59,31 +60,15 @@ class Record(BaseModel):
 _Name = Field(max_length=4096)
 
 
-class EngineOptions(BaseModel):
-    """:class:`kit.engine.engine.Engine`'s keyword arguments the server gives every rank."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    prompt_cache_size: int = Field(4, ge=0, le=1 << 20)
-    prompt_cache_bytes: int | None = Field(None, ge=0)
-    ttl: float | None = Field(None, ge=0)
-    memory_budget: int | None = Field(None, ge=0)
-    max_batch: int | None = Field(None, ge=1, le=1 << 16)
-    trust_remote_code: bool = False
-    prompt_cache_dir: str | None = _Name
-    prompt_cache_disk_bytes: int = Field(0, ge=0)
-    warmup: str = Field("auto", max_length=64)
-    kv_bits: int | None = Field(None, ge=1, le=16)
-    kv_group_size: int = Field(64, ge=1, le=1 << 16)
-
-
 class Setup(Record):
-    """Rank 0's first share: the model to load, the engine's options, the log level."""
+    """Rank 0's first share: the model to load, the engine's config (whole, without
+    secrets), the log level."""
 
     KIND, MAX_BYTES = 1, 64 << 10
     model_id: str = _Name
     model_path: str = _Name
     context_window: int = Field(ge=1, le=1 << 40)
-    options: EngineOptions
+    options: EngineConfig
     log_level: int = Field(ge=0, le=100)
 
 
@@ -266,15 +251,9 @@ def proof_mac(key: bytes, rank: int, nonces: list[str]) -> str:
     return _mac(key, json.dumps(["proof", rank, nonces]).encode()).hex()
 
 
-def setup_of(model: Any, options: dict[str, Any], level: int) -> Setup:
-    """The :class:`Setup` of a :class:`kit.models.resolve.ModelInfo` and options.
-
-    Raises:
-        pydantic.ValidationError: an option the ranks do not know, or out of its range.
-    """
-    folder = options.get("prompt_cache_dir")
-    options = {**options, "prompt_cache_dir": None if folder is None else str(folder)}
+def setup_of(model: Any, config: EngineConfig, level: int) -> Setup:
+    """The :class:`Setup` of a :class:`kit.models.resolve.ModelInfo` and a config (its
+    secrets blanked: the record travels to other machines)."""
     return Setup(model_id=model.id, model_path=str(model.path),
-                 context_window=model.context_window,
-                 options=EngineOptions.model_validate(options, strict=False),
+                 context_window=model.context_window, options=config.for_engine(),
                  log_level=level)

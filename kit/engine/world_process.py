@@ -38,7 +38,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.engine import wire
 from kit.engine.hosts import (
@@ -53,6 +53,9 @@ from kit.engine.types import EngineUnavailable
 from kit.engine.world_codec import KEY_BYTES, KEY_ENV
 from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
+
+if TYPE_CHECKING:
+    from kit.config import EngineConfig
 
 log = logging.getLogger("mlx_kit.engine")
 ranks_log = logging.getLogger("mlx_kit.ranks")
@@ -145,27 +148,34 @@ class DistributedEngine(EngineProcess):
     Args:
         model: what to load first.
         plan: the ranks (:func:`kit.engine.hosts.plan_world`).
+        config: the knobs (:class:`kit.config.EngineConfig`), rank 0 shares them with
+            every rank (default: defaults and the environment).
         on_lost: called once, from a thread, with the error when the world is lost.
-        **options: :class:`kit.engine.engine.Engine`'s keyword arguments.
+
+    Raises:
+        ConfigError: ``warmup`` ``on``, or ``prompt_cache_bytes`` set (neither works on
+            ranks in lockstep).
     """
 
-    def __init__(self, model: ModelInfo, plan: WorldPlan,
-                 on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
+    def __init__(self, model: ModelInfo, plan: WorldPlan, config: EngineConfig | None = None,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        from kit.config import EngineConfig
         from kit.engine.warmup import check_mode
 
+        config = config if config is not None else EngineConfig()
         # ConfigError before any rank starts: the ranks cannot warm up in lockstep
-        check_mode(options.get("warmup", "auto"), distributed=True)
-        if options.get("prompt_cache_bytes") is not None:
+        check_mode(config.warmup.value, distributed=True)
+        if config.prompt_cache_bytes is not None:
             # each rank's share of a KV cache has its own size, so a byte bound would
             # evict different caches on different ranks, whose prompts then diverge
             raise ConfigError("--prompt-cache-bytes is not supported with --ranks/--hosts",
                               hint="bound the prompt caches by count (--prompt-cache-size)")
-        if options.get("prompt_cache_disk_bytes"):
+        if config.prompt_cache_disk:
             # each rank holds only its shard of the KV; which file every rank would load
             # is not agreed yet (future work), so the tier is off here (docs/distributed.md)
             log.info("the prompt cache's disk tier is off for a distributed engine")
-            options["prompt_cache_disk_bytes"] = 0
-        super().__init__(model, **options)
+            config = config.model_copy(update={"prompt_cache_disk": 0})
+        super().__init__(model, config)
         self.plan = plan
         self.distributed: dict[str, Any] = {
             "world_size": plan.size, "backend": plan.backend, "mode": plan.mode,
@@ -191,7 +201,7 @@ class DistributedEngine(EngineProcess):
         """
         # rank 0's first message, as a kit.engine.wire record (checked before any rank
         # starts: an option the ranks do not take fails here)
-        init = wire.encode(("init", self.model_info, self._options,
+        init = wire.encode(("init", self.model_info, self.config,
                             logging.getLogger("mlx_kit").getEffectiveLevel()))
         control = Path(tempfile.mkdtemp(prefix="mlx-kit-ranks-"))  # 0700
         self._control = control
@@ -210,7 +220,7 @@ class DistributedEngine(EngineProcess):
         env = {"MLX_KIT_CONTROL": str(control), "MLX_KIT_BACKEND": self.plan.backend,
                "MLX_KIT_PIPELINE": "1" if self.plan.pipeline else "0",
                "MLX_KIT_RANK_TIMEOUT": str(self.plan.timeout),
-               "MLX_KIT_HOSTS": ",".join(self.plan.hosts)}
+               "MLX_KIT_RANK_HOSTS": ",".join(self.plan.hosts)}
         port = free_ring_ports(self.plan.size)  # free here; other hosts are most likely alike
         cmd = self.plan.command(python_for_ranks(), port, env)
         log.info("starting %d ranks (%s, %s parallel): %s", self.plan.size,

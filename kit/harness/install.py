@@ -27,6 +27,7 @@ from kit.harness.plan_types import Plan, Step
 from kit.harness.proof import is_ours
 from kit.harness.render import context, render
 from kit.harness.spec import FileSpec, HarnessSpec
+from kit.knobs import env
 from kit.probe import fetch_models
 from kit.urls import ServerURL
 
@@ -54,7 +55,7 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
         (entries shaped like /v1/models entries with ``local`` first, where they came from)
     """
     keep = ("id", "name", "model", "context_window", "max_tokens", "capabilities")
-    live = fetch_models(url, api_key=os.environ.get("MLX_KIT_API_KEY"))
+    live = fetch_models(url, api_key=env("MLX_KIT_API_KEY"))
     if live:  # keep what describes a model, not volatile fields like "created"
         return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
                 f"probe of {url.v1}/models")

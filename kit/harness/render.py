@@ -31,6 +31,7 @@ from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.errors import HarnessError
+from kit.knobs import env
 
 if TYPE_CHECKING:  # the render child (kit.harness.render_box) needs no pydantic
     from kit.harness.spec import HarnessSpec
@@ -203,7 +204,7 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
         "api_key_env": API_KEY_ENV,
         # whether the user set a key: a config that can only name a key it then requires
         # (llm's api_key_name) names it only then, so keyless direct use keeps working
-        "api_key_set": bool(os.environ.get(API_KEY_ENV)),
+        "api_key_set": bool(env(API_KEY_ENV)),
         "models": models,
         "baked_source": baked_source,
     }

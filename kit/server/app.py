@@ -10,6 +10,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from kit import __version__
+from kit.health import HealthBody
 from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
 from kit.server import gemini
 from kit.server.adapter import MAX_TOKENS_HEADER
@@ -83,10 +84,14 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     # Claude Code probes HEAD / first; one operation in the schema (no duplicate id)
     app.add_api_route("/", root, methods=["HEAD"], include_in_schema=False)
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthBody,
+             responses={503: {"model": HealthBody, "description": "Not ready: loading, "
+                              "failed, restarting or stopped (the same body)."}})
     async def health() -> JSONResponse:
+        """Whether the server is mlx-kit and ready, and the engine's state
+        (:class:`kit.health.HealthBody`). No auth."""
         body = state.health(memory=await state.engine.current_memory())
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return JSONResponse(body.to_json(), status_code=200 if body.ok else 503)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -130,9 +130,10 @@ class EngineCollector(Collector):
         engine = self.state.engine
         if engine is None:
             return
+        status = engine.status()
         for name, (key, doc) in _ENGINE_COUNTERS.items():
-            yield _counter(name, doc, getattr(engine, key, 0))
-        memory = _dict(engine.memory())
+            yield _counter(name, doc, getattr(status, key))
+        memory = status.memory.model_dump()
         g = GaugeMetricFamily(PREFIX + "engine_memory_bytes", "mlx allocator in the "
                               "engine process (its last report)", labels=["kind"])
         for key, kind in _MEMORY.items():
@@ -141,10 +142,10 @@ class EngineCollector(Collector):
         yield g
         info = GaugeMetricFamily(PREFIX + "model_info", "the model behind `local` (1) and "
                                  "its state", labels=["model", "state"])
-        info.add_metric([str(self.state.model_id), str(engine.state)], 1)
+        info.add_metric([str(self.state.model_id), status.state], 1)
         yield info
-        yield from prompt_cache_metrics(getattr(engine, "prompt_cache", None))
-        yield from admission_metrics(getattr(engine, "admission", None))
+        yield from prompt_cache_metrics(status.prompt_cache)
+        yield from admission_metrics(status.admission)
 
 
 def admission_metrics(snapshot: Any) -> Iterator[Metric]:

@@ -14,6 +14,7 @@ from kit import STABLE_MODEL_ID, __version__
 from kit.engine.interface import EngineLike
 from kit.engine.types import SamplingParams
 from kit.errors import KitError
+from kit.health import HealthBody
 from kit.models.aliases import AliasTable
 from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
 from kit.server.errors import APIError, api_error
@@ -158,26 +159,15 @@ class ServerState:
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}
         return [{**e, **extra} for e in entries]
 
-    def health(self, memory: dict | None = None) -> dict:
-        """The /health body; ``memory``: the engine's (default: its last known
-        :meth:`~kit.engine.interface.EngineLike.memory`)."""
-        e = self.engine
-        return {"service": "mlx-kit", "version": __version__,
-                "status": "ok" if e.state in ("ready", "unloaded") else e.state,
-                "model_state": e.state, "model": self.model_id,
-                "context_window": e.model_info.context_window, "pid": os.getpid(),
-                "requests_served": e.requests_served, "swaps": e.swaps, "reloads": e.reloads,
-                "unloads": e.unloads, "restarts": e.restarts,
-                "engine_pid": e.pid, "ttl": e.ttl,
-                "load_seconds": e.load_seconds, "phase": getattr(e, "phase", None),
-                "swaps_pending": self.swaps_pending,
-                "memory": e.memory() if memory is None else memory, "error": e.error,
-                # the error's kind (kit.errors.error_kind), e.g. "model_does_not_fit"
-                "error_type": getattr(e, "error_type", None) if e.error else None,
-                # memory/disk hits, sizes and writes (None until the engine reported them)
-                "prompt_cache": getattr(e, "prompt_cache", None),
-                **({"kv_cache": e.kv_cache} if getattr(e, "kv_cache", None) else {}),
-                "sampling_defaults": {k: getattr(d, k) for d in [self.sampling_defaults()]
-                                      for k in ("temperature", "top_p", "top_k", "min_p")},
-                **({"admission": e.admission} if getattr(e, "admission", None) else {}),
-                **({"distributed": e.distributed} if getattr(e, "distributed", None) else {})}
+    def health(self, memory: dict | None = None) -> HealthBody:
+        """The /health body (:class:`kit.health.HealthBody`) of the engine's
+        :meth:`~kit.engine.interface.EngineLike.status`; ``memory``: fresher allocator
+        counters (default: the status's, the engine's last report)."""
+        from kit.engine.status import MemoryStatus
+
+        d = self.sampling_defaults()
+        return HealthBody.build(
+            self.engine.status(), version=__version__, model=self.model_id, pid=os.getpid(),
+            swaps_pending=self.swaps_pending,
+            sampling={k: getattr(d, k) for k in ("temperature", "top_p", "top_k", "min_p")},
+            memory=MemoryStatus.model_validate(memory) if memory is not None else None)

@@ -114,7 +114,7 @@ async def ui_data(state: ServerState, metrics: Metrics, activity: Activity) -> d
     body), ``models`` (/v1/models' entries), ``live``/``live_total``/``samples``,
     ``totals`` (token counters since start) and ``system`` (this machine's memory, bytes:
     the reference when the engine reports no budget)."""
-    health = state.health(memory=await state.engine.current_memory())
+    health = state.health(memory=await state.engine.current_memory()).to_json()
     reg = metrics.registry
     totals = {name: int(reg.get_sample_value(f"mlx_kit_{name}_total") or 0)
               for name in ("prompt_tokens", "cached_prompt_tokens", "generated_tokens")}

@@ -224,7 +224,7 @@ def start_detached_world(home: Path, hf_home: Path) -> tuple[str, dict]:
     code = ("import json, sys; from kit.daemon import ensure_server; "
             "from kit.urls import parse_url; "
             f"p, started = ensure_server(parse_url({url!r}), None, {READY_S}, "
-            "serve_args=['--ranks', '3']); print(json.dumps(p.health))")
+            "serve_args=['--ranks', '3']); print(json.dumps(p.health.to_json()))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=clean_env(home, hf_home, TMPDIR=str(_tmpdir(home))),
                        timeout=READY_S + 30)

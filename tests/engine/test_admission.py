@@ -310,20 +310,22 @@ def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch
 
 
 def test_prompt_cache_bytes_is_refused_across_ranks_before_any_starts():
+    from kit.config import EngineConfig
     from kit.engine.world_process import DistributedEngine
     from kit.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        DistributedEngine(None, None, prompt_cache_bytes=1 << 30)  # type: ignore[arg-type]
+        DistributedEngine(None, None,  # type: ignore[arg-type]
+                          EngineConfig(prompt_cache_bytes=1 << 30))
     assert "--prompt-cache-bytes" in e.value.message and "--prompt-cache-size" in e.value.hint
 
 
 def test_launch_forwards_the_memory_flags_and_checks_them_before_starting_a_server():
-    from kit.cli.launch import _memory_args
+    from kit.config import EngineConfig
     from kit.errors import ConfigError
 
-    assert _memory_args("8GB", "512MiB") == ["--memory-budget", "8GB",
-                                             "--prompt-cache-bytes", "512MiB"]
-    assert _memory_args(None, None) == []
-    with pytest.raises(ConfigError):
-        _memory_args(None, "lots")
+    c = EngineConfig.from_flags({"memory_budget": "8GB", "prompt_cache_bytes": "512MiB"})
+    assert c.to_argv("launch") == ["--memory-budget", str(8 * 10**9),
+                                   "--prompt-cache-bytes", str(512 * 2**20)]
+    with pytest.raises(ConfigError, match="--prompt-cache-bytes"):
+        EngineConfig.from_flags({"prompt_cache_bytes": "lots"})

@@ -7,8 +7,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+
 from huggingface_hub import snapshot_download
 
+from kit.config import EngineConfig
 from kit.engine.engine import Engine
 from kit.engine.types import ChatRequest, Finished, SamplingParams
 from kit.models.resolve import resolve_model
@@ -19,7 +21,7 @@ from tests.greedy import Step, check_agreement
 def _started(hf_home, **replace) -> Engine:
     folder = snapshot_download(STARTER_ID, cache_dir=Path(hf_home) / "hub",
                                local_files_only=True)
-    e = Engine(dataclasses.replace(resolve_model(folder), **replace), max_batch=1)
+    e = Engine(dataclasses.replace(resolve_model(folder), **replace), EngineConfig(max_batch=1))
     e.start()
     assert e.wait_ready(120)
     return e

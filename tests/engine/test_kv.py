@@ -79,8 +79,11 @@ def test_the_estimate_matches_what_mlx_allocates_for_a_quantized_cache():
 
 
 def test_launch_forwards_the_kv_flags_to_the_server_it_starts():
-    from kit.cli.launch import _kv_args
+    from kit.config import EngineConfig
 
-    assert _kv_args(None, None) == []
-    assert _kv_args(8, None) == ["--kv-bits", "8"]
-    assert _kv_args(4, 32) == ["--kv-bits", "4", "--kv-group-size", "32"]
+    def argv(**given):
+        return EngineConfig.from_flags(given).to_argv("launch")
+
+    assert argv() == []
+    assert argv(kv_bits=8) == ["--kv-bits", "8"]
+    assert argv(kv_bits=4, kv_group_size=32) == ["--kv-bits", "4", "--kv-group-size", "32"]

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+
+from kit.config import EngineConfig
 from kit.engine.engine import Engine
 from kit.engine.slot import ModelSlot, remote_code
 from kit.errors import ModelError
@@ -51,7 +53,7 @@ def test_the_option_reaches_mlx_lms_load(tmp_path, monkeypatch, trust):
         raise RuntimeError("recorded")
 
     monkeypatch.setattr(mlx_lm, "load", load)
-    engine = Engine(_info(tmp_path), trust_remote_code=trust)  # what the engine child builds
+    engine = Engine(_info(tmp_path), EngineConfig(trust_remote_code=trust))  # what the engine child builds
     with pytest.raises(ModelError):
         engine.slot.load(_info(tmp_path), replacing=0)
     assert calls == [(str(tmp_path), {"tokenizer_config": {"trust_remote_code": trust},
@@ -139,7 +141,7 @@ def test_the_server_launch_starts_gets_trust_remote_code(hf_home, tmp_path):
     env, url = clean_env(home, hf_home), f"http://127.0.0.1:{free_port()}"
     code = ("from kit.daemon import ensure_server; from kit.urls import parse_url; "
             f"p, started = ensure_server(parse_url({url!r}), {str(model)!r}, 120, "
-            "serve_args=['--trust-remote-code']); print(started, p.health['status'])")
+            "serve_args=['--trust-remote-code']); print(started, p.health.status)")
     try:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=180)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+
+from kit.config import EngineConfig
 from kit.engine import warmup
 from kit.errors import ConfigError
 
@@ -134,7 +136,7 @@ def test_an_engine_whose_warm_up_fails_still_becomes_ready_and_answers(starter_f
         model, tokenizer = load(path)
         return FailsFirst(model), tokenizer
 
-    engine = Engine(resolve_model(starter_folder), max_batch=2, warmup="on", loader=loader,
+    engine = Engine(resolve_model(starter_folder), EngineConfig(max_batch=2, warmup="on"), loader=loader,
                     on_change=lambda: phases.append((engine.state, engine.phase)))
     with caplog.at_level(logging.INFO, logger="mlx_kit.engine"):
         engine.start()

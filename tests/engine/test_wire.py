@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.config import EngineConfig
 from kit.engine import wire
 from kit.engine.bridge import END, LoopSink
 from kit.engine.interface import SwapResult
@@ -61,7 +62,7 @@ SNAPSHOT = {
 MESSAGES = [
     ("gen", 1, REQUEST), ("cancel", 1), ("swap", 2, "org/other"), ("count", 3, REQUEST),
     ("memory", 4, None), ("stop",),
-    ("init", MODEL, {"prompt_cache_size": 2, "ttl": 60.0}, 20),
+    ("init", MODEL, EngineConfig(prompt_cache_size=2, ttl=60.0, api_key="sekret"), 20),
     ("ev", 1, Started("org/m", 12, 4, 5, 8)),
     ("ev", 1, TextDelta("Hi", (TokenLogprob("Hi", -0.25, (("Hi", -0.25), ("Ho", -2.0))),))),
     ("ev", 1, TextDelta("x", (TokenLogprob("x", 0.0, (("y", float("-inf")),)),))),  # masked
@@ -82,9 +83,10 @@ def frame(kind: int, payload: bytes, version: int = wire.VERSION, ident: int = 7
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: m[0])
 def test_every_message_kind_round_trips(message):
     got = wire.decode(wire.encode(message))
-    if message[0] == "init":  # the options come back whole, with the ranks' defaults
+    if message[0] == "init":  # the config comes back whole, less its secret
         assert got[:2] == message[:2] and got[3] == message[3]
-        assert got[2]["prompt_cache_size"] == 2 and got[2]["ttl"] == 60.0
+        assert got[2] == message[2].for_engine() and got[2].api_key is None
+        assert got[2].prompt_cache_size == 2 and got[2].ttl == 60.0
     else:
         assert got == message
 

@@ -67,10 +67,13 @@ def test_a_distributed_engine_runs_without_the_prompt_cache_disk_tier(caplog):
     # each rank holds only its KV shard: no rank may load a file the others do not
     import logging
 
+    from kit.config import EngineConfig
+
     with caplog.at_level(logging.INFO, logger="mlx_kit.engine"):
         engine = DistributedEngine(INFO, plan_world(2, None, None, None, False, 300),
-                                   prompt_cache_disk_bytes=10 << 30, prompt_cache_dir="/x")
-    assert engine._options["prompt_cache_disk_bytes"] == 0
+                                   EngineConfig(prompt_cache_disk=10 << 30,
+                                                prompt_cache_dir="/x"))
+    assert engine.config.prompt_cache_disk == 0
     assert "disk tier is off for a distributed engine" in caplog.text
 
 

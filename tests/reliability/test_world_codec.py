@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+
+from kit.config import EngineConfig
 from kit.engine import world_codec as codec
 from kit.engine.ring_guard import KeyMissing, foreign_peers, read_world_key, socket_owners
 from kit.engine.types import ChatRequest, SamplingParams
 from kit.engine.world_codec import (
     Alike,
     Arrivals,
-    EngineOptions,
     Fault,
     Gen,
     Hello,
@@ -55,8 +56,9 @@ def _request() -> ChatRequest:
 
 def _setup() -> Setup:
     info = ModelInfo("org/model", Path("/models/model"), 8192)
-    return codec.setup_of(info, {"prompt_cache_size": 4, "ttl": 30, "max_batch": 8,
-                                 "prompt_cache_dir": Path("/tmp/c"), "kv_bits": 8}, 20)
+    return codec.setup_of(info, EngineConfig(prompt_cache_size=4, ttl=30, max_batch=1,
+                                             prompt_cache_dir="/tmp/c", kv_bits=8,
+                                             api_key="sekret"), 20)
 
 
 EVERY_KIND = [
@@ -166,7 +168,7 @@ def test_fields_outside_the_schema_are_refused():
         with pytest.raises(ShareError, match="not a Seed"):
             codec.decode(KEY, 0, 0, Seed, frame)
     with pytest.raises(Exception):
-        EngineOptions(unknown=1)
+        EngineConfig.model_validate({"unknown": 1})
 
 
 def test_a_ranks_error_keeps_its_kind_fields_and_names_the_rank():

@@ -54,6 +54,7 @@ class StandInEngine:
                  admission: dict | None = None) -> None:
         self.model_info = ModelInfo("stand-in/model", Path("/nonexistent"), 2048)
         self.state, self.error, self.ttl, self.load_seconds = "ready", None, None, 0.1
+        self.error_type = self.phase = None
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.words, self.gate = words, None
         if prompt_cache is not None:
@@ -71,6 +72,12 @@ class StandInEngine:
 
     async def current_memory(self) -> dict:
         return self.memory()
+
+    def status(self):
+        from kit.engine.status import status_of
+
+        return status_of(self, prompt_cache=getattr(self, "prompt_cache", None),
+                         admission=getattr(self, "admission", None))
 
     async def generate(self, request):
         if isinstance(self.gate, asyncio.Event):
