@@ -255,7 +255,7 @@ class Pipeline:
             InvalidRequest: bad sampling parameters, the template rejects the messages,
                 the context is exceeded, or the constraint does not compile.
         """
-        from kit.engine.output import OutputParser
+        from kit.formats.output import OutputParser
 
         req, params = job.request, job.request.params
         t0 = time.perf_counter()

@@ -61,7 +61,7 @@ class Run:
         cached: prompt tokens the cache already held.
         max_tokens: tokens to generate at most.
         sampler, processors: mlx-lm's sampler and logits processors.
-        parser: the :class:`kit.engine.output.OutputParser`.
+        parser: the :class:`kit.formats.output.OutputParser`.
         t0: ``time.perf_counter()`` when work on it began.
         logprob: ``(token, logprobs, top_n) -> TokenLogprob``, or None when not asked for.
     """

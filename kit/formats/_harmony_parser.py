@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kit.engine.output import OutputParser, gives_anything
+from kit.formats.output import OutputParser, gives_anything
 from kit.engine.types import ReasoningDelta, TextDelta
 from kit.formats._harmony_markup import (
     CALL_ENDS,
@@ -30,7 +30,7 @@ log = logging.getLogger("mlx_kit.engine")
 
 
 class HarmonyParser(OutputParser):
-    """:class:`~kit.engine.output.OutputParser` for Harmony: a header state whose
+    """:class:`~kit.formats.output.OutputParser` for Harmony: a header state whose
     ``<|message|>`` routes the body by the header (reasoning, content, a call, or dropped).
 
     Reasoning and answer text stream as they arrive (a possible partial marker or stop

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kit.engine.output import OutputParser, gives_anything
+from kit.formats.output import OutputParser, gives_anything
 from kit.engine.types import TextDelta, ToolCall
 from kit.formats._deepseek_calls import parse_partial, parse_tool_call
 from kit.formats._deepseek_markup import (
@@ -91,7 +91,7 @@ def grammar_body(name: str, args: str) -> str:
 # ---------------------------------------------------------------------------- engine parser
 
 class DeepSeekOutputParser(OutputParser):
-    """The engine's :class:`~kit.engine.output.OutputParser` with the DSML block starts
+    """The engine's :class:`~kit.formats.output.OutputParser` with the DSML block starts
     (:data:`DSML_STARTS`) as call starts besides ``<｜tool▁calls▁begin｜>``. Each start gets
     its own state, so a block that does not parse comes back as text exactly as the model
     wrote it (start marker included), and so does a block ``max_tokens`` cut with no

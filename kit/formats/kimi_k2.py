@@ -25,7 +25,7 @@ from typing import Any
 from mlx_lm.tool_parsers.kimi_k2 import _parse_single_tool, tool_call_end, tool_call_start
 from mlx_lm.tool_parsers.kimi_k2 import parse_tool_call as _mlx_parse
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.formats.base import JsonMarkerEnd
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]

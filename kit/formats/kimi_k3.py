@@ -34,7 +34,7 @@ from typing import Any
 
 from mlx_lm.tool_parsers.kimi_k3 import _decode_value, _parse_attrs, tool_call_end, tool_call_start
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.formats.base import Broken, More, ScanMarks, is_cut, skip_ws, structure_end
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]

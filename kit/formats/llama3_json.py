@@ -32,7 +32,7 @@ import ast
 import json
 from typing import Any
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import TextDelta
 from kit.formats.base import skip_ws
 

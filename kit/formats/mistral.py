@@ -37,7 +37,7 @@ from typing import Any
 import regex as re
 from mlx_lm.tool_parsers import mistral as _upstream
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import TextDelta
 
 tool_call_start = _upstream.tool_call_start  # [TOOL_CALLS]

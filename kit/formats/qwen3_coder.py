@@ -27,7 +27,7 @@ the tool lookup; corrected here (upstream bugs):
   only JSON objects/arrays there: ``"5"`` for an optional integer), a value that does not
   convert to its schema type is kept as text (mlx-lm raised, and the whole call came back
   as text), and a string-accepting schema keeps the text as written (``"02139"``);
-- the template's separator whitespace is dropped (:class:`~kit.engine.separators.
+- the template's separator whitespace is dropped (:class:`~kit.formats.separators.
   SeparatorParser`).
 
 As text, a closing tag that more structure follows inside a value (``</function>\n</tool_call>``
@@ -52,7 +52,7 @@ from mlx_lm.tool_parsers.qwen3_coder import (
     tool_call_start,
 )
 
-from kit.engine.separators import SeparatorParser
+from kit.formats.separators import SeparatorParser
 from kit.engine.types import TextDelta
 from kit.formats.base import Broken, More, ScanMarks, is_cut, schema_types, skip_ws
 
@@ -268,7 +268,7 @@ def parse_partial(text: str, tools: Any = None) -> list:
 
 
 class QwenCoderParser(SeparatorParser):
-    """:class:`~kit.engine.separators.SeparatorParser` that also takes a ``<function=``
+    """:class:`~kit.formats.separators.SeparatorParser` that also takes a ``<function=``
     block without its ``<tool_call>`` opener as a call (only when the request has tools).
     Such a block counts only when its ``</function>`` closes it: prose that mentions
     ``<function=name>`` stays text."""

@@ -107,7 +107,7 @@ def test_a_forced_call_grammar_accepts_the_familys_call_and_its_parser_reads_it(
         tokenizers, fmt):
     grammar = tool_call_grammar(fmt, [WEATHER, TIME])
     assert _accepts(tokenizers, grammar, CALLS[fmt])
-    from kit.engine.output import OutputParser
+    from kit.formats.output import OutputParser
     from kit.engine.types import TextDelta, ToolCall
 
     form = load_format(Detected(fmt, None))

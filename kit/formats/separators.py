@@ -1,4 +1,4 @@
-"""An :class:`~kit.engine.output.OutputParser` that drops the whitespace a chat template
+"""An :class:`~kit.formats.output.OutputParser` that drops the whitespace a chat template
 writes around its markup, so the answer and the reasoning come back as the message fields
 the template was given.
 
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta
 
 
 class SeparatorParser(OutputParser):
-    """:class:`~kit.engine.output.OutputParser` plus the separator rules of this module
+    """:class:`~kit.formats.output.OutputParser` plus the separator rules of this module
     (same arguments, same events; only the whitespace around markup differs).
 
     Attributes:
