@@ -158,7 +158,7 @@ def first_requests(kit: Kit, sizes: dict, tokens: int) -> dict:
 
 IN_PROCESS = r"""
 import json, sys, time
-from kit.engine.blas import preload_blas; preload_blas()
+from kit.blas import preload_blas; preload_blas()
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import BatchGenerator

@@ -154,7 +154,7 @@ def main() -> None:
     import json
     import os
 
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported (as the engine does): OpenBLAS's sgemm
 

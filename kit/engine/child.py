@@ -126,7 +126,7 @@ def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level
     from kit.logfile import setup_engine
 
     setup_engine(log_level)  # the server's log file (rotated by the server) or stderr
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported
     server = _PipeServer(conn, model, **options)

@@ -141,7 +141,7 @@ def main() -> None:
     # ("Node with rank N exited ...") from its stderr alone, where no text a model wrote
     # (a log line quoting its output) can pose as one.
     os.dup2(1, 2)
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported
     from kit.engine.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered

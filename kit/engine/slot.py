@@ -150,7 +150,7 @@ class ModelSlot:
             ModelError: mlx-lm cannot load it (naming ``--trust-remote-code`` when the
                 checkpoint ships code of its own and that was not allowed).
         """
-        from kit.engine.blas import preload_blas
+        from kit.blas import preload_blas
 
         blas = preload_blas()
         if weights is None:

@@ -357,7 +357,7 @@ def main(argv: list[str]) -> int:
         emit(error=f"not a starter model id: {' '.join(argv)!r}",
              hint="one of " + ", ".join(STARTER_VARIANTS))
         return 2
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported: the verification's forward pass uses BLAS
     try:

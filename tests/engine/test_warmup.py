@@ -30,7 +30,7 @@ def starter_folder(hf_home) -> str:
 
 @pytest.fixture(scope="module")
 def starter(starter_folder):
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # as the engine process does: mlx's CPU matmuls are slow without it
     from mlx_lm import load
