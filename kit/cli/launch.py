@@ -73,7 +73,7 @@ def launch(
                                      hint=spec.install)
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
-    from kit.engine.kv import check_kv
+    from kit.engine.cache.kv import check_kv
     from kit.engine.warmup import check_mode
 
     check_mode(warmup.value, distributed=world is not None)

@@ -146,7 +146,7 @@ def fit(
     which --memory-budget sets here too) and "unchecked_hosts"; without
     "kv_bytes_per_token", "context_that_fits" and the kv keys.
     """
-    from kit.engine.kv import check_kv
+    from kit.engine.cache.kv import check_kv
     from kit.models.memory import (context_that_fits, estimate, fit_context, human,
                                    memory_ceiling, parse_size)
     from kit.models.resolve import resolve_model

@@ -237,7 +237,7 @@ def serve(
     from kit.engine.hosts import plan_world
     from kit.engine.warmup import check_mode
 
-    from kit.engine.kv import check_kv, resolve_max_batch
+    from kit.engine.cache.kv import check_kv, resolve_max_batch
 
     check_kv(kv_bits, kv_group_size)
     batch = resolve_max_batch(max_batch, kv_bits)  # ConfigError naming both flags

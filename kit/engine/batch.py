@@ -21,7 +21,7 @@ import queue
 from collections import deque
 from typing import Any
 
-from kit.engine.admission import Deferred
+from kit.engine.cache.admission import Deferred
 from kit.engine.bridge import END
 from kit.engine.inbox import Inbox
 from kit.engine.pipeline import Pipeline

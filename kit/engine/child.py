@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kit.engine import reclaim
+from kit.engine.cache import reclaim
 from kit.engine.bridge import END
 from kit.engine.engine import Engine
 from kit.engine.run import Job, Swap

@@ -39,7 +39,7 @@ from typing import Any
 
 from kit.engine.bridge import END, LoopSink, settle_from_thread
 from kit.engine.inbox import Inbox
-from kit.engine.kv import kv_snapshot, resolve_max_batch
+from kit.engine.cache.kv import kv_snapshot, resolve_max_batch
 from kit.engine.interface import SwapResult
 from kit.engine.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.run import Job, Swap
@@ -89,9 +89,9 @@ class Engine:
             plus what the replaced model frees).
         max_batch: most requests decoded together (continuous batching, mlx-lm's
             ``BatchGenerator``); 1 runs requests one at a time with ``stream_generate``.
-            None: 8, or 1 with ``kv_bits`` (:func:`kit.engine.kv.resolve_max_batch`).
+            None: 8, or 1 with ``kv_bits`` (:func:`kit.engine.cache.kv.resolve_max_batch`).
         kv_bits, kv_group_size: quantize the KV cache to 4 or 8 bits in groups of 32, 64
-            or 128 values (None: full precision); see :mod:`kit.engine.kv`. Requests then
+            or 128 values (None: full precision); see :mod:`kit.engine.cache.kv`. Requests then
             decode one at a time (mlx-lm cannot batch quantized caches).
         on_change: called on the worker right after the public state changed (first
             load, reload, unload, swap, a request served, before its ``Finished``); the
@@ -111,7 +111,7 @@ class Engine:
             collective it will not join); default: nothing, the engine goes on.
         prompt_cache_dir: the disk tier's folder (None: :func:`kit.paths.prompt_cache_dir`).
         prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
-            :mod:`kit.engine.disk_tier`.
+            :mod:`kit.engine.cache.disk_tier`.
         warmup: ``auto`` (warm the kernels before ready only where mlx runs on CUDA),
             ``on`` or ``off`` (see :mod:`kit.engine.warmup`).
 
@@ -121,7 +121,7 @@ class Engine:
         slot: the model (:class:`kit.engine.slot.ModelSlot`).
         pipeline: prepare/complete of requests (:class:`kit.engine.pipeline.Pipeline`).
         reclaim_heap: set when ``count_tokens`` saw a large prompt; whoever runs it
-            beside the worker clears it and gives memory back (see :mod:`kit.engine.reclaim`).
+            beside the worker clears it and gives memory back (see :mod:`kit.engine.cache.reclaim`).
     """
 
     def __init__(self, model: ModelInfo, *, prompt_cache_size: int = 4,
@@ -137,7 +137,7 @@ class Engine:
                  prompt_cache_disk_bytes: int = 0,
                  warmup: str = "auto",
                  kv_bits: int | None = None, kv_group_size: int = 64) -> None:
-        """Raises ConfigError for KV settings :mod:`kit.engine.kv` refuses, or a warm-up
+        """Raises ConfigError for KV settings :mod:`kit.engine.cache.kv` refuses, or a warm-up
         mode :func:`kit.engine.warmup.check_mode` refuses."""
         from kit.engine.warmup import check_mode
 
@@ -165,7 +165,7 @@ class Engine:
                                  servable=self._check_servable, served=self._served)
         self.pipeline.changed = lambda: self._on_change()
         if prompt_cache_disk_bytes > 0:
-            from kit.engine.disk_tier import DiskTier
+            from kit.engine.cache.disk_tier import DiskTier
 
             self.pipeline.cache.attach_disk(DiskTier.for_slot(
                 prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
@@ -346,7 +346,7 @@ class Engine:
             idle_write = self.pipeline.cache.pending() and not backlog
             if self.pipeline.reclaim and not backlog and self.inbox.empty():
                 self.pipeline.reclaim = False
-                from kit.engine import reclaim
+                from kit.engine.cache import reclaim
 
                 reclaim.give_back()
             try:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kit.engine.admission import Admission, Deferred, Room
+from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.bridge import END
 from kit.engine.prompt import Prompts
 from kit.engine.run import Job, Run
@@ -49,7 +49,7 @@ class PromptCachePolicy:
     an exact hit re-feeds the last prompt token (its logits are not cached), and a
     finished turn's cache is fitted to what the next turn resends (:meth:`next_turn`).
 
-    With a disk tier (:meth:`attach_disk`, :mod:`kit.engine.disk_tier`), a prompt that
+    With a disk tier (:meth:`attach_disk`, :mod:`kit.engine.cache.disk_tier`), a prompt that
     memory serves less of than a file on disk starts from that file, and every kept cache
     of 256 tokens or more is queued for the disk, written when the worker is idle
     (:meth:`write_pending`).
@@ -66,7 +66,7 @@ class PromptCachePolicy:
         self.max_bytes = max_bytes
         self.default_bytes: Callable[[], int | None] = lambda: None  # None: no byte bound
         self._lru: Any = None  # made on first use: importing mlx-lm imports mlx
-        self._disk: Any = None  # kit.engine.disk_tier.DiskTier, see attach_disk
+        self._disk: Any = None  # kit.engine.cache.disk_tier.DiskTier, see attach_disk
         self.hits = {"memory_hits": 0, "disk_hits": 0, "misses": 0}
 
     def fetch(self, key: str, prompt: list[int],
@@ -155,10 +155,10 @@ class PromptCachePolicy:
         tier and the writes queued for it stay (each knows its model's identity)."""
         self._lru = None
 
-    # -- the disk tier (kit/engine/disk_tier.py) ------------------------------------------
+    # -- the disk tier (kit/engine/cache/disk_tier.py) ------------------------------------------
 
     def attach_disk(self, tier: Any) -> None:
-        """Back this cache with ``tier`` (a :class:`kit.engine.disk_tier.DiskTier`)."""
+        """Back this cache with ``tier`` (a :class:`kit.engine.cache.disk_tier.DiskTier`)."""
         self._disk = tier
 
     def model_installed(self) -> None:
@@ -202,7 +202,7 @@ class Pipeline:
         served: called once a request is counted as served, before its ``Finished``.
 
     Attributes:
-        admission: memory admission (:mod:`kit.engine.admission`): every request
+        admission: memory admission (:mod:`kit.engine.cache.admission`): every request
             reserves its KV cache from :meth:`prepare` to :meth:`complete`.
         changed: called when admission refused or first deferred a request (its
             counters changed with no request served); the engine sets it to its
@@ -266,7 +266,7 @@ class Pipeline:
         n_max = max_tokens(self.slot.info, len(prompt), params.max_tokens)
         sampler, processors = self.sampling.build(params, grammar, source)
         key = self.slot.info.id
-        # a new cache is quantized from its first token with --kv-bits (kit.engine.kv), so
+        # a new cache is quantized from its first token with --kv-bits (kit.engine.cache.kv), so
         # cached ones are too: a prefix hit continues in the same precision as a cold run
         cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache)
         cached = len(prompt) - len(rest)

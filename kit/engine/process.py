@@ -111,7 +111,7 @@ class EngineProcess:
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
         self.ttl = options.get("ttl")
-        from kit.engine.kv import check_kv, describe, resolve_max_batch
+        from kit.engine.cache.kv import check_kv, describe, resolve_max_batch
 
         check_kv(options.get("kv_bits"), options.get("kv_group_size", 64))
         # the engine's own checks, here too: a bad combination fails before a process starts

@@ -51,7 +51,7 @@ class Prompts:
         of :mod:`kit.engine.prompt_bound` (a 20 MB prompt costs milliseconds, not a
         minute of tokenizing); what the bound does not decide is tokenized exactly and
         checked by :func:`kit.engine.sampling.max_tokens`. ``on_large`` is called (before
-        any check can raise) for a prompt text of :data:`kit.engine.reclaim.LARGE_BYTES`
+        any check can raise) for a prompt text of :data:`kit.engine.cache.reclaim.LARGE_BYTES`
         or more, so the caller gives memory back even when the prompt is rejected.
 
         Raises:
@@ -66,7 +66,7 @@ class Prompts:
                                      f"vocabulary (0..{vocab - 1})", code="invalid_value",
                                      field="prompt")
             return list(request.prompt_ids)
-        from kit.engine.reclaim import LARGE_BYTES
+        from kit.engine.cache.reclaim import LARGE_BYTES
 
         if request.prompt is not None:
             text = request.prompt

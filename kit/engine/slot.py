@@ -75,7 +75,7 @@ class ModelSlot:
         weights_bytes: the installed model's weights, bytes (its estimate).
         ceiling: the installed model's :class:`kit.models.memory.Ceiling` (measured
             when it loaded; None: no estimate), which memory admission
-            (:mod:`kit.engine.admission`) holds its requests under.
+            (:mod:`kit.engine.cache.admission`) holds its requests under.
         kv_per_token: the installed model's KV cache bytes per token (0: no estimate).
         memory_budget: bytes a model may need at most (None: on Metal the GPU working
             set, else the memory available now plus what the replaced model frees).
@@ -93,7 +93,7 @@ class ModelSlot:
         max_batch: the engine's most requests decoded together (the batch sizes warmed).
         kv_bits, kv_group_size: the quantized KV cache (``serve --kv-bits``, 4 or 8; None:
             full precision) and its group size (elements per scale and bias; 64 by
-            default); :meth:`new_cache` builds caches with them (:mod:`kit.engine.kv`).
+            default); :meth:`new_cache` builds caches with them (:mod:`kit.engine.cache.kv`).
         kv_layers: ``(quantized layers, all layers)`` of the loaded model's cache with
             ``kv_bits`` (None before a load or without ``kv_bits``).
     """
@@ -103,7 +103,7 @@ class ModelSlot:
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
                  kv_group_size: int = 64) -> None:
-        from kit.engine.kv import check_kv
+        from kit.engine.cache.kv import check_kv
 
         check_kv(kv_bits, kv_group_size)
         self.kv_bits = kv_bits
@@ -280,7 +280,7 @@ class ModelSlot:
         if self.kv_bits is not None:
             from mlx_lm.models.cache import make_prompt_cache
 
-            from kit.engine.kv import layer_kinds, refuse_unquantizable
+            from kit.engine.cache.kv import layer_kinds, refuse_unquantizable
 
             plain = make_prompt_cache(model)
             n, total = refuse_unquantizable(info.id, plain, self.kv_bits)
@@ -294,13 +294,13 @@ class ModelSlot:
         """An empty prompt cache for ``model`` (default: the loaded one):
         ``make_prompt_cache``, with every layer mlx-lm can quantize as a
         ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``) when ``kv_bits`` is set
-        (:mod:`kit.engine.kv`)."""
+        (:mod:`kit.engine.cache.kv`)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model if model is None else model)
         if self.kv_bits is None:
             return cache
-        from kit.engine.kv import quantized_cache
+        from kit.engine.cache.kv import quantized_cache
 
         return quantized_cache(cache, self.kv_bits, self.kv_group_size)
 

@@ -116,7 +116,7 @@ class Started:
     """The first event of every generation: the request passed validation and runs on
     ``model`` (the real id, which a swap may have changed since the request was queued).
     ``max_tokens``: the most tokens it may generate (None: not given); ``clamped_from``:
-    the max_tokens asked for when memory admission capped it (:mod:`kit.engine.admission`),
+    the max_tokens asked for when memory admission capped it (:mod:`kit.engine.cache.admission`),
     else None."""
 
     model: str

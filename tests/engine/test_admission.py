@@ -1,5 +1,5 @@
 """Memory admission's rule, the prompt caches' byte bound and the memory ceiling, without a
-model: :class:`kit.engine.admission.Admission` is arithmetic over a :class:`Room`;
+model: :class:`kit.engine.cache.admission.Admission` is arithmetic over a :class:`Room`;
 ``PromptCachePolicy`` is fed real mlx-lm ``KVCache``s with made-up keys/values (it only
 counts, evicts and copies them); the Metal ceiling is tested with mlx's device query
 mocked to a 16 GB Mac's values, since no Mac exists here. The same rules against a real
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine.admission import Admission, Deferred, Room
+from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.pipeline import PromptCachePolicy
 from kit.errors import InvalidRequest
 from kit.models import memory

@@ -271,7 +271,7 @@ def test_a_request_cancelled_while_it_waits_for_memory_is_forgotten(engine):
     # deferred was ended by Pipeline.admit without leaving Admission's waiting set, so
     # its id stayed there (a later job given the same id was never counted as deferred).
     # The deferral is made with a room of 1000 tokens of KV that another job holds.
-    from kit.engine.admission import Deferred, Room
+    from kit.engine.cache.admission import Deferred, Room
     from kit.engine.bridge import END
     from kit.engine.run import Job
 

@@ -2,7 +2,7 @@
 starts from when memory holds less of it, and the queue of caches waiting to be written
 (the engine worker writes one once it has been idle for
 :data:`kit.engine.engine.IDLE_WRITE_S`). The files themselves are
-:class:`kit.engine.disk_cache.DiskCache`'s.
+:class:`kit.engine.cache.disk_cache.DiskCache`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.engine.disk_cache import MIN_TOKENS, DiskCache
+from kit.engine.cache.disk_cache import MIN_TOKENS, DiskCache
 
 log = logging.getLogger("mlx_kit.engine")
 

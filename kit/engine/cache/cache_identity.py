@@ -1,5 +1,5 @@
 """What a prompt cache file is for: the model identity it is filed under, whether its
-layers fit a model's, how much of a prompt it holds (:mod:`kit.engine.disk_cache`)."""
+layers fit a model's, how much of a prompt it holds (:mod:`kit.engine.cache.disk_cache`)."""
 
 from __future__ import annotations
 

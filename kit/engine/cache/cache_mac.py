@@ -1,4 +1,4 @@
-"""Prompt cache files proven ours: every file of the disk tier (:mod:`kit.engine.disk_cache`)
+"""Prompt cache files proven ours: every file of the disk tier (:mod:`kit.engine.cache.disk_cache`)
 carries an HMAC-SHA256 under a per-user key, checked before any of its KV is used. The
 model identity in a file's header names files (paths, sizes, mtimes, versions) and is no
 integrity check: without the MAC another local user who can put a file in the folder
@@ -32,7 +32,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from kit.engine.safe_files import NOFOLLOW, not_private, raw_header
+from kit.engine.cache.safe_files import NOFOLLOW, not_private, raw_header
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -54,7 +54,7 @@ def user_key(folder: Path | None = None) -> bytes:
     created 0700 if missing), created on first use; see the module docstring.
 
     Raises:
-        OSError: the folder is not private (:func:`kit.engine.safe_files.not_private`) or
+        OSError: the folder is not private (:func:`kit.engine.cache.safe_files.not_private`) or
             the key cannot be read or written.
     """
     from kit.paths import private_dir, state_dir

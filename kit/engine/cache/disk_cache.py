@@ -8,7 +8,7 @@ engine worker) stays with :class:`kit.engine.engine.Engine`.
 Layout: ``<root>/<model identity>/<sha256 of the tokens>.safetensors``, each file written by
 mlx-lm's ``save_prompt_cache`` (safetensors: the cache tensors plus string metadata, here
 the token ids as JSON, the model identity, :data:`FORMAT` and the file's MAC under this
-user's key, :mod:`kit.engine.cache_mac`). A write goes to
+user's key, :mod:`kit.engine.cache.cache_mac`). A write goes to
 ``<name>.<pid>.tmp`` in the same folder, is fsynced and renamed into place, so a crash
 mid-write leaves only a ``.tmp`` (removed at the next start once its writer is gone).
 Only names of that shape, in folders named like an identity, are ever read or deleted:
@@ -18,9 +18,9 @@ we create are 0700 and files 0600: they hold the prompts' token ids.
 Proven ours: a file is used only when it is this user's, nobody else can write it and
 its MAC verifies (over the whole file, before its tensors load). Another user's file is
 never read or deleted (one warning); one of ours that fails goes, as any that does not
-load. A root that fails :func:`kit.engine.safe_files.not_private` keeps the tier off.
+load. A root that fails :func:`kit.engine.cache.safe_files.not_private` keeps the tier off.
 
-The model identity (:func:`kit.engine.cache_identity.model_identity`) hashes the model
+The model identity (:func:`kit.engine.cache.cache_identity.model_identity`) hashes the model
 folder, config.json's bytes, every file's name, size and mtime, the KV settings and
 mlx-lm's and mlx's versions (taken when the model is loaded): a model whose files changed
 gets a new folder, and its old entries are never loaded (they age out by LRU). Bounded:
@@ -44,15 +44,15 @@ from typing import Any
 
 import numpy as np
 
-from kit.engine import cache_mac
-from kit.engine.cache_identity import FORMAT, common_prefix, model_identity
-from kit.engine.cache_identity import classes_fit as _classes_fit
-from kit.engine.safe_files import NOFOLLOW as _NOFOLLOW
-from kit.engine.safe_files import fsync_dir as _fsync_dir
-from kit.engine.safe_files import header_metadata as _header_metadata
-from kit.engine.safe_files import not_private
-from kit.engine.safe_files import open_file as _open_file
-from kit.engine.safe_files import real_dir as _real_dir
+from kit.engine.cache import cache_mac
+from kit.engine.cache.cache_identity import FORMAT, common_prefix, model_identity
+from kit.engine.cache.cache_identity import classes_fit as _classes_fit
+from kit.engine.cache.safe_files import NOFOLLOW as _NOFOLLOW
+from kit.engine.cache.safe_files import fsync_dir as _fsync_dir
+from kit.engine.cache.safe_files import header_metadata as _header_metadata
+from kit.engine.cache.safe_files import not_private
+from kit.engine.cache.safe_files import open_file as _open_file
+from kit.engine.cache.safe_files import real_dir as _real_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -90,7 +90,7 @@ class DiskCache:
     Args:
         root: the folder (created on the first write).
         max_bytes: bound on the files' total size, bytes (> 0).
-        key: the MAC key (default: :func:`kit.engine.cache_mac.user_key`). Without one
+        key: the MAC key (default: :func:`kit.engine.cache.cache_mac.user_key`). Without one
             (it cannot be read or made) or when ``root`` is not private, nothing is read
             or written (a warning).
 

@@ -1,5 +1,5 @@
 """Files in a folder of ours opened without following symlinks, for the prompt cache's
-disk tier (:mod:`kit.engine.disk_cache`): a symlink planted in the cache folder must
+disk tier (:mod:`kit.engine.cache.disk_cache`): a symlink planted in the cache folder must
 never make us read, write or delete a file outside it; and the test of whether a folder
 is one only this user can write (:func:`not_private`)."""
 
