@@ -74,7 +74,7 @@ def launch(
     # checked here, as serve checks them, so bad flags fail before a server starts
     world = plan_world(ranks, hosts, hostfile, backend, pipeline, 300)
     from kit.engine.cache.kv import check_kv
-    from kit.engine.warmup import check_mode
+    from kit.engine.decode.warmup import check_mode
 
     check_mode(warmup.value, distributed=world is not None)
     check_kv(kv_bits, kv_group_size or 64)

@@ -58,7 +58,7 @@ def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
 
 
 class WarmUp(str, Enum):
-    """``--warmup``'s choices (see kit/engine/warmup.py)."""
+    """``--warmup``'s choices (see kit/engine/decode/warmup.py)."""
 
     auto = "auto"
     on = "on"

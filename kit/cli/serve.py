@@ -235,7 +235,7 @@ def serve(
     from kit.models.memory import parse_size
 
     from kit.engine.hosts import plan_world
-    from kit.engine.warmup import check_mode
+    from kit.engine.decode.warmup import check_mode
 
     from kit.engine.cache.kv import check_kv, resolve_max_batch
 

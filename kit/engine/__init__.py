@@ -6,7 +6,7 @@ the longest cached prompt prefix (mlx-lm's ``LRUPromptCache``), and yields one t
 stream per request (:mod:`kit.engine.types`). It knows nothing about HTTP.
 
 What the server may rely on is :class:`kit.engine.interface.EngineLike`, which the
-in-process :class:`kit.engine.engine.Engine` and :class:`kit.engine.process.EngineProcess`
+in-process :class:`kit.engine.decode.engine.Engine` and :class:`kit.engine.process.EngineProcess`
 both satisfy.
 
 Nothing here imports mlx at module import time: ``Engine.start()`` does, on its thread.

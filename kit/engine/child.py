@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kit.engine.cache import reclaim
-from kit.engine.bridge import END
-from kit.engine.engine import Engine
-from kit.engine.run import Job, Swap
+from kit.engine.decode.bridge import END
+from kit.engine.decode.engine import Engine
+from kit.engine.decode.run import Job, Swap
 from kit.engine.types import EngineError
 from kit.models.resolve import ModelInfo
 

@@ -1,7 +1,7 @@
 """The engine in its own process: generation never shares a GIL with HTTP.
 
 The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
-runs :class:`kit.engine.engine.Engine`'s worker loop on its main thread (that side:
+runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
 :mod:`kit.engine.child`). Measured on an H200 (docs/performance.md): decode in a worker
 thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
@@ -51,7 +51,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kit.engine.bridge import END, LoopSink
+from kit.engine.decode.bridge import END, LoopSink
 from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
@@ -106,7 +106,7 @@ class EngineProcess:
         self.model_info = model
         self.state = "loading"
         self.error: str | None = None
-        self.error_type: str | None = None  # the engine's (kit.engine.engine.Engine)
+        self.error_type: str | None = None  # the engine's (kit.engine.decode.engine.Engine)
         self.requests_served = self.swaps = self.reloads = self.unloads = self.restarts = 0
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it

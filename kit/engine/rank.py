@@ -2,7 +2,7 @@
 by ``mlx.launch`` (see :mod:`kit.engine.world_process`, the server's side).
 
 Every rank joins the group (:class:`kit.engine.world.World`), loads its shard with
-mlx-lm's ``sharded_load`` and runs the same :class:`kit.engine.engine.Engine` worker loop
+mlx-lm's ``sharded_load`` and runs the same :class:`kit.engine.decode.engine.Engine` worker loop
 over a :class:`kit.engine.rank_inbox.RankInbox`. Rank 0 also connects to the server
 (a ``multiprocessing.connection`` Unix socket whose authkey is in a file only the user can
 read, both in the directory ``MLX_KIT_CONTROL`` names) and serves the same pipe protocol
@@ -47,7 +47,7 @@ def _fatal(message: str, code: int) -> None:
 
 
 def sharded_loader(world: Any, pipeline: bool) -> Any:
-    """A :class:`kit.engine.slot.ModelSlot` loader over the whole group.
+    """A :class:`kit.engine.decode.slot.ModelSlot` loader over the whole group.
 
     Tensor parallel: mlx-lm's ``load`` (lazily, and strict: every weight the model needs
     must be in the files; mlx-lm's ``sharded_load`` loads with ``strict=False``, which
@@ -98,7 +98,7 @@ def sharded_loader(world: Any, pipeline: bool) -> Any:
 
 def _pause_watchdog_while_loading(world: Any, slot: Any) -> None:
     """Pause ``world``'s watchdog for each whole load of ``slot`` (a
-    :class:`kit.engine.slot.ModelSlot`): importing mlx-lm, reading the shard, the warm-up
+    :class:`kit.engine.decode.slot.ModelSlot`): importing mlx-lm, reading the shard, the warm-up
     generation and the tokenizer's prompt bound, none of which passes a sync point. On
     2 busy cores that took over 5 s, and a short --rank-timeout ended a world that was
     only loading. The loader alone (``sharded_loader``) covers only the read."""
@@ -211,7 +211,7 @@ def _check_alike(world: Any) -> None:
     import mlx.core as mx
     from importlib.metadata import version
 
-    from kit.engine.sampling import prefill_step_size
+    from kit.engine.decode.sampling import prefill_step_size
 
     from kit import __version__
 
@@ -251,7 +251,7 @@ def _fatal_free_exit() -> None:
 def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
          pipeline: bool) -> None:
     from kit.engine.child import _PipeServer
-    from kit.engine.engine import Engine
+    from kit.engine.decode.engine import Engine
     from kit.engine.rank_inbox import RankInbox
     from kit.engine.world_codec import Machine, RankFacts
 

@@ -27,9 +27,9 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from kit.engine.bridge import END
-from kit.engine.inbox import Inbox
-from kit.engine.run import Job, Swap
+from kit.engine.decode.bridge import END
+from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.run import Job, Swap
 from kit.engine.world_codec import Arrivals, Gen, Stop, SwapTo
 
 if TYPE_CHECKING:  # it imports mlx; this module is tested without
@@ -48,7 +48,7 @@ def _wire(item: Any) -> Any:
 
 
 class RankInbox(Inbox):
-    """:class:`kit.engine.inbox.Inbox` shared by every rank of ``world``: rank 0's
+    """:class:`kit.engine.decode.inbox.Inbox` shared by every rank of ``world``: rank 0's
     :meth:`put` and :meth:`cancel` (its pipe thread) take effect on every rank at the
     next sync point. Followers' jobs post their events nowhere (rank 0 answers the
     client) and their swaps reply to no one.

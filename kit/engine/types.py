@@ -72,7 +72,7 @@ class ChatRequest:
             ``reasoning_effort``...).
         force_tool: None lets the model decide whether to call a tool; ``""`` forces a
             call to one of ``tools``, a name forces a call to that tool (``tool_choice``
-            required / named; see :mod:`kit.engine.grammar`).
+            required / named; see :mod:`kit.engine.decode.grammar`).
         response_schema: a JSON schema the answer text must follow (``response_format``;
             ``{"type": "object"}`` for json_object), or None for free text.
         request_id: an id for logs.

@@ -60,7 +60,7 @@ _Name = Field(max_length=4096)
 
 
 class EngineOptions(BaseModel):
-    """:class:`kit.engine.engine.Engine`'s keyword arguments the server gives every rank."""
+    """:class:`kit.engine.decode.engine.Engine`'s keyword arguments the server gives every rank."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     prompt_cache_size: int = Field(4, ge=0, le=1 << 20)

@@ -140,12 +140,12 @@ class DistributedEngine(EngineProcess):
         model: what to load first.
         plan: the ranks (:func:`kit.engine.hosts.plan_world`).
         on_lost: called once, from a thread, with the error when the world is lost.
-        **options: :class:`kit.engine.engine.Engine`'s keyword arguments.
+        **options: :class:`kit.engine.decode.engine.Engine`'s keyword arguments.
     """
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
-        from kit.engine.warmup import check_mode
+        from kit.engine.decode.warmup import check_mode
 
         # ConfigError before any rank starts: the ranks cannot warm up in lockstep
         check_mode(options.get("warmup", "auto"), distributed=True)

@@ -205,7 +205,7 @@ class OutputFormat:
         structural: markers removed from the answer text (mlx-lm's structural markers).
         transitions: more ``{state: [(text, new_state)]}`` for mlx-lm's ``TextStateMachine``.
         initial: the state generation starts in when the prompt says nothing else.
-        grammar: the key of :data:`kit.engine.grammar.TOOL_CALL_BODIES` whose body grammar a
+        grammar: the key of :data:`kit.engine.decode.grammar.TOOL_CALL_BODIES` whose body grammar a
             forced call uses (None: only the start marker is forced).
         parser_class: an :class:`~kit.formats.output.OutputParser` subclass for formats
             that need more than markers (None: the base class).

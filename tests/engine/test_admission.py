@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kit.engine.cache.admission import Admission, Deferred, Room
-from kit.engine.pipeline import PromptCachePolicy
+from kit.engine.decode.pipeline import PromptCachePolicy
 from kit.errors import InvalidRequest
 from kit.models import memory
 from kit.models.memory import Ceiling, memory_ceiling
@@ -289,7 +289,7 @@ def test_fit_on_linux_does_not_import_mlx(tmp_path):
 def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch):
     """The device query is mocked to a 16 GB Mac's values (no Mac here); the model is a
     stand-in folder whose safetensors header names 12 GB of weights."""
-    from kit.engine.slot import ModelSlot
+    from kit.engine.decode.slot import ModelSlot
     from kit.errors import ModelDoesNotFitError
     from kit.models.resolve import ModelInfo
 

@@ -1,4 +1,4 @@
-"""Forced tool-call grammars (kit/engine/grammar.py), model-free: each format's body grammar
+"""Forced tool-call grammars (kit/engine/decode/grammar.py), model-free: each format's body grammar
 compiles, accepts a call written the way the family's template writes one, refuses a call
 to another tool or with a wrong argument type, and what it accepts parses (with the format's
 own parser, through the engine's parser entry point) to the call it spelled.
@@ -14,7 +14,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from kit.engine.grammar import (TOOL_CALL_BODIES, GrammarTokenizer, ll_tokenizer,
+from kit.engine.decode.grammar import (TOOL_CALL_BODIES, GrammarTokenizer, ll_tokenizer,
                                 special_token_refs, tool_call_grammar)
 from kit.formats.select import Detected, known, load_format
 

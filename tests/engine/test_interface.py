@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine.engine import Engine
+from kit.engine.decode.engine import Engine
 from kit.engine.interface import EngineLike
 from kit.engine.process import EngineProcess
 from kit.engine.world_process import DistributedEngine

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from kit.engine.bridge import END
+from kit.engine.decode.bridge import END
 from kit.engine.rank_inbox import RankInbox
-from kit.engine.run import Job, Swap
+from kit.engine.decode.run import Job, Swap
 from kit.engine import world_codec as codec
 from kit.engine.types import ChatRequest
 

@@ -1,4 +1,4 @@
-"""The warm-up module (kit/engine/warmup.py) in-process: what it plans, its time limit, and
+"""The warm-up module (kit/engine/decode/warmup.py) in-process: what it plans, its time limit, and
 that a failure in it never keeps the engine from becoming ready.
 
 On this CPU machine mlx compiles nothing worth warming; the shapes still run through the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine import warmup
+from kit.engine.decode import warmup
 from kit.errors import ConfigError
 
 
@@ -124,7 +124,7 @@ def test_a_warm_up_failure_is_reported_not_raised(starter, caplog):
 def test_an_engine_whose_warm_up_fails_still_becomes_ready_and_answers(starter_folder, caplog):
     from mlx_lm import load
 
-    from kit.engine.engine import Engine
+    from kit.engine.decode.engine import Engine
     from kit.engine.types import ChatRequest, Finished, SamplingParams
     from kit.models.resolve import resolve_model
 

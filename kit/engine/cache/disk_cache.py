@@ -2,8 +2,8 @@
 restart, a swap away and back or a TTL reload does not pay the whole prefill again.
 
 One job: store, find, load and evict. Which cache a request starts from stays with
-:class:`kit.engine.pipeline.PromptCachePolicy`; when a write happens (idle time on the
-engine worker) stays with :class:`kit.engine.engine.Engine`.
+:class:`kit.engine.decode.pipeline.PromptCachePolicy`; when a write happens (idle time on the
+engine worker) stays with :class:`kit.engine.decode.engine.Engine`.
 
 Layout: ``<root>/<model identity>/<sha256 of the tokens>.safetensors``, each file written by
 mlx-lm's ``save_prompt_cache`` (safetensors: the cache tensors plus string metadata, here

@@ -4,7 +4,7 @@ of the flags, what they do to batching, and the prompt caches that hold quantize
 mlx-kit quantizes from the first token (``quantized_kv_start`` 0, not mlx-lm's 5000): the
 cache a request starts from is already mlx-lm's ``QuantizedKVCache`` in every layer that
 can hold one, so the sequential decode (``stream_generate``), the next-turn prefill
-(:meth:`kit.engine.pipeline.Pipeline._prefill`), the warm-up at load and the prompt cache
+(:meth:`kit.engine.decode.pipeline.Pipeline._prefill`), the warm-up at load and the prompt cache
 all see one cache type, and the memory ``fit`` and the fit check count holds for every
 prompt, short ones included (docs/server.md, "Quantized KV cache").
 
@@ -91,7 +91,7 @@ def kv_tag(kv_bits: int | None, kv_group_size: int = 64) -> str:
 
 
 def kv_snapshot(slot: Any, max_batch: int) -> dict[str, Any]:
-    """/health's ``kv_cache`` for a :class:`kit.engine.slot.ModelSlot`: :func:`describe`
+    """/health's ``kv_cache`` for a :class:`kit.engine.decode.slot.ModelSlot`: :func:`describe`
     plus ``quantized_layers`` / ``layers`` of the loaded model (None before a load or
     without ``kv_bits``) and the engine's ``max_batch`` (1 with ``bits``)."""
     q = slot.kv_layers

@@ -1,6 +1,6 @@
 """Sequential decode: one request alone on ``mlx_lm.stream_generate`` (the in-process
 speed; one stream on ``BatchGenerator`` measured 0.66 of it on an H200), and its hand-off
-into a batch (:mod:`kit.engine.batch`) when another request arrives meanwhile."""
+into a batch (:mod:`kit.engine.decode.batch`) when another request arrives meanwhile."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from kit.engine.bridge import END
-from kit.engine.pipeline import Pipeline
-from kit.engine.run import Cancelled, Job, Joined
-from kit.engine.sampling import PENALTY_CONTEXT, prefill_step_size
+from kit.engine.decode.bridge import END
+from kit.engine.decode.pipeline import Pipeline
+from kit.engine.decode.run import Cancelled, Job, Joined
+from kit.engine.decode.sampling import PENALTY_CONTEXT, prefill_step_size
 from kit.engine.types import EngineError
 
 log = logging.getLogger("mlx_kit.engine")
@@ -25,7 +25,7 @@ def serve_alone(pipeline: Pipeline, job: Job,
         join: when given, asked after each token; True (a request waits) stops the
             decode and returns the state a batch continues from. Only for requests that
             can move (a trimmable KV cache and no grammar, see
-            :meth:`kit.engine.engine.Engine`'s scheduler).
+            :meth:`kit.engine.decode.engine.Engine`'s scheduler).
 
     Returns:
         The :class:`Joined` state (END not posted yet: the batch posts it), or None.

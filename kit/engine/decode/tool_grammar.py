@@ -8,11 +8,11 @@ from its module) the body is constrained too, in the family's own markup: the fu
 name is one of the allowed tools and the arguments follow that tool's JSON schema (as
 JSON, or as the bare strings and ``<|"|>``-quoted values the key-value formats write). For
 other formats only the start marker is forced and the model writes the body. The markers
-inside a body are written as text; :func:`kit.engine.grammar.special_token_refs` turns
+inside a body are written as text; :func:`kit.engine.decode.grammar.special_token_refs` turns
 those that are special tokens of the loaded vocab into token references.
 
 Written here: no library writes tool-call grammars from a family's markup; llguidance
-compiles them (:mod:`kit.engine.grammar`).
+compiles them (:mod:`kit.engine.decode.grammar`).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _lark_str(text: str) -> str:
 
 
 def json_rule(schema: Any, *, tool: bool) -> str:
-    """A ``%json`` Lark item for ``schema`` (also :func:`kit.engine.grammar.json_grammar`'s).
+    """A ``%json`` Lark item for ``schema`` (also :func:`kit.engine.decode.grammar.json_grammar`'s).
 
     ``tool`` (a tool's arguments): objects that list ``properties`` and say nothing about
     ``additionalProperties`` get no other keys, and an object schema without properties

@@ -1,7 +1,7 @@
 """The records the engine's parts pass to each other: queue items (:class:`Job`,
 :class:`Swap`), a request in progress (:class:`Run`) and one that moves from decoding
 alone into a batch (:class:`Joined`). Plain data; the behaviour lives in the parts that
-make them (:mod:`kit.engine.pipeline`, :mod:`kit.engine.sequential`, :mod:`kit.engine.batch`).
+make them (:mod:`kit.engine.decode.pipeline`, :mod:`kit.engine.decode.sequential`, :mod:`kit.engine.decode.batch`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Cancelled(Exception):
 
 @dataclass
 class Job:
-    """A queued request. The worker ``post``s its events (then :data:`kit.engine.bridge.END`)
+    """A queued request. The worker ``post``s its events (then :data:`kit.engine.decode.bridge.END`)
     to ``sink``; ``cancelled``, set by the caller, stops it at the next token (or prefill
     chunk)."""
 
@@ -48,7 +48,7 @@ class Swap:
 
 @dataclass
 class Run:
-    """A request being generated: what :meth:`kit.engine.pipeline.Pipeline.prepare`
+    """A request being generated: what :meth:`kit.engine.decode.pipeline.Pipeline.prepare`
     computed, plus progress.
 
     Attributes:

@@ -6,7 +6,7 @@ tokens the grammar does not allow. Grammar compilation and the token masks come 
 llguidance (the library vLLM and llama.cpp use for the same job); this module only
 writes the grammars and adapts the matcher to mlx-lm's logits-processor interface.
 
-Forced tool calls' grammars are written by :mod:`kit.engine.tool_grammar`.
+Forced tool calls' grammars are written by :mod:`kit.engine.decode.tool_grammar`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.engine.tool_grammar import TOOL_CALL_BODIES, json_rule, tool_call_grammar
+from kit.engine.decode.tool_grammar import TOOL_CALL_BODIES, json_rule, tool_call_grammar
 
 __all__ = ["TOOL_CALL_BODIES", "GrammarProcessor", "GrammarTokenizer", "json_grammar",
            "ll_tokenizer", "special_token_refs", "tool_call_grammar"]

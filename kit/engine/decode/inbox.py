@@ -12,14 +12,14 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-from kit.engine.run import Job
+from kit.engine.decode.run import Job
 
 
 class Inbox:
     """A single process's queue (``queue.Queue``): items are seen as soon as they are put,
     cancels set the job's ``cancelled`` event at once, :meth:`sync` does nothing.
 
-    Items: :class:`kit.engine.run.Job`, :class:`kit.engine.run.Swap`, or None (stop after
+    Items: :class:`kit.engine.decode.run.Job`, :class:`kit.engine.decode.run.Swap`, or None (stop after
     what was queued before it).
     """
 

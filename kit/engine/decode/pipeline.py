@@ -2,7 +2,7 @@
 before the first token) and :meth:`Pipeline.complete` (everything after the last),
 with the prompt cache behind :class:`PromptCachePolicy`.
 
-Sequential decode (:mod:`kit.engine.sequential`) and batching (:mod:`kit.engine.batch`)
+Sequential decode (:mod:`kit.engine.decode.sequential`) and batching (:mod:`kit.engine.decode.batch`)
 only generate tokens between the two calls. A distributed engine's followers would
 mirror exactly this: the same prepare (same prompt, same cache lookup) and complete (same
 cache insert and next-turn prefill), so every rank's KV caches stay the same.
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from kit.engine.cache.admission import Admission, Deferred, Room
-from kit.engine.bridge import END
-from kit.engine.prompt import Prompts
-from kit.engine.run import Job, Run
-from kit.engine.sampling import Sampling, max_tokens, prefill_step_size
-from kit.engine.slot import ModelSlot
+from kit.engine.decode.bridge import END
+from kit.engine.decode.prompt import Prompts
+from kit.engine.decode.run import Job, Run
+from kit.engine.decode.sampling import Sampling, max_tokens, prefill_step_size
+from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
 
 log = logging.getLogger("mlx_kit.engine")
@@ -172,7 +172,7 @@ class PromptCachePolicy:
 
     def write_pending(self) -> None:
         """Write the newest cache queued for the disk (the worker calls it once idle for
-        :data:`kit.engine.engine.IDLE_WRITE_S`)."""
+        :data:`kit.engine.decode.engine.IDLE_WRITE_S`)."""
         self._disk.write_one()
 
     def flush(self, seconds: float) -> None:

@@ -22,11 +22,11 @@ from collections import deque
 from typing import Any
 
 from kit.engine.cache.admission import Deferred
-from kit.engine.bridge import END
-from kit.engine.inbox import Inbox
-from kit.engine.pipeline import Pipeline
-from kit.engine.run import Job, Joined, Run
-from kit.engine.sampling import prefill_step_size
+from kit.engine.decode.bridge import END
+from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.pipeline import Pipeline
+from kit.engine.decode.run import Job, Joined, Run
+from kit.engine.decode.sampling import prefill_step_size
 from kit.engine.types import EngineError
 
 log = logging.getLogger("mlx_kit.engine")
@@ -35,9 +35,9 @@ log = logging.getLogger("mlx_kit.engine")
 def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int,
               joined: Joined | None = None) -> deque:
     """Serve ``first`` (and ``joined``, a request that started alone, see
-    :func:`kit.engine.sequential.decode`) and every request that joins while the batch
+    :func:`kit.engine.decode.sequential.decode`) and every request that joins while the batch
     runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's
-    :class:`kit.engine.inbox.Inbox` (:class:`Job`, :class:`kit.engine.run.Swap` or None for
+    :class:`kit.engine.decode.inbox.Inbox` (:class:`Job`, :class:`kit.engine.decode.run.Swap` or None for
     the shutdown; each pass of the loop is one of its sync points); every job
     served gets its events and END posted.
 

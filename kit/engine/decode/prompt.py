@@ -3,8 +3,8 @@
 :class:`Prompts` renders messages with the chat template (guarding the renderer's own
 arguments against template variables), encodes them, rejects prompts that cannot fit the
 context window (by a proven lower bound before tokenizing, see
-:mod:`kit.engine.prompt_bound`, then by the exact count), and builds the output
-constraint of a forced tool call or a response schema (:mod:`kit.engine.grammar`).
+:mod:`kit.engine.decode.prompt_bound`, then by the exact count), and builds the output
+constraint of a forced tool call or a response schema (:mod:`kit.engine.decode.grammar`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from kit.engine.sampling import max_tokens as budget
-from kit.engine.slot import ModelSlot
+from kit.engine.decode.sampling import max_tokens as budget
+from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import ChatRequest, InvalidRequest
 
 
@@ -48,9 +48,9 @@ class Prompts:
         """The prompt's token ids: the raw prompt, or the messages through the chat
         template. Before tokenizing, a prompt that provably cannot fit the window with
         ``max_tokens`` more (None: with at least one more) is rejected on the lower bound
-        of :mod:`kit.engine.prompt_bound` (a 20 MB prompt costs milliseconds, not a
+        of :mod:`kit.engine.decode.prompt_bound` (a 20 MB prompt costs milliseconds, not a
         minute of tokenizing); what the bound does not decide is tokenized exactly and
-        checked by :func:`kit.engine.sampling.max_tokens`. ``on_large`` is called (before
+        checked by :func:`kit.engine.decode.sampling.max_tokens`. ``on_large`` is called (before
         any check can raise) for a prompt text of :data:`kit.engine.cache.reclaim.LARGE_BYTES`
         or more, so the caller gives memory back even when the prompt is rejected.
 
@@ -166,7 +166,7 @@ class Prompts:
                    prompt: list[int]) -> tuple[str | None, list[int], str]:
         """The grammar a request's output must follow (None: free), the tokens to append to
         its prompt, and the request field the grammar comes from (for errors); see
-        :mod:`kit.engine.grammar`. A constrained answer skips the model's reasoning: a
+        :mod:`kit.engine.decode.grammar`. A constrained answer skips the model's reasoning: a
         think block the prompt left open is closed first, so what the grammar makes is the
         answer (or the call), not reasoning.
 
@@ -174,7 +174,7 @@ class Prompts:
             InvalidRequest: a tool's parameters or the response schema are not JSON
                 schema objects (``field`` ``tools`` or ``schema``).
         """
-        from kit.engine.grammar import json_grammar, tool_call_grammar
+        from kit.engine.decode.grammar import json_grammar, tool_call_grammar
 
         tok, fmt = self.slot.tokenizer, self.slot.output_format
         close: list[int] = []

@@ -9,15 +9,15 @@ worker on every rank over a :class:`kit.engine.rank_inbox.RankInbox`):
 - ``Engine.start()`` loads the model on the worker thread; ``state`` tells ``loading``,
   ``ready``, ``unloaded`` (idle past the TTL; reloaded on the next request) or ``failed``.
 - ``Engine.generate(request)`` is an async iterator of events. Requests wait in one FIFO
-  queue; the worker prepares each (:class:`kit.engine.pipeline.Pipeline`: chat template,
-  the longest cached prefix), decodes it alone (:mod:`kit.engine.sequential`) or with
-  others (:mod:`kit.engine.batch`), and posts events back to the caller's event loop
-  (:mod:`kit.engine.bridge`).
+  queue; the worker prepares each (:class:`kit.engine.decode.pipeline.Pipeline`: chat template,
+  the longest cached prefix), decodes it alone (:mod:`kit.engine.decode.sequential`) or with
+  others (:mod:`kit.engine.decode.batch`), and posts events back to the caller's event loop
+  (:mod:`kit.engine.decode.bridge`).
 - ``Engine.swap(model)`` queues a swap in the same FIFO: requests queued before it finish on
   the old model, requests queued after it wait for the load and run on the new one, so a
   swap fails no request. The new model loads while the old one still serves its queue
   position; the old one is released only once the new one is loaded, so a failed load
-  leaves the old model serving (:class:`kit.engine.slot.ModelSlot`).
+  leaves the old model serving (:class:`kit.engine.decode.slot.ModelSlot`).
 - Closing the iterator early (client disconnect) sets the request's cancel flag; the worker
   stops generating at the next token.
 
@@ -37,13 +37,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kit.engine.bridge import END, LoopSink, settle_from_thread
-from kit.engine.inbox import Inbox
+from kit.engine.decode.bridge import END, LoopSink, settle_from_thread
+from kit.engine.decode.inbox import Inbox
 from kit.engine.cache.kv import kv_snapshot, resolve_max_batch
 from kit.engine.interface import SwapResult
-from kit.engine.pipeline import Pipeline, PromptCachePolicy
-from kit.engine.run import Job, Swap
-from kit.engine.slot import ModelSlot
+from kit.engine.decode.pipeline import Pipeline, PromptCachePolicy
+from kit.engine.decode.run import Job, Swap
+from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import (
     ChatRequest,
     EngineError,
@@ -98,7 +98,7 @@ class Engine:
             engine process forwards :meth:`snapshot` from here.
         trust_remote_code: let checkpoints run their own code when they load (every
             model this engine loads, swaps included; see :class:`ModelSlot`).
-        inbox: the worker's queue (default :class:`kit.engine.inbox.Inbox`; a distributed
+        inbox: the worker's queue (default :class:`kit.engine.decode.inbox.Inbox`; a distributed
             engine's ranks share one through :class:`kit.engine.rank_inbox.RankInbox`).
         loader: ``(path, trust_remote_code) -> (model, tokenizer)`` (default
             ``mlx_lm.load``; a distributed engine's ranks pass ``mlx_lm``'s sharded load).
@@ -113,13 +113,13 @@ class Engine:
         prompt_cache_disk_bytes: bound of the disk tier, bytes (0: no disk tier); see
             :mod:`kit.engine.cache.disk_tier`.
         warmup: ``auto`` (warm the kernels before ready only where mlx runs on CUDA),
-            ``on`` or ``off`` (see :mod:`kit.engine.warmup`).
+            ``on`` or ``off`` (see :mod:`kit.engine.decode.warmup`).
 
     Attributes:
         phase: what a load is doing now, ``"loading weights"`` or ``"warming up"``; None
             when no load runs (first load, reload, swap alike).
-        slot: the model (:class:`kit.engine.slot.ModelSlot`).
-        pipeline: prepare/complete of requests (:class:`kit.engine.pipeline.Pipeline`).
+        slot: the model (:class:`kit.engine.decode.slot.ModelSlot`).
+        pipeline: prepare/complete of requests (:class:`kit.engine.decode.pipeline.Pipeline`).
         reclaim_heap: set when ``count_tokens`` saw a large prompt; whoever runs it
             beside the worker clears it and gives memory back (see :mod:`kit.engine.cache.reclaim`).
     """
@@ -138,8 +138,8 @@ class Engine:
                  warmup: str = "auto",
                  kv_bits: int | None = None, kv_group_size: int = 64) -> None:
         """Raises ConfigError for KV settings :mod:`kit.engine.cache.kv` refuses, or a warm-up
-        mode :func:`kit.engine.warmup.check_mode` refuses."""
-        from kit.engine.warmup import check_mode
+        mode :func:`kit.engine.decode.warmup.check_mode` refuses."""
+        from kit.engine.decode.warmup import check_mode
 
         self.state = "loading"
         self.phase: str | None = None
@@ -225,7 +225,7 @@ class Engine:
         return self.memory()
 
     def capabilities(self) -> dict[str, Any]:
-        """See :meth:`kit.engine.slot.ModelSlot.capabilities`."""
+        """See :meth:`kit.engine.decode.slot.ModelSlot.capabilities`."""
         return self.slot.capabilities()
 
     def snapshot(self) -> dict[str, Any]:
@@ -279,7 +279,7 @@ class Engine:
         """Prompt tokens ``request`` would take (chat template applied), without queueing.
         Thread-safe: the tokenizer is only read. Exact whenever it is the window or less;
         a prompt provably over the window is not tokenized (see
-        :meth:`kit.engine.prompt.Prompts.tokens`).
+        :meth:`kit.engine.decode.prompt.Prompts.tokens`).
 
         Raises:
             InvalidRequest: the template rejects the messages, or ``context_length_exceeded``
@@ -334,8 +334,8 @@ class Engine:
         finally:
             self._on_change()
             self._ready.set()
-        from kit.engine.batch import run_batch
-        from kit.engine.sequential import serve_alone
+        from kit.engine.decode.batch import run_batch
+        from kit.engine.decode.sequential import serve_alone
 
         backlog: deque = deque()
         item: Any = None
@@ -409,7 +409,7 @@ class Engine:
 
     def _can_start_alone(self, job: Job) -> bool:
         """Whether ``job`` may decode alone first: only if it can move into a batch later
-        (see :func:`kit.engine.sequential.decode`): the model's KV cache can be trimmed
+        (see :func:`kit.engine.decode.sequential.decode`): the model's KV cache can be trimmed
         (not recurrent or rotating) and no grammar constrains the output."""
         req = job.request
         if req.force_tool is not None or req.response_schema is not None:

@@ -10,11 +10,11 @@ user paid for compilation. :func:`warm_up` pays it while the engine is still loa
 (``phase: "warming up"`` in ``/health``), once per machine: with the kernel cache warm it
 takes seconds. What it runs (:func:`plan`), each through the path a request takes:
 
-- ``mlx_lm.stream_generate`` (a request alone, :mod:`kit.engine.sequential`) over one
-  full prefill chunk (:func:`kit.engine.sampling.prefill_step_size` tokens) and over a
+- ``mlx_lm.stream_generate`` (a request alone, :mod:`kit.engine.decode.sequential`) over one
+  full prefill chunk (:func:`kit.engine.decode.sampling.prefill_step_size` tokens) and over a
   shorter chunk in each power-of-two range below it (:func:`prefill_chunks`), each
   followed by a few decode steps;
-- mlx-lm's ``BatchGenerator`` as :mod:`kit.engine.batch` drives it, at every batch size
+- mlx-lm's ``BatchGenerator`` as :mod:`kit.engine.decode.batch` drives it, at every batch size
   from 1 to ``max_batch`` (above 8, powers of two and ``max_batch``), a few-token prompt
   per row and a few decode steps. Without batching (``max_batch`` 1, or a quantized KV
   cache, which ``BatchGenerator`` cannot batch) only the single-stream shapes.
@@ -148,7 +148,7 @@ def plan(max_batch: int, step_size: int, batching: bool) -> list[Shape]:
 
     Args:
         max_batch: the engine's most requests decoded together.
-        step_size: prompt tokens per prefill chunk (:func:`kit.engine.sampling.prefill_step_size`).
+        step_size: prompt tokens per prefill chunk (:func:`kit.engine.decode.sampling.prefill_step_size`).
         batching: whether requests are ever batched (False: single-stream shapes only).
     """
     # n + 1 prompt tokens: one chunk of exactly n, then the last token's step
@@ -187,7 +187,7 @@ def _run_stream(model: Any, tokenizer: Any, shape: Shape, step_size: int,
     if shape.kind == "sampled":
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-        # every filter and processor kit.engine.sampling.Sampling.build can make
+        # every filter and processor kit.engine.decode.sampling.Sampling.build can make
         extra["sampler"] = make_sampler(temp=0.7, top_p=0.95, min_p=0.05, top_k=40)
         extra["logits_processors"] = make_logits_processors(
             logit_bias={0: -1.0}, presence_penalty=0.1, frequency_penalty=0.1)
@@ -200,7 +200,7 @@ def _run_batch(model: Any, tokenizer: Any, shape: Shape, step_size: int,
                max_batch: int) -> None:
     from mlx_lm.generate import BatchGenerator
 
-    # the same construction as kit.engine.batch.run_batch, so the same kernels compile
+    # the same construction as kit.engine.decode.batch.run_batch, so the same kernels compile
     bg = BatchGenerator(model, completion_batch_size=max_batch,
                         prefill_batch_size=min(max_batch, 8), prefill_step_size=step_size)
     try:
@@ -226,7 +226,7 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int,
         model, tokenizer: mlx-lm's, as loaded.
         max_batch: the engine's most requests decoded together.
         new_cache: ``() -> cache``: the prompt cache a request starts from
-            (:meth:`kit.engine.slot.ModelSlot.new_cache`: quantized with ``--kv-bits``,
+            (:meth:`kit.engine.decode.slot.ModelSlot.new_cache`: quantized with ``--kv-bits``,
             so those kernels are warmed too); None: mlx-lm's default cache.
         batching: whether requests can be batched (False with ``--kv-bits``: mlx-lm's
             ``BatchGenerator`` cannot merge quantized caches): only single-stream shapes.
@@ -239,7 +239,7 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int,
     """
     import mlx.core as mx
 
-    from kit.engine.sampling import prefill_step_size
+    from kit.engine.decode.sampling import prefill_step_size
 
     step = prefill_step_size()
     shapes = plan(max_batch, step, batching=batching)

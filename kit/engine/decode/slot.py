@@ -3,7 +3,7 @@
 :class:`ModelSlot` checks that a model fits (memory policy), loads and warms it up,
 installs it, releases it (all of it, or all but the small tokenizer, so token counts keep
 working while unloaded) and answers what the loaded model is and can do. It keeps no
-public state beyond the loaded objects: the engine (:mod:`kit.engine.engine`) decides
+public state beyond the loaded objects: the engine (:mod:`kit.engine.decode.engine`) decides
 when to load, unload, reload or swap, and reports it.
 """
 
@@ -88,8 +88,8 @@ class ModelSlot:
             ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
             in config.json) run when it loads; off unless ``serve --trust-remote-code``.
         warmup: ``auto``, ``on`` or ``off``: what :meth:`load` runs before the model is
-            installed (:mod:`kit.engine.warmup`; a distributed rank never runs the full
-            warm-up, only :func:`kit.engine.warmup.first_use` unless ``off``).
+            installed (:mod:`kit.engine.decode.warmup`; a distributed rank never runs the full
+            warm-up, only :func:`kit.engine.decode.warmup.first_use` unless ``off``).
         max_batch: the engine's most requests decoded together (the batch sizes warmed).
         kv_bits, kv_group_size: the quantized KV cache (``serve --kv-bits``, 4 or 8; None:
             full precision) and its group size (elements per scale and bias; 64 by
@@ -143,7 +143,7 @@ class ModelSlot:
             weights: what :meth:`check_fit` returned when the caller ran it already
                 (None: run it here).
             on_phase: called with ``"warming up"`` when the full warm-up starts (see
-                :mod:`kit.engine.warmup`), for ``/health``'s ``phase``.
+                :mod:`kit.engine.decode.warmup`), for ``/health``'s ``phase``.
 
         Raises:
             ModelDoesNotFitError: the estimate is over the budget.
@@ -182,7 +182,7 @@ class ModelSlot:
         # is refused here, whatever the warm-up mode
         cache = self._kv_cache(info, model)
         if self.kv_bits is not None:
-            from kit.engine.warmup import first_use
+            from kit.engine.decode.warmup import first_use
 
             try:
                 first_use(model, tokenizer, cache)
@@ -194,7 +194,7 @@ class ModelSlot:
                          "or serve it without --kv-bits") from None
         del cache
         self._warm(model, tokenizer, on_phase)
-        from kit.engine.prompt_bound import TokenBound
+        from kit.engine.decode.prompt_bound import TokenBound
 
         bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
         if bound is None:
@@ -208,8 +208,8 @@ class ModelSlot:
 
     def _warm(self, model: Any, tokenizer: Any,
               on_phase: Callable[[str], None] | None) -> None:
-        """What ``warmup`` asks for before the model is installed (see :mod:`kit.engine.warmup`)."""
-        from kit.engine import warmup
+        """What ``warmup`` asks for before the model is installed (see :mod:`kit.engine.decode.warmup`)."""
+        from kit.engine.decode import warmup
 
         if self.warmup == "off":
             return
@@ -338,10 +338,10 @@ class ModelSlot:
         return self._trimmable
 
     def bound(self) -> Any:
-        """The tokenizer's :class:`kit.engine.prompt_bound.TokenBound` (None: its pipeline
+        """The tokenizer's :class:`kit.engine.decode.prompt_bound.TokenBound` (None: its pipeline
         allows no proven bound), computed once per tokenizer (~0.1 s, at load).
         Thread-safe (``count_tokens`` calls it beside the worker)."""
-        from kit.engine.prompt_bound import TokenBound
+        from kit.engine.decode.prompt_bound import TokenBound
 
         tok = self.tokenizer
         cached = self._bound_for  # set by load; one tuple assignment: thread-safe
@@ -350,10 +350,10 @@ class ModelSlot:
         return cached[1]
 
     def grammar_tokenizer(self) -> Any:
-        """llguidance's view of the tokenizer (:func:`kit.engine.grammar.ll_tokenizer`),
+        """llguidance's view of the tokenizer (:func:`kit.engine.decode.grammar.ll_tokenizer`),
         built once per loaded tokenizer."""
         if self._grammar_tokenizer is None:
-            from kit.engine.grammar import ll_tokenizer
+            from kit.engine.decode.grammar import ll_tokenizer
 
             self._grammar_tokenizer = ll_tokenizer(self.tokenizer)
         return self._grammar_tokenizer
