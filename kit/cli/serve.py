@@ -265,7 +265,7 @@ def serve(
     import uvicorn
 
     from kit.daemon import remove_pid_file, write_pid_file
-    from kit.engine.process import EngineProcess
+    from kit.engine.proc.process import EngineProcess
     from kit.models.resolve import resolve_model
     from kit.server import create_app
     from kit.server.state import ServerState

@@ -1,6 +1,6 @@
 """The engine seam: :class:`EngineLike`, what the server needs from whatever owns the
 model, and :class:`SwapResult`. :class:`kit.engine.decode.engine.Engine` (in-process) and
-:class:`kit.engine.process.EngineProcess` (the same engine in a child process) satisfy
+:class:`kit.engine.proc.process.EngineProcess` (the same engine in a child process) satisfy
 it; so does :class:`kit.engine.world_process.DistributedEngine` (see the Protocol's
 docstring)."""
 

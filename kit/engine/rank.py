@@ -6,7 +6,7 @@ mlx-lm's ``sharded_load`` and runs the same :class:`kit.engine.decode.engine.Eng
 over a :class:`kit.engine.rank_inbox.RankInbox`. Rank 0 also connects to the server
 (a ``multiprocessing.connection`` Unix socket whose authkey is in a file only the user can
 read, both in the directory ``MLX_KIT_CONTROL`` names) and serves the same pipe protocol
-as a single engine process (:mod:`kit.engine.child`): its first message is ``("init",
+as a single engine process (:mod:`kit.engine.proc.child`): its first message is ``("init",
 model, options, log_level)``, which rank 0 shares with the others.
 
 A rank whose peers are gone (a collective fails, or the watchdog sees none answer for
@@ -250,7 +250,7 @@ def _fatal_free_exit() -> None:
 
 def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
          pipeline: bool) -> None:
-    from kit.engine.child import _PipeServer
+    from kit.engine.proc.child import _PipeServer
     from kit.engine.decode.engine import Engine
     from kit.engine.rank_inbox import RankInbox
     from kit.engine.world_codec import Machine, RankFacts

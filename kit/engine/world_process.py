@@ -1,6 +1,6 @@
 """The server's side of a distributed engine: :class:`DistributedEngine` starts every rank
 with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 exactly as
-:class:`kit.engine.process.EngineProcess` talks to its one engine process.
+:class:`kit.engine.proc.process.EngineProcess` talks to its one engine process.
 
 - Start: a private directory (mode 0700) holds a Unix socket and a random authkey
   (mode 0600); ``mlx.launch`` runs in a session of its own (so Ctrl-C in the terminal does
@@ -42,7 +42,7 @@ from kit.engine.hosts import (
     free_ring_ports,
     python_for_ranks,
 )
-from kit.engine.process import EngineProcess, _Link
+from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
 from kit.engine.world_codec import KEY_BYTES, KEY_ENV
 from kit.errors import ConfigError, ServerError
@@ -63,7 +63,7 @@ _RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
 
 class _Launched:
     """``mlx.launch``'s process, with the part of ``multiprocessing.Process``'s interface
-    :class:`kit.engine.process.EngineProcess` uses (pid, exitcode, join, terminate, kill)."""
+    :class:`kit.engine.proc.process.EngineProcess` uses (pid, exitcode, join, terminate, kill)."""
 
     def __init__(self, popen: subprocess.Popen) -> None:
         self.popen = popen

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class ServerState:
     """Attributes:
         engine: the engine that owns the model (the server runs an
-            :class:`kit.engine.process.EngineProcess`: the engine in its own process).
+            :class:`kit.engine.proc.process.EngineProcess`: the engine in its own process).
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
         admin_token: required bearer on /admin routes (written to the pid file, 0600).
         aliases: model names served by ``local`` or another model.

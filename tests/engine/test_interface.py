@@ -11,7 +11,7 @@ import pytest
 
 from kit.engine.decode.engine import Engine
 from kit.engine.interface import EngineLike
-from kit.engine.process import EngineProcess
+from kit.engine.proc.process import EngineProcess
 from kit.engine.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 

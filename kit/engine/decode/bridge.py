@@ -3,7 +3,7 @@
 The worker (a plain thread, or the engine process's pipe reader) never touches the event
 loop directly: it calls a :class:`LoopSink` (a request's events) or the callable from
 :func:`settle_from_thread` (a swap's or a call's result). Both are used in-process
-(:mod:`kit.engine.decode.engine`) and by the server's end of the pipe (:mod:`kit.engine.process`).
+(:mod:`kit.engine.decode.engine`) and by the server's end of the pipe (:mod:`kit.engine.proc.process`).
 Own code: asyncio has ``run_coroutine_threadsafe``/``call_soon_threadsafe`` but nothing
 that batches wake-ups of a fast producer.
 """

@@ -1,7 +1,7 @@
 """The engine: one worker loop owns the model and runs work in order.
 
 In-process, the loop runs on a thread (``Engine.start()``); the server runs it on the main
-thread of a child process instead (:mod:`kit.engine.process`), so that HTTP never takes
+thread of a child process instead (:mod:`kit.engine.proc.process`), so that HTTP never takes
 the GIL from decode.
 
 Design (behind :class:`kit.engine.interface.EngineLike`; a distributed engine runs this same

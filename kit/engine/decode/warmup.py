@@ -2,7 +2,7 @@
 compiles their kernels before ``/health`` says ready.
 
 mlx's CUDA build compiles a kernel (NVRTC) the first time a shape class is used and keeps
-it in ``MLX_PTX_CACHE_DIR`` (:mod:`kit.engine.process` points that at
+it in ``MLX_PTX_CACHE_DIR`` (:mod:`kit.engine.proc.process` points that at
 :func:`kit.paths.kernel_cache_dir` unless the variable is set). On an H200 with a
 Llama-3-8B-shaped 4-bit model, a fresh machine's first request took 38 s after the engine
 said ready, a second prompt length 29 s more, the first batch of 4 requests 3.4 s: the

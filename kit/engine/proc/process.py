@@ -2,7 +2,7 @@
 
 The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
 runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
-:mod:`kit.engine.child`). Measured on an H200 (docs/performance.md): decode in a worker
+:mod:`kit.engine.proc.child`). Measured on an H200 (docs/performance.md): decode in a worker
 thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
 main thread. vLLM splits its engine core from its API server for the same reason.
@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kit.engine.decode.bridge import END, LoopSink
-from kit.engine.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
+from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo

@@ -1,4 +1,4 @@
-"""The engine process's side of :mod:`kit.engine.process`: the ``multiprocessing`` target
+"""The engine process's side of :mod:`kit.engine.proc.process`: the ``multiprocessing`` target
 (:func:`serve_engine`) and the server of the pipe that drives an :class:`Engine` (the wire
 protocol is described there). Kept apart so each module has one side of the pipe."""
 
