@@ -61,7 +61,7 @@ def launch(
     --json` for the server it used). Agents: see `mlx-kit harness list`.
     """
     from kit.daemon import ensure_server
-    from kit.engine.hosts import plan_world
+    from kit.engine.distributed.hosts import plan_world
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url

@@ -234,7 +234,7 @@ def serve(
     from kit.models.aliases import AliasTable
     from kit.models.memory import parse_size
 
-    from kit.engine.hosts import plan_world
+    from kit.engine.distributed.hosts import plan_world
     from kit.engine.decode.warmup import check_mode
 
     from kit.engine.cache.kv import check_kv, resolve_max_batch
@@ -301,7 +301,7 @@ def serve(
     if world is None:
         engine = EngineProcess(info, **options)
     else:
-        from kit.engine.world_process import DistributedEngine
+        from kit.engine.distributed.world_process import DistributedEngine
         world = _choose_split(info, world, progress)  # SplitError: before any rank starts
 
         # A lost rank ends the server through uvicorn's graceful shutdown (should_exit),

@@ -310,7 +310,7 @@ def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch
 
 
 def test_prompt_cache_bytes_is_refused_across_ranks_before_any_starts():
-    from kit.engine.world_process import DistributedEngine
+    from kit.engine.distributed.world_process import DistributedEngine
     from kit.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:

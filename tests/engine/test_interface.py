@@ -12,7 +12,7 @@ import pytest
 from kit.engine.decode.engine import Engine
 from kit.engine.interface import EngineLike
 from kit.engine.proc.process import EngineProcess
-from kit.engine.world_process import DistributedEngine
+from kit.engine.distributed.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 
 INFO = ModelInfo("some/model", Path("/nonexistent"), 4096)
@@ -76,7 +76,7 @@ def test_every_engine_satisfies_engine_like_by_names_and_signatures(cls):
     assert isinstance(cls.pid, property)
 
     if cls is DistributedEngine:  # not started: no rank, no process
-        from kit.engine.hosts import plan_world
+        from kit.engine.distributed.hosts import plan_world
 
         engine = cls(INFO, plan_world(3, None, None, None, False, 300))
     else:

@@ -5,7 +5,7 @@ thread of a child process instead (:mod:`kit.engine.proc.process`), so that HTTP
 the GIL from decode.
 
 Design (behind :class:`kit.engine.interface.EngineLike`; a distributed engine runs this same
-worker on every rank over a :class:`kit.engine.rank_inbox.RankInbox`):
+worker on every rank over a :class:`kit.engine.distributed.rank_inbox.RankInbox`):
 - ``Engine.start()`` loads the model on the worker thread; ``state`` tells ``loading``,
   ``ready``, ``unloaded`` (idle past the TTL; reloaded on the next request) or ``failed``.
 - ``Engine.generate(request)`` is an async iterator of events. Requests wait in one FIFO
@@ -99,7 +99,7 @@ class Engine:
         trust_remote_code: let checkpoints run their own code when they load (every
             model this engine loads, swaps included; see :class:`ModelSlot`).
         inbox: the worker's queue (default :class:`kit.engine.decode.inbox.Inbox`; a distributed
-            engine's ranks share one through :class:`kit.engine.rank_inbox.RankInbox`).
+            engine's ranks share one through :class:`kit.engine.distributed.rank_inbox.RankInbox`).
         loader: ``(path, trust_remote_code) -> (model, tokenizer)`` (default
             ``mlx_lm.load``; a distributed engine's ranks pass ``mlx_lm``'s sharded load).
         agree: ``error -> error``: what every rank decided about a load's checks (the

@@ -2,7 +2,7 @@
 cancellations of requests.
 
 The worker reads it only through :class:`Inbox`'s methods, so a distributed engine can
-replace it (:class:`kit.engine.rank_inbox.RankInbox`): there, what the worker observes here
+replace it (:class:`kit.engine.distributed.rank_inbox.RankInbox`): there, what the worker observes here
 (an arrival, a cancel, a timeout) is what rank 0 observed, broadcast at the same sync
 points on every rank, so every rank makes the same model calls in the same order.
 """

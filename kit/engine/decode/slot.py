@@ -83,7 +83,7 @@ class ModelSlot:
             engine's ranks: fit checks count this rank's share of the model (and the
             shares of the ranks beside it on this machine); None: the whole model here.
         loader: ``(path, trust_remote_code) -> (model, tokenizer)``; None: ``mlx_lm.load``
-            (a distributed engine's ranks pass a sharded load, see :mod:`kit.engine.rank`).
+            (a distributed engine's ranks pass a sharded load, see :mod:`kit.engine.distributed.rank`).
         trust_remote_code: let a checkpoint's own Python code (a tokenizer named by
             ``auto_map`` in tokenizer_config.json, an architecture named by ``model_file``
             in config.json) run when it loads; off unless ``serve --trust-remote-code``.

@@ -22,7 +22,7 @@ Pickles on this pipe reach no other user's bytes: it is an anonymous socketpair
 (``ctx.Pipe()``) whose child end the engine process inherits when it is spawned (the fd
 itself, in its ``pass_fds``); no path or port names it, so nothing but these two
 processes can write to it. (The ranks' shares, which another user can reach through the
-ring's ports, are typed and signed instead: :mod:`kit.engine.world_codec`.) Moving this
+ring's ports, are typed and signed instead: :mod:`kit.engine.distributed.world_codec`.) Moving this
 pipe to the same typed encoding is left for later (issue 25).
 
 Lifetimes: the server's ``stop`` cancels what still runs (uvicorn has already given its

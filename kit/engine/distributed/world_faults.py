@@ -1,10 +1,10 @@
-"""A rank's failed check (``World.agree``) as a :class:`kit.engine.world_codec.Fault` and
+"""A rank's failed check (``World.agree``) as a :class:`kit.engine.distributed.world_codec.Fault` and
 back: the error's kind (``kit.errors.error_kind``), message, hint and the few typed
 fields the server's answers read, never the exception object itself. Pure Python."""
 
 from __future__ import annotations
 
-from kit.engine.world_codec import Fault
+from kit.engine.distributed.world_codec import Fault
 from kit.errors import (
     KitError,
     ModelDoesNotFitError,

@@ -6,7 +6,7 @@ stopped answering.
 Records travel as mlx_lm.server shares requests (``_share_object`` in mlx_lm/server.py),
 in a uint8 array that only the sending rank fills, ``all_sum``-ed with the others' zeros,
 after an ``all_sum`` of its length; but as authenticated typed frames
-(:mod:`kit.engine.world_codec`), never pickles: anyone who reaches a ring port can put
+(:mod:`kit.engine.distributed.world_codec`), never pickles: anyone who reaches a ring port can put
 bytes on the ring (docs/distributed.md, "Who can reach the ring"). mx.distributed has
 no broadcast of bytes, so this is our own few lines over its collectives, not a
 transport of our own. Imported only in rank processes (it imports mlx).
@@ -24,10 +24,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from kit.engine import world_codec as codec
-from kit.engine.hosts import EXIT_PEER_LOST, EXIT_TAMPERED  # the ranks import them here
-from kit.engine.world_codec import Fault, Hello, Proof, Record, Seed
-from kit.engine.world_faults import error_of, fault_of
+from kit.engine.distributed import world_codec as codec
+from kit.engine.distributed.hosts import EXIT_PEER_LOST, EXIT_TAMPERED  # the ranks import them here
+from kit.engine.distributed.world_codec import Fault, Hello, Proof, Record, Seed
+from kit.engine.distributed.world_faults import error_of, fault_of
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -41,7 +41,7 @@ class WorldTampered(WorldLost):
     """What crossed the ring is not what a rank sent: a share failed its MAC, sequence,
     kind or schema check, or a rank could not prove the world's secret, or a ring
     link's far end belongs to another user. The rank exits with
-    :data:`kit.engine.hosts.EXIT_TAMPERED`."""
+    :data:`kit.engine.distributed.hosts.EXIT_TAMPERED`."""
 
 
 class World:
@@ -51,7 +51,7 @@ class World:
         group: ``mx.distributed.init()``'s group.
         timeout: seconds a rank may go without a sync point completing (while not idle
             on rank 0's own queue) before the watchdog ends it.
-        key: the world's secret (:data:`kit.engine.world_codec.KEY_BYTES` bytes), which
+        key: the world's secret (:data:`kit.engine.distributed.world_codec.KEY_BYTES` bytes), which
             every share's MAC is under.
 
     Attributes:
@@ -117,8 +117,8 @@ class World:
         """Rank ``root``'s ``record`` (a ``kind``; None: nothing to share), on every rank
         (the others pass None). Collective: every rank calls it at the same point, with
         the same ``kind`` and ``root``. Two all_sums: the frame's length and its MAC
-        (:func:`kit.engine.world_codec.length_tag`; one collective alone when nothing
-        is shared), then the frame (:mod:`kit.engine.world_codec`).
+        (:func:`kit.engine.distributed.world_codec.length_tag`; one collective alone when nothing
+        is shared), then the frame (:mod:`kit.engine.distributed.world_codec`).
 
         Raises:
             WorldLost: a peer is gone.

@@ -15,7 +15,7 @@ import select
 from pathlib import Path
 from typing import Any
 
-from kit.engine.world_codec import KEY_BYTES, KEY_ENV
+from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
 
 _STDIN_WAIT_S = 60.0  # the server writes the line at once; mlx.launch forwards it
 
@@ -102,11 +102,11 @@ def check_ring_peers(world: Any) -> None:
     can be told here (the MAC and the proof still hold: :meth:`World.prove`).
 
     Raises:
-        kit.engine.world.WorldTampered: a connection's far end is another user's.
+        kit.engine.distributed.world.WorldTampered: a connection's far end is another user's.
     """
     import psutil
 
-    from kit.engine.world import WorldTampered
+    from kit.engine.distributed.world import WorldTampered
 
     owners = socket_owners()
     if owners is None:

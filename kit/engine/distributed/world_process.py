@@ -1,5 +1,5 @@
 """The server's side of a distributed engine: :class:`DistributedEngine` starts every rank
-with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 exactly as
+with ``mlx.launch`` (:mod:`kit.engine.distributed.rank` on each host) and talks to rank 0 exactly as
 :class:`kit.engine.proc.process.EngineProcess` talks to its one engine process.
 
 - Start: a private directory (mode 0700) holds a Unix socket and a random authkey
@@ -9,7 +9,7 @@ with ``mlx.launch`` (:mod:`kit.engine.rank` on each host) and talks to rank 0 ex
   on every rank while ``state`` is ``loading``.
 - What the ranks print goes to the server's log, line by line. ``mlx.launch`` reports
   every rank's exit ("Node with rank N exited with code C"); the first rank that exited
-  with a status other than :data:`kit.engine.hosts.EXIT_PEER_LOST` (the status of ranks
+  with a status other than :data:`kit.engine.distributed.hosts.EXIT_PEER_LOST` (the status of ranks
   that lost a peer) is the one that failed, and the error names it and its host.
 - A lost world is not restarted: ``state`` is ``failed``, open requests fail with that
   error, and ``on_lost(error)`` tells the server to end (a model spread over several
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.engine.hosts import (
+from kit.engine.distributed.hosts import (
     EXIT_PEER_LOST,
     EXIT_TAMPERED,
     WorldPlan,
@@ -44,7 +44,7 @@ from kit.engine.hosts import (
 )
 from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
-from kit.engine.world_codec import KEY_BYTES, KEY_ENV
+from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
 from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
 
@@ -138,7 +138,7 @@ class DistributedEngine(EngineProcess):
 
     Args:
         model: what to load first.
-        plan: the ranks (:func:`kit.engine.hosts.plan_world`).
+        plan: the ranks (:func:`kit.engine.distributed.hosts.plan_world`).
         on_lost: called once, from a thread, with the error when the world is lost.
         **options: :class:`kit.engine.decode.engine.Engine`'s keyword arguments.
     """
@@ -193,7 +193,7 @@ class DistributedEngine(EngineProcess):
         from multiprocessing.connection import Listener
 
         listener = Listener(str(control / "socket"), family="AF_UNIX", authkey=authkey)
-        # the world's secret (kit/engine/world_codec.py): in mlx.launch's environment, which
+        # the world's secret (kit/engine/distributed/world_codec.py): in mlx.launch's environment, which
         # local ranks inherit, and on its stdin, which it forwards to every rank (over ssh
         # to remote ones); never in `env`, which mlx.launch puts on command lines
         world_key = secrets.token_bytes(KEY_BYTES).hex()
@@ -225,7 +225,7 @@ class DistributedEngine(EngineProcess):
         threading.Thread(target=self._watch_launcher, args=(launched,),
                          name="mlx-kit-ranks-launcher-watch", daemon=True).start()
         conn = self._accept(listener, launched)
-        try:  # every rank closed its stdin by now: see kit/engine/rank.py's main()
+        try:  # every rank closed its stdin by now: see kit/engine/distributed/rank.py's main()
             assert popen.stdin is not None
             popen.stdin.write(b"\n")
             popen.stdin.flush()

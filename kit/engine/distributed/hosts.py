@@ -23,7 +23,7 @@ from kit.errors import ConfigError, ServerError
 from kit.models.split import MAX_RANKS
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
-#: exit status of a rank that lost a peer or timed out waiting for one (kit/engine/world.py);
+#: exit status of a rank that lost a peer or timed out waiting for one (kit/engine/distributed/world.py);
 #: the server names the rank that exited first with another status as the one that failed
 EXIT_PEER_LOST = 75
 #: exit status of a rank that refused what crossed the ring (a share that failed its MAC,
@@ -90,7 +90,7 @@ class WorldPlan:
 
     def command(self, python: str, port: int, env: dict[str, str]) -> list[str]:
         """The ``mlx.launch`` command line that starts every rank as ``python -m
-        kit.engine.rank`` (``port``: the ring backend's first port; ``env``: variables
+        kit.engine.distributed.rank`` (``port``: the ring backend's first port; ``env``: variables
         every rank gets, remote ones too)."""
         cmd = [python, "-c", "import sys; from mlx._distributed_utils.launch import main; "
                "sys.argv[0] = 'mlx.launch'; sys.exit(main())",
@@ -105,7 +105,7 @@ class WorldPlan:
             cmd += ["--nccl-port", str(port)]
         for key, value in env.items():
             cmd += ["--env", f"{key}={value}"]
-        return [*cmd, "--", "-m", "kit.engine.rank"]
+        return [*cmd, "--", "-m", "kit.engine.distributed.rank"]
 
 
 def _hostfile_hosts(path: Path) -> tuple[list[str], str]:

@@ -4,7 +4,7 @@ HMAC-SHA256 of a per-world secret with the share's sequence number, so no bytes 
 process puts on the ring decode into anything but these records (nothing is unpickled),
 and a relay can neither inject, alter nor replay a share.
 
-A share is two ring ``all_sum``s (see :class:`kit.engine.world.World`): a prelude of two
+A share is two ring ``all_sum``s (see :class:`kit.engine.distributed.world.World`): a prelude of two
 int64s, the frame's length and :func:`length_tag` (a MAC of the length, truncated to 63
 bits, so an idle tick's empty share is authenticated in the one collective it costs),
 then the frame:
@@ -44,7 +44,7 @@ class ShareError(Exception):
     """A frame that is not the expected record from the expected rank at the expected
     place in the stream: wrong length, magic, version, kind, rank or sequence number, a
     failed MAC, or a payload that is not the kind's schema. The world turns it into a
-    :class:`kit.engine.world.WorldTampered` naming the link."""
+    :class:`kit.engine.distributed.world.WorldTampered` naming the link."""
 
 
 class Record(BaseModel):
@@ -177,7 +177,7 @@ class Stop(BaseModel):
 
 
 class Arrivals(Record):
-    """What rank 0's queue took in since the last sync (``kit.engine.rank_inbox``)."""
+    """What rank 0's queue took in since the last sync (``kit.engine.distributed.rank_inbox``)."""
 
     KIND, MAX_BYTES = 9, 1 << 30  # several requests of up to the body limit each
     items: list[Gen | SwapTo | Stop] = Field(max_length=1 << 16)

@@ -4,7 +4,7 @@ the same sync points, so every rank runs the same requests, steps and swaps.
 Rank 0's pipe thread puts requests and cancels as in a single process; nothing reaches
 the worker until a sync point (:meth:`RankInbox.sync`, each decode step and prefill
 chunk, or a wait for work in :meth:`RankInbox.get`), where rank 0 shares what arrived
-since the last one (:meth:`kit.engine.world.World.share`) and every rank appends the same
+since the last one (:meth:`kit.engine.distributed.world.World.share`) and every rank appends the same
 items to its own copy of the queue and sets the same cancel flags. What the worker then
 reads (:meth:`get_nowait`, :meth:`empty`, :meth:`next_is_job`, ``job.cancelled``) is the
 same on every rank.
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 from kit.engine.decode.bridge import END
 from kit.engine.decode.inbox import Inbox
 from kit.engine.decode.run import Job, Swap
-from kit.engine.world_codec import Arrivals, Gen, Stop, SwapTo
+from kit.engine.distributed.world_codec import Arrivals, Gen, Stop, SwapTo
 
 if TYPE_CHECKING:  # it imports mlx; this module is tested without
-    from kit.engine.world import World
+    from kit.engine.distributed.world import World
 
 IDLE_TICK_S = 0.2  # most seconds between syncs while there is no work (see the docstring)
 _FIRST_TICK_S = 0.005  # the first idle tick; each next one doubles, up to IDLE_TICK_S
@@ -54,7 +54,7 @@ class RankInbox(Inbox):
     client) and their swaps reply to no one.
 
     Args:
-        world: the group (:class:`kit.engine.world.World`).
+        world: the group (:class:`kit.engine.distributed.world.World`).
     """
 
     def __init__(self, world: World) -> None:
@@ -131,7 +131,7 @@ class RankInbox(Inbox):
 
     def _local(self, wire: Any) -> Any:
         """A follower's copy of a queue item rank 0 shared (a
-        :mod:`kit.engine.world_codec` ``Gen``, ``SwapTo`` or ``Stop``)."""
+        :mod:`kit.engine.distributed.world_codec` ``Gen``, ``SwapTo`` or ``Stop``)."""
         if isinstance(wire, Gen):
             jid = wire.jid
 

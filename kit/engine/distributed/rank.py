@@ -1,16 +1,16 @@
-"""One rank of a distributed engine: ``python -m kit.engine.rank``, started on every host
-by ``mlx.launch`` (see :mod:`kit.engine.world_process`, the server's side).
+"""One rank of a distributed engine: ``python -m kit.engine.distributed.rank``, started on every host
+by ``mlx.launch`` (see :mod:`kit.engine.distributed.world_process`, the server's side).
 
-Every rank joins the group (:class:`kit.engine.world.World`), loads its shard with
+Every rank joins the group (:class:`kit.engine.distributed.world.World`), loads its shard with
 mlx-lm's ``sharded_load`` and runs the same :class:`kit.engine.decode.engine.Engine` worker loop
-over a :class:`kit.engine.rank_inbox.RankInbox`. Rank 0 also connects to the server
+over a :class:`kit.engine.distributed.rank_inbox.RankInbox`. Rank 0 also connects to the server
 (a ``multiprocessing.connection`` Unix socket whose authkey is in a file only the user can
 read, both in the directory ``MLX_KIT_CONTROL`` names) and serves the same pipe protocol
 as a single engine process (:mod:`kit.engine.proc.child`): its first message is ``("init",
 model, options, log_level)``, which rank 0 shares with the others.
 
 A rank whose peers are gone (a collective fails, or the watchdog sees none answer for
-``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.hosts.EXIT_PEER_LOST`; a
+``MLX_KIT_RANK_TIMEOUT`` seconds) exits with :data:`kit.engine.distributed.hosts.EXIT_PEER_LOST`; a
 rank that fails on its own (its shard cannot load) exits 1, so the server can tell which
 rank failed first. ``mlx.launch`` then ends the others.
 """
@@ -124,7 +124,7 @@ def _connect(control: Path) -> Any:
 def main() -> None:
     """Run this rank until the server says stop, goes away, or a peer is lost."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
-    from kit.engine.ring_guard import KeyMissing, check_ring_peers, read_world_key
+    from kit.engine.distributed.ring_guard import KeyMissing, check_ring_peers, read_world_key
 
     try:  # before stdin is closed: a remote rank's secret arrives there
         key = read_world_key()
@@ -144,8 +144,8 @@ def main() -> None:
     from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported
-    from kit.engine.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered
-    from kit.engine.world_codec import Setup, setup_of
+    from kit.engine.distributed.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered
+    from kit.engine.distributed.world_codec import Setup, setup_of
     from kit.models.resolve import ModelInfo
 
     backend = os.environ.get("MLX_KIT_BACKEND", "ring")
@@ -215,7 +215,7 @@ def _check_alike(world: Any) -> None:
 
     from kit import __version__
 
-    from kit.engine.world_codec import Alike
+    from kit.engine.distributed.world_codec import Alike
 
     mine = Alike(mlx=version("mlx"), mlx_lm=version("mlx-lm"), kit=__version__,
                  device=str(mx.default_device()), prefill=prefill_step_size())
@@ -252,8 +252,8 @@ def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
          pipeline: bool) -> None:
     from kit.engine.proc.child import _PipeServer
     from kit.engine.decode.engine import Engine
-    from kit.engine.rank_inbox import RankInbox
-    from kit.engine.world_codec import Machine, RankFacts
+    from kit.engine.distributed.rank_inbox import RankInbox
+    from kit.engine.distributed.world_codec import Machine, RankFacts
 
     listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host
