@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from kit.formats.output import OutputParser, gives_anything
-from kit.engine.types import ReasoningDelta, TextDelta
+from kit.formats.events import ReasoningDelta, TextDelta
 from kit.formats._harmony_markup import (
     CALL_ENDS,
     CHANNEL,

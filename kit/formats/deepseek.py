@@ -40,7 +40,7 @@ import json
 from typing import Any
 
 from kit.formats.output import OutputParser, gives_anything
-from kit.engine.types import TextDelta, ToolCall
+from kit.formats.events import TextDelta, ToolCall
 from kit.formats._deepseek_calls import parse_partial, parse_tool_call
 from kit.formats._deepseek_markup import (
     BLOCKS,

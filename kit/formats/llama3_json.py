@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from kit.formats.output import OutputParser
-from kit.engine.types import TextDelta
+from kit.formats.events import TextDelta
 from kit.formats.base import skip_ws
 
 tool_call_start = "<|python_tag|>"  # Llama 3.1/3.3's marker (forced calls start with it)

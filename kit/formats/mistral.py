@@ -38,7 +38,7 @@ import regex as re
 from mlx_lm.tool_parsers import mistral as _upstream
 
 from kit.formats.output import OutputParser
-from kit.engine.types import TextDelta
+from kit.formats.events import TextDelta
 
 tool_call_start = _upstream.tool_call_start  # [TOOL_CALLS]
 tool_call_end = _upstream.tool_call_end  # none: the calls run to the end of the output

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
+from kit.formats.events import ReasoningDelta, TextDelta, ToolCall
 from kit.formats.base import CallEnd, OutputFormat, ToolParser, marker_end
 
 log = logging.getLogger("mlx_kit.engine")

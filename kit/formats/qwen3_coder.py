@@ -53,7 +53,7 @@ from mlx_lm.tool_parsers.qwen3_coder import (
 )
 
 from kit.formats.separators import SeparatorParser
-from kit.engine.types import TextDelta
+from kit.formats.events import TextDelta
 from kit.formats.base import Broken, More, ScanMarks, is_cut, schema_types, skip_ws
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]

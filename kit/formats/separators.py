@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from kit.formats.output import OutputParser
-from kit.engine.types import ReasoningDelta, TextDelta
+from kit.formats.events import ReasoningDelta, TextDelta
 
 
 class SeparatorParser(OutputParser):
