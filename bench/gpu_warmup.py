@@ -163,7 +163,7 @@ import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_logits_processors
-from kit.engine.decode.sampling import prefill_step_size
+from kit.engine.decode.prefill import prefill_step_size
 spec = json.load(open(sys.argv[1]))
 model, tok = load(spec["model"])
 procs = make_logits_processors(logit_bias={int(k): v for k, v in spec["bias"].items()} or None)

@@ -26,7 +26,7 @@ from typing import Any
 
 from kit import STABLE_MODEL_ID
 from kit.formats.select import template_text
-from kit.models.resolve import read_context_window
+from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
 
 log = logging.getLogger("mlx_kit.catalog")
@@ -273,6 +273,12 @@ def scan() -> list[CatalogEntry]:
             continue
         entries[repo.repo_id] = describe(repo.repo_id, Path(main.snapshot_path), main.size_on_disk)
     return list(entries.values())
+
+
+def cached_model_ids() -> list[str]:
+    """Repo ids in the local hub cache whose snapshot has a config.json (candidates for
+    MLX), from :func:`scan`."""
+    return sorted(e.id for e in scan() if e.path is not None and e.reason != "no config.json")
 
 
 def served_entries(catalog: Iterable[CatalogEntry], model_id: str = STARTER_ID, *,

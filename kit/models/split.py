@@ -234,7 +234,7 @@ def plan_split(folder: Path, ranks: int, pipeline: bool = False,
     if context is not None and (isinstance(context, bool) or not isinstance(context, int)
                                 or context < 0):
         raise SplitError(f"context must be a token count, not {context!r}")
-    from kit.models.resolve import read_context_window
+    from kit.models.model_config import read_context_window
 
     try:
         config = json.loads((folder / "config.json").read_text())

@@ -10,6 +10,7 @@ traceback ever reaches a client (unexpected errors are logged and reported as 50
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -198,11 +199,36 @@ def api_error(e: KitError, fields: dict[str, str] | None = None) -> APIError:
     return APIError(status, message, type=kind, param=param, code=code)
 
 
+def field_path(loc: tuple | list, body: Any, missing: bool = True) -> str | None:
+    """The dotted path into ``body`` that a pydantic error ``loc`` names, without the
+    union tags pydantic adds (``str``, ``other``, model names): a segment counts only where
+    it indexes the input, or names the missing field at the end (``missing``: the error
+    is pydantic's ``missing``; otherwise a last segment absent from an object is a union
+    tag too: ``{"content": {"a": 1}}`` is ``content``, not ``content.other``).
+
+    E.g. ``("body", "messages", 0, "content", "other", 0, "TextBlock", "text")`` ->
+    ``"messages.0.content.0.text"``.
+    """
+    segments = list(loc[1:]) if loc and loc[0] == "body" else list(loc)
+    if not isinstance(body, (dict, list)):  # no body to walk: the loc as it is
+        return ".".join(str(s) for s in segments)[:200] or None
+    parts: list[str] = []
+    cur = body
+    for i, seg in enumerate(segments):
+        if isinstance(cur, dict) and isinstance(seg, str) and seg in cur:
+            parts.append(seg)
+            cur = cur[seg]
+        elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
+            parts.append(str(seg))
+            cur = cur[seg]
+        elif i == len(segments) - 1 and isinstance(cur, dict) and missing:
+            parts.append(str(seg))  # a missing field
+    return ".".join(parts)[:200] or None
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    from kit.server.content import field_path  # the path without pydantic's union tags
-
     param = field_path(first.get("loc", ()), exc.body, missing=first.get("type") == "missing")
     if first.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")

@@ -26,7 +26,7 @@ from kit.engine.decode.bridge import END
 from kit.engine.decode.inbox import Inbox
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.run import Job, Joined, Run
-from kit.engine.decode.sampling import prefill_step_size
+from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.types import EngineError
 
 log = logging.getLogger("mlx_kit.engine")

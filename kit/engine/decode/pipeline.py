@@ -20,7 +20,8 @@ from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.decode.bridge import END
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
-from kit.engine.decode.sampling import Sampling, max_tokens, prefill_step_size
+from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.sampling import Sampling, max_tokens
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from kit.engine.decode.bridge import END
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.run import Cancelled, Job, Joined
-from kit.engine.decode.sampling import PENALTY_CONTEXT, prefill_step_size
+from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.sampling import PENALTY_CONTEXT
 from kit.engine.types import EngineError
 
 log = logging.getLogger("mlx_kit.engine")

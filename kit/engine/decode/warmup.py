@@ -11,7 +11,7 @@ user paid for compilation. :func:`warm_up` pays it while the engine is still loa
 takes seconds. What it runs (:func:`plan`), each through the path a request takes:
 
 - ``mlx_lm.stream_generate`` (a request alone, :mod:`kit.engine.decode.sequential`) over one
-  full prefill chunk (:func:`kit.engine.decode.sampling.prefill_step_size` tokens) and over a
+  full prefill chunk (:func:`kit.engine.decode.prefill.prefill_step_size` tokens) and over a
   shorter chunk in each power-of-two range below it (:func:`prefill_chunks`), each
   followed by a few decode steps;
 - mlx-lm's ``BatchGenerator`` as :mod:`kit.engine.decode.batch` drives it, at every batch size
@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kit.engine.decode.prefill import prefill_step_size
 from kit.errors import ConfigError
 
 log = logging.getLogger("mlx_kit.engine")
@@ -148,7 +149,7 @@ def plan(max_batch: int, step_size: int, batching: bool) -> list[Shape]:
 
     Args:
         max_batch: the engine's most requests decoded together.
-        step_size: prompt tokens per prefill chunk (:func:`kit.engine.decode.sampling.prefill_step_size`).
+        step_size: prompt tokens per prefill chunk (:func:`kit.engine.decode.prefill.prefill_step_size`).
         batching: whether requests are ever batched (False: single-stream shapes only).
     """
     # n + 1 prompt tokens: one chunk of exactly n, then the last token's step
@@ -238,8 +239,6 @@ def warm_up(model: Any, tokenizer: Any, *, max_batch: int,
         A :class:`Report`; it is also logged: shapes warmed, seconds, the kernel cache.
     """
     import mlx.core as mx
-
-    from kit.engine.decode.sampling import prefill_step_size
 
     step = prefill_step_size()
     shapes = plan(max_batch, step, batching=batching)

@@ -211,7 +211,7 @@ def _check_alike(world: Any) -> None:
     import mlx.core as mx
     from importlib.metadata import version
 
-    from kit.engine.decode.sampling import prefill_step_size
+    from kit.engine.decode.prefill import prefill_step_size
 
     from kit import __version__
 
