@@ -31,6 +31,7 @@ from jinja2.utils import object_type_repr
 
 from kit import STABLE_MODEL_ID, __version__
 from kit.errors import HarnessError
+from kit.harness.render_box import render_in_child
 
 if TYPE_CHECKING:  # the render child (kit.harness.render_box) needs no pydantic
     from kit.harness.spec import HarnessSpec
@@ -231,8 +232,6 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
            "files": [[f.path, f.template] for f in spec.files], "values": ctx}
     if spec.builtin:
         return render_job(job)
-    from kit.harness.render_box import render_in_child
-
     return render_in_child(job)
 
 
