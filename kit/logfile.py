@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+from kit.errors import ConfigError
+from kit.paths import private_dir
 
 #: Bytes of one log file before it is rotated, and how many rotated files are kept.
 MAX_BYTES = 10 * 2**20
@@ -168,8 +170,6 @@ def check_rotation_targets(path: Path) -> None:
     Raises:
         ConfigError: naming the files that are not our logs.
     """
-    from kit.errors import ConfigError
-
     names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
     foreign = [str(p) for p in names if os.path.lexists(p) and not looks_like_our_log(p)]
     if foreign:
@@ -190,8 +190,6 @@ def check_log_path(path: Path) -> None:
     Raises:
         ConfigError: naming the folder or the files.
     """
-    from kit.errors import ConfigError
-
     folder = os.path.realpath(path.parent)
     try:
         mode = os.stat(folder).st_mode
@@ -271,7 +269,6 @@ def _handlers(path: Path | None, make: Callable[[Path], logging.Handler]
               ) -> list[logging.Handler]:
     if path is None:
         return [logging.StreamHandler()]
-    from kit.paths import private_dir
 
     private_dir(path.parent)
     handler = make(path)

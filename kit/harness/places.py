@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from kit.paths import config_dir, data_dir, log_dir, state_dir
 
 #: folders under HOME whose files hold keys or start programs (login, a session, a shell)
 _HOME_FOLDERS = (".ssh", ".gnupg", ".config/autostart", ".config/systemd",
@@ -33,8 +34,6 @@ def forbidden(path: Path) -> str | None:
     mlx-kit's own agents (``harnesses/``, ``templates/`` of its config folder: a spec must
     not write specs), state, data and log folders (the manifest and backups live there).
     """
-    from kit.paths import config_dir, data_dir, log_dir, state_dir
-
     real = os.path.realpath(path)
     home = os.path.realpath(Path.home())
     for name in _HOME_FILES:

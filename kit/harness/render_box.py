@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kit
 from kit.errors import HarnessError
 
 #: Seconds a user's templates may take to render, all of them together (one renders in
@@ -43,8 +44,6 @@ def render_in_child(job: dict[str, Any]) -> dict[str, str]:
             f"{job['templates']})"
     hint = "a config file's template renders a few KiB in milliseconds"
     # the kit this process runs, first: not whatever a relative PYTHONPATH finds from "/"
-    import kit
-
     here = str(Path(kit.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])])}

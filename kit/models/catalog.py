@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import STABLE_MODEL_ID
-from kit.formats.select import template_text
+from kit.formats.select import detect, template_text
 from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
 
@@ -168,7 +168,6 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     the head of tokenizer.json (:func:`kit.formats.detect`: the same rules the engine's
     parser is built from) and config. ``tools`` means tool calls are *parsed*: a template
     that renders tools in a format no parser reads says False."""
-    from kit.formats.select import detect
 
     template = _chat_template(folder)
     tokenizer = folder / "tokenizer.json"

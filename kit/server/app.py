@@ -10,10 +10,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from kit import __version__
-from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
-from kit.server import gemini
+from kit.server import (
+    admin,
+    anthropic,
+    gemini,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from kit.server.adapter import MAX_TOKENS_HEADER
 from kit.server.auth import AuthMiddleware
+from kit.server.docs_ui import add_docs
 from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
 from kit.server.guard import EdgeGuard, EdgePolicy
 from kit.server.live import Activity
@@ -98,8 +105,6 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     add_ui(app, state, metrics, app.state.activity)
     app.openapi = lambda: _openapi(app)
     if docs:
-        from kit.server.docs_ui import add_docs
-
         add_docs(app)
     return app
 

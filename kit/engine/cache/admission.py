@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kit.engine.types import InvalidRequest
+from kit.models.memory import Ceiling, human
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -168,8 +169,6 @@ class Admission:
 
     @staticmethod
     def _too_big(prompt_tokens: int, left: int, room: Room) -> str:
-        from kit.models.memory import Ceiling, human
-
         per = room.kv_per_token
         fits = max(0, left) // per
         ceiling = Ceiling(room.ceiling, room.source).label

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.engine.cache.safe_files import NOFOLLOW, not_private, raw_header
+from kit.paths import private_dir, state_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -57,8 +58,6 @@ def user_key(folder: Path | None = None) -> bytes:
         OSError: the folder is not private (:func:`kit.engine.cache.safe_files.not_private`) or
             the key cannot be read or written.
     """
-    from kit.paths import private_dir, state_dir
-
     folder = private_dir(Path(folder) if folder else state_dir())
     problem = not_private(folder)
     if problem:

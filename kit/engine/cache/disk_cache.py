@@ -45,14 +45,21 @@ from typing import Any
 import numpy as np
 
 from kit.engine.cache import cache_mac
-from kit.engine.cache.cache_identity import FORMAT, common_prefix, model_identity
-from kit.engine.cache.cache_identity import classes_fit as _classes_fit
-from kit.engine.cache.safe_files import NOFOLLOW as _NOFOLLOW
-from kit.engine.cache.safe_files import fsync_dir as _fsync_dir
-from kit.engine.cache.safe_files import header_metadata as _header_metadata
-from kit.engine.cache.safe_files import not_private
-from kit.engine.cache.safe_files import open_file as _open_file
-from kit.engine.cache.safe_files import real_dir as _real_dir
+from kit.engine.cache.cache_identity import (
+    FORMAT,
+    classes_fit as _classes_fit,
+    common_prefix,
+    model_identity,
+)
+from kit.engine.cache.safe_files import (
+    NOFOLLOW as _NOFOLLOW,
+    fsync_dir as _fsync_dir,
+    header_metadata as _header_metadata,
+    not_private,
+    open_file as _open_file,
+    real_dir as _real_dir,
+)
+from kit.paths import private_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -234,8 +241,6 @@ class DiskCache:
                 cache_mac.TAG_FIELD: cache_mac.UNSEALED}
         made = False
         try:
-            from kit.paths import private_dir
-
             private_dir(self.root)  # 0700 when we create them: files hold prompts' tokens
             private_dir(folder)
             # another user may have made it first (a folder in /tmp): then it is theirs

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kit.engine.cache.disk_cache import MIN_TOKENS, DiskCache
+from kit.engine.cache.disk_cache import DiskCache, MIN_TOKENS
+from kit.paths import prompt_cache_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -38,7 +39,6 @@ class DiskTier:
     def for_slot(cls, folder: str | Path | None, max_bytes: int, slot: Any) -> DiskTier:
         """A tier over ``folder`` (None: :func:`kit.paths.prompt_cache_dir`) bounded to
         ``max_bytes``, for whatever model ``slot`` (a ModelSlot) holds at the time."""
-        from kit.paths import prompt_cache_dir
 
         disk = DiskCache(Path(folder) if folder else prompt_cache_dir(), max_bytes)
         return cls(disk, lambda: disk.identity(slot))

@@ -37,13 +37,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from kit.engine.cache import reclaim
+from kit.engine.cache.disk_tier import DiskTier
+from kit.engine.cache.kv import kv_snapshot, resolve_max_batch
+from kit.engine.decode.batch import run_batch
 from kit.engine.decode.bridge import END, LoopSink, settle_from_thread
 from kit.engine.decode.inbox import Inbox
-from kit.engine.cache.kv import kv_snapshot, resolve_max_batch
-from kit.engine.interface import SwapResult
 from kit.engine.decode.pipeline import Pipeline, PromptCachePolicy
 from kit.engine.decode.run import Job, Swap
+from kit.engine.decode.sequential import serve_alone
 from kit.engine.decode.slot import ModelSlot
+from kit.engine.decode.warmup import check_mode
+from kit.engine.interface import SwapResult
 from kit.engine.types import (
     ChatRequest,
     EngineError,
@@ -53,7 +58,7 @@ from kit.engine.types import (
     ModelUnavailable,
 )
 from kit.errors import KitError, ModelError, error_kind
-from kit.models.resolve import ModelInfo
+from kit.models.resolve import ModelInfo, resolve_model
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -139,7 +144,6 @@ class Engine:
                  kv_bits: int | None = None, kv_group_size: int = 64) -> None:
         """Raises ConfigError for KV settings :mod:`kit.engine.cache.kv` refuses, or a warm-up
         mode :func:`kit.engine.decode.warmup.check_mode` refuses."""
-        from kit.engine.decode.warmup import check_mode
 
         self.state = "loading"
         self.phase: str | None = None
@@ -165,8 +169,6 @@ class Engine:
                                  servable=self._check_servable, served=self._served)
         self.pipeline.changed = lambda: self._on_change()
         if prompt_cache_disk_bytes > 0:
-            from kit.engine.cache.disk_tier import DiskTier
-
             self.pipeline.cache.attach_disk(DiskTier.for_slot(
                 prompt_cache_dir, prompt_cache_disk_bytes, self.slot))
         self._agree = agree or (lambda error: error)
@@ -334,8 +336,6 @@ class Engine:
         finally:
             self._on_change()
             self._ready.set()
-        from kit.engine.decode.batch import run_batch
-        from kit.engine.decode.sequential import serve_alone
 
         backlog: deque = deque()
         item: Any = None
@@ -346,7 +346,6 @@ class Engine:
             idle_write = self.pipeline.cache.pending() and not backlog
             if self.pipeline.reclaim and not backlog and self.inbox.empty():
                 self.pipeline.reclaim = False
-                from kit.engine.cache import reclaim
 
                 reclaim.give_back()
             try:
@@ -474,8 +473,6 @@ class Engine:
             self._on_change()
 
     def _swap(self, item: Swap) -> None:
-        from kit.models.resolve import resolve_model
-
         t0 = time.perf_counter()
         previous = self.model_info.id
         try:

@@ -18,12 +18,14 @@ from typing import Any
 
 from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.decode.bridge import END
+from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
-from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.sampling import Sampling, max_tokens
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
+from kit.formats.output import OutputParser
+from kit.models.memory import human
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -256,8 +258,6 @@ class Pipeline:
             InvalidRequest: bad sampling parameters, the template rejects the messages,
                 the context is exceeded, or the constraint does not compile.
         """
-        from kit.formats.output import OutputParser
-
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         self.sampling.check(params)
@@ -333,7 +333,6 @@ class Pipeline:
         quarter of what the ceiling leaves after the weights (logged); None (no byte
         bound, entries only) without an estimate or on a distributed rank (each rank's
         share of a cache has its own size: a byte bound would evict differently on each)."""
-        from kit.models.memory import human
 
         slot = self.slot
         if slot.split is not None or slot.ceiling is None:

@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from kit.engine.cache.reclaim import LARGE_BYTES
+from kit.engine.decode.grammar import json_grammar, tool_call_grammar
 from kit.engine.decode.sampling import max_tokens as budget
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import ChatRequest, InvalidRequest
@@ -66,7 +68,6 @@ class Prompts:
                                      f"vocabulary (0..{vocab - 1})", code="invalid_value",
                                      field="prompt")
             return list(request.prompt_ids)
-        from kit.engine.cache.reclaim import LARGE_BYTES
 
         if request.prompt is not None:
             text = request.prompt
@@ -174,8 +175,6 @@ class Prompts:
             InvalidRequest: a tool's parameters or the response schema are not JSON
                 schema objects (``field`` ``tools`` or ``schema``).
         """
-        from kit.engine.decode.grammar import json_grammar, tool_call_grammar
-
         tok, fmt = self.slot.tokenizer, self.slot.output_format
         close: list[int] = []
         if fmt.think and self.opens_reasoning(prompt):

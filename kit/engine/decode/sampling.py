@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kit.engine.decode.grammar import GrammarProcessor
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import InvalidRequest, SamplingParams, TokenLogprob
 from kit.models.resolve import ModelInfo
@@ -101,8 +102,6 @@ class Sampling:
             InvalidRequest: the grammar does not compile (e.g. an unsupported schema);
                 ``field`` is ``param``.
         """
-        from kit.engine.decode.grammar import GrammarProcessor
-
         ll = self.slot.grammar_tokenizer()
         try:
             return GrammarProcessor(ll, grammar)

@@ -17,8 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kit.blas import preload_blas
+from kit.engine.cache.kv import check_kv, layer_kinds, quantized_cache, refuse_unquantizable
+from kit.engine.decode import warmup
+from kit.engine.decode.grammar import ll_tokenizer
+from kit.engine.decode.prompt_bound import TokenBound
+from kit.engine.decode.warmup import first_use
 from kit.errors import ModelDoesNotFitError, ModelError
+from kit.formats.select import for_tokenizer
+from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
 from kit.models.resolve import ModelInfo
+from kit.models.split import plan_split
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -103,8 +112,6 @@ class ModelSlot:
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
                  kv_group_size: int = 64) -> None:
-        from kit.engine.cache.kv import check_kv
-
         check_kv(kv_bits, kv_group_size)
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
@@ -150,8 +157,6 @@ class ModelSlot:
             ModelError: mlx-lm cannot load it (naming ``--trust-remote-code`` when the
                 checkpoint ships code of its own and that was not allowed).
         """
-        from kit.blas import preload_blas
-
         blas = preload_blas()
         if weights is None:
             weights = self.check_fit(info, replacing)
@@ -182,8 +187,6 @@ class ModelSlot:
         # is refused here, whatever the warm-up mode
         cache = self._kv_cache(info, model)
         if self.kv_bits is not None:
-            from kit.engine.decode.warmup import first_use
-
             try:
                 first_use(model, tokenizer, cache)
             except Exception as e:
@@ -194,7 +197,6 @@ class ModelSlot:
                          "or serve it without --kv-bits") from None
         del cache
         self._warm(model, tokenizer, on_phase)
-        from kit.engine.decode.prompt_bound import TokenBound
 
         bound = TokenBound.from_tokenizer(tokenizer)  # now, not on the first request
         if bound is None:
@@ -209,8 +211,6 @@ class ModelSlot:
     def _warm(self, model: Any, tokenizer: Any,
               on_phase: Callable[[str], None] | None) -> None:
         """What ``warmup`` asks for before the model is installed (see :mod:`kit.engine.decode.warmup`)."""
-        from kit.engine.decode import warmup
-
         if self.warmup == "off":
             return
         if self.split is None and warmup.wanted(self.warmup):
@@ -233,8 +233,6 @@ class ModelSlot:
                 exceed the ceiling (:func:`kit.models.memory.memory_ceiling`: the budget,
                 Metal's working set, or the memory available).
         """
-        from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
-
         self._checked = (None, 0)
         here = ""
         try:
@@ -242,7 +240,6 @@ class ModelSlot:
                 est = estimate(info.path, fit_context(info.context_window),
                                kv_bits=self.kv_bits, kv_group_size=self.kv_group_size)
             else:  # SplitError (a ModelError): the model cannot be split this way
-                from kit.models.split import plan_split
 
                 rank, size, pipeline, beside = self.split
                 share = plan_split(info.path, size, pipeline,
@@ -280,8 +277,6 @@ class ModelSlot:
         if self.kv_bits is not None:
             from mlx_lm.models.cache import make_prompt_cache
 
-            from kit.engine.cache.kv import layer_kinds, refuse_unquantizable
-
             plain = make_prompt_cache(model)
             n, total = refuse_unquantizable(info.id, plain, self.kv_bits)
             if n < total:
@@ -300,7 +295,6 @@ class ModelSlot:
         cache = make_prompt_cache(self.model if model is None else model)
         if self.kv_bits is None:
             return cache
-        from kit.engine.cache.kv import quantized_cache
 
         return quantized_cache(cache, self.kv_bits, self.kv_group_size)
 
@@ -341,7 +335,6 @@ class ModelSlot:
         """The tokenizer's :class:`kit.engine.decode.prompt_bound.TokenBound` (None: its pipeline
         allows no proven bound), computed once per tokenizer (~0.1 s, at load).
         Thread-safe (``count_tokens`` calls it beside the worker)."""
-        from kit.engine.decode.prompt_bound import TokenBound
 
         tok = self.tokenizer
         cached = self._bound_for  # set by load; one tuple assignment: thread-safe
@@ -353,8 +346,6 @@ class ModelSlot:
         """llguidance's view of the tokenizer (:func:`kit.engine.decode.grammar.ll_tokenizer`),
         built once per loaded tokenizer."""
         if self._grammar_tokenizer is None:
-            from kit.engine.decode.grammar import ll_tokenizer
-
             self._grammar_tokenizer = ll_tokenizer(self.tokenizer)
         return self._grammar_tokenizer
 
@@ -380,8 +371,6 @@ class ModelSlot:
         if tok is None:
             return None
         if self._format_for is None or self._format_for[0] is not tok:
-            from kit.formats.select import for_tokenizer
-
             self._format_for = (tok, for_tokenizer(tok, self.info.path))
         return self._format_for[1]
 

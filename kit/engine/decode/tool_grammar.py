@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+from kit.formats.select import ours
 
 
 class _Rules:
@@ -184,7 +185,6 @@ def _module_body(family: str) -> Callable[[_Rules, str, Any], str] | None:
     """The body of a format of ours whose module writes its own
     (``kit/formats/<family>.py`` ``grammar_body(name, args) -> Lark expression``, the
     arguments one JSON object, e.g. DeepSeek's V3.1 form), or None."""
-    from kit.formats.select import ours
 
     if not ours(family):
         return None

@@ -26,6 +26,14 @@ import threading
 import uuid
 from pathlib import Path
 from typing import Any
+from kit import __version__
+from kit.blas import preload_blas
+from kit.engine.decode.engine import Engine
+from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.distributed.ring_guard import KeyMissing, check_ring_peers, read_world_key
+from kit.engine.distributed.world_codec import Alike, Machine, RankFacts, Setup, setup_of
+from kit.engine.proc.child import _PipeServer
+from kit.models.resolve import ModelInfo, resolve_model
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -124,7 +132,6 @@ def _connect(control: Path) -> Any:
 def main() -> None:
     """Run this rank until the server says stop, goes away, or a peer is lost."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server stops us
-    from kit.engine.distributed.ring_guard import KeyMissing, check_ring_peers, read_world_key
 
     try:  # before stdin is closed: a remote rank's secret arrives there
         key = read_world_key()
@@ -141,12 +148,9 @@ def main() -> None:
     # ("Node with rank N exited ...") from its stderr alone, where no text a model wrote
     # (a log line quoting its output) can pose as one.
     os.dup2(1, 2)
-    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported
     from kit.engine.distributed.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered
-    from kit.engine.distributed.world_codec import Setup, setup_of
-    from kit.models.resolve import ModelInfo
 
     backend = os.environ.get("MLX_KIT_BACKEND", "ring")
     pipeline = os.environ.get("MLX_KIT_PIPELINE") == "1"
@@ -211,12 +215,6 @@ def _check_alike(world: Any) -> None:
     import mlx.core as mx
     from importlib.metadata import version
 
-    from kit.engine.decode.prefill import prefill_step_size
-
-    from kit import __version__
-
-    from kit.engine.distributed.world_codec import Alike
-
     mine = Alike(mlx=version("mlx"), mlx_lm=version("mlx-lm"), kit=__version__,
                  device=str(mx.default_device()), prefill=prefill_step_size())
     every = world.gather(Alike, mine)
@@ -233,7 +231,6 @@ def _local_model(world: Any, model: Any) -> Any:
     the same model id resolved in this host's own cache (another HOME or HF_HOME)."""
     if world.rank == 0 or Path(str(model.path)).exists():
         return model
-    from kit.models.resolve import resolve_model
 
     try:
         return resolve_model(model.id)
@@ -250,10 +247,7 @@ def _fatal_free_exit() -> None:
 
 def _run(world: Any, conn: Any, model: Any, options: dict, backend: str,
          pipeline: bool) -> None:
-    from kit.engine.proc.child import _PipeServer
-    from kit.engine.decode.engine import Engine
     from kit.engine.distributed.rank_inbox import RankInbox
-    from kit.engine.distributed.world_codec import Machine, RankFacts
 
     listed = os.environ.get("MLX_KIT_HOSTS", "").split(",")
     host = listed[world.rank] if world.rank < len(listed) else world.host

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kit.engine.decode.warmup import check_mode
 from kit.engine.distributed.hosts import (
     EXIT_PEER_LOST,
     EXIT_TAMPERED,
@@ -42,9 +43,9 @@ from kit.engine.distributed.hosts import (
     free_ring_ports,
     python_for_ranks,
 )
+from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
 from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
-from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
 from kit.errors import ConfigError, ServerError
 from kit.models.resolve import ModelInfo
 
@@ -145,8 +146,6 @@ class DistributedEngine(EngineProcess):
 
     def __init__(self, model: ModelInfo, plan: WorldPlan,
                  on_lost: Callable[[str], None] | None = None, **options: Any) -> None:
-        from kit.engine.decode.warmup import check_mode
-
         # ConfigError before any rank starts: the ranks cannot warm up in lockstep
         check_mode(options.get("warmup", "auto"), distributed=True)
         if options.get("prompt_cache_bytes") is not None:

@@ -10,11 +10,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kit.blas import preload_blas
 from kit.engine.cache import reclaim
 from kit.engine.decode.bridge import END
 from kit.engine.decode.engine import Engine
 from kit.engine.decode.run import Job, Swap
 from kit.engine.types import EngineError
+from kit.logfile import setup_engine
 from kit.models.resolve import ModelInfo
 
 log = logging.getLogger("mlx_kit.engine")
@@ -123,10 +125,8 @@ def serve_engine(conn: Any, model: ModelInfo, options: dict[str, Any], log_level
     for sig in STOPPED_BY_THE_SERVER:
         signal.signal(sig, signal.SIG_IGN)  # a signal pending since start() is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPED_BY_THE_SERVER)  # blocked by start()
-    from kit.logfile import setup_engine
 
     setup_engine(log_level)  # the server's log file (rotated by the server) or stderr
-    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported
     server = _PipeServer(conn, model, **options)

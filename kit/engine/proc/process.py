@@ -51,11 +51,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kit.engine.cache.kv import check_kv, describe, resolve_max_batch
 from kit.engine.decode.bridge import END, LoopSink
-from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.interface import SwapResult
+from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
+from kit.paths import kernel_cache_dir
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -111,7 +113,6 @@ class EngineProcess:
         self.load_seconds: float | None = None
         self.phase: str | None = "loading weights"  # the engine's own reports replace it
         self.ttl = options.get("ttl")
-        from kit.engine.cache.kv import check_kv, describe, resolve_max_batch
 
         check_kv(options.get("kv_bits"), options.get("kv_group_size", 64))
         # the engine's own checks, here too: a bad combination fails before a process starts
@@ -141,8 +142,6 @@ class EngineProcess:
         import atexit
         import multiprocessing
         import os
-
-        from kit.paths import kernel_cache_dir
 
         # inherited by the engine process (spawn copies os.environ); read by mlx's CUDA build
         os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
