@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
 from kit.errors import ConfigError
 from kit.paths import private_dir
 

@@ -27,6 +27,7 @@ LAYERS: tuple[str, ...] = (
     "kit.paths",
     "kit.urls",
     "kit.blas",
+    "kit.mlx_lm_api",  # the one boundary to mlx-lm (imports none of it at import time)
     "kit.logfile",
     "kit.probe",
     "kit.formats",

@@ -7,24 +7,24 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kit.formats.output import OutputParser, gives_anything
-from kit.formats.events import ReasoningDelta, TextDelta
 from kit.formats._harmony_markup import (
     CALL_ENDS,
     CHANNEL,
     CONSTRAIN,
+    Header,
     MAX_HEADER,
     MESSAGE,
     SPECIALS,
     START,
     TEXT_ENDS,
-    Header,
     arguments,
     callee,
     find_first,
     held,
 )
 from kit.formats.base import JsonMarkerEnd
+from kit.formats.events import ReasoningDelta, TextDelta
+from kit.formats.output import OutputParser, gives_anything
 
 log = logging.getLogger("mlx_kit.engine")
 

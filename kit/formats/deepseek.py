@@ -39,20 +39,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kit.formats.output import OutputParser, gives_anything
-from kit.formats.events import TextDelta, ToolCall
+from kit import mlx_lm_api
 from kit.formats._deepseek_calls import parse_partial, parse_tool_call
 from kit.formats._deepseek_markup import (
     BLOCKS,
-    CALL_BEGIN,
-    CALL_END,
+    BlockEnd,
     CALLS_BEGIN,
     CALLS_END,
+    CALL_BEGIN,
+    CALL_END,
     DSML,
     DSML_STARTS,
     SEP,
-    BlockEnd,
 )
+from kit.formats.events import TextDelta, ToolCall
+from kit.formats.output import OutputParser, gives_anything
 
 __all__ = ["BLOCKS", "CALL_BEGIN", "CALL_END", "CALLS_BEGIN", "CALLS_END", "DSML",
            "DSML_STARTS", "SEP", "DeepSeekOutputParser", "call_end", "grammar_body",
@@ -144,11 +145,9 @@ class DeepSeekOutputParser(OutputParser):
         block cut by ``max_tokens`` the complete calls come back, and when there are none
         and nothing else came back (no text, reasoning or call) the block's text does,
         start marker included: never an empty reply."""
-        from mlx_lm.generate import TextStateMachine
-
         if self._state[0] not in self._starts:
             return super().finish(reason)
-        self._state, tail, state = TextStateMachine.flush(self._state)
+        self._state, tail, state = mlx_lm_api.TextStateMachine.flush(self._state)
         events = self._events([(state, tail)])
         text, self._tool_text = self._tool_text, ""
         if reason != "length":

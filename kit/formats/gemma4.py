@@ -26,9 +26,14 @@ import json
 import re
 from typing import Any
 
-from mlx_lm.tool_parsers.gemma4 import tool_call_end, tool_call_start
 
+from kit import mlx_lm_api
 from kit.formats.separators import ReasoningSeparatorParser
+
+# mlx-lm's gemma4 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("gemma4")
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["Gemma4End", "call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -28,11 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 import regex
-from mlx_lm.tool_parsers.glm47 import _deserialize, tool_call_end, tool_call_start
-from mlx_lm.tool_parsers.glm47 import parse_tool_call as _mlx_parse
 
-from kit.formats.separators import SeparatorParser
+from kit import mlx_lm_api
 from kit.formats.base import Broken, More, ScanMarks, schema_types, structure_end
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's glm47 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("glm47")
+_deserialize = _upstream._deserialize
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
+_mlx_parse = _upstream.parse_tool_call
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -18,10 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.tool_parsers.json_tools import parse_tool_call, tool_call_end, tool_call_start
 
-from kit.formats.separators import SeparatorParser
+from kit import mlx_lm_api
 from kit.formats.base import JsonMarkerEnd
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's json_tools parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("json_tools")
+parse_tool_call = _upstream.parse_tool_call
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -16,8 +16,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from kit.formats.events import ReasoningDelta, TextDelta, ToolCall
+from kit import mlx_lm_api
 from kit.formats.base import CallEnd, OutputFormat, ToolParser, marker_end
+from kit.formats.events import ReasoningDelta, TextDelta, ToolCall
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -59,8 +60,6 @@ class OutputParser:
                  extra: dict[str, list[tuple[str, str]]] | None = None,
                  call_end: CallEnd | None = None,
                  parse_partial: ToolParser | None = None) -> None:
-        from mlx_lm.generate import TextStateMachine
-
         transitions: dict[str, list[tuple[str, Any]]] = {"normal": []}
         if think:
             transitions["normal"].append((think[0], "reasoning"))
@@ -75,7 +74,7 @@ class OutputParser:
         for state, edges in (extra or {}).items():
             transitions.setdefault(state, []).extend(edges)
         transitions["normal"].extend((s, None) for s in stops if s)
-        self._sm = TextStateMachine(transitions)
+        self._sm = mlx_lm_api.TextStateMachine(transitions)
         self._state = self._sm.make_state(initial if initial in transitions else "normal")
         self._tool_parser, self._tools = tool_parser, tools
         self._call_end = call_end if call_end is not None else \
@@ -128,8 +127,6 @@ class OutputParser:
         return parser
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
-        from mlx_lm.generate import TextStateMachine
-
         events: list[Any] = []
         before: str | None = None  # the state of the previous segment
         for state, text in segments:
@@ -151,7 +148,7 @@ class OutputParser:
                 events += self._parse_tool(body)
                 self._state = self._sm.make_state(self._call_from)
                 self._call_from = None
-                self._state, more = TextStateMachine.split(self._state, rest)
+                self._state, more = mlx_lm_api.TextStateMachine.split(self._state, rest)
                 events += self._events(more)
                 continue
             before = state
@@ -198,9 +195,7 @@ class OutputParser:
         think block or is one of the markers that open and close it (they are not part of
         the answer either); a token whose text the detokenizer held back counts with the
         text that follows, and one that never shows any (the EOS token) counts nowhere."""
-        from mlx_lm.generate import TextStateMachine
-
-        self._state, segments = TextStateMachine.split(self._state, text)
+        self._state, segments = mlx_lm_api.TextStateMachine.split(self._state, text)
         if not text:
             self._held += 1
         else:
@@ -226,9 +221,7 @@ class OutputParser:
         its text, start marker included, only when nothing else came back, so a reply is
         never empty). Otherwise (EOS) an unterminated tool call is parsed (formats without
         an end marker)."""
-        from mlx_lm.generate import TextStateMachine
-
-        self._state, tail, state = TextStateMachine.flush(self._state)
+        self._state, tail, state = mlx_lm_api.TextStateMachine.flush(self._state)
         events = self._events([(state, tail)]) if not self.stopped else []
         if self._tool_text:
             text, self._tool_text = self._tool_text, ""

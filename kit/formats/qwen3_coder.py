@@ -44,17 +44,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_lm.tool_parsers.qwen3_coder import (
-    _convert_param_value,
-    _get_arguments_config,
-    _string_types,
-    tool_call_end,
-    tool_call_start,
-)
 
-from kit.formats.separators import SeparatorParser
-from kit.formats.events import TextDelta
+from kit import mlx_lm_api
 from kit.formats.base import Broken, More, ScanMarks, is_cut, schema_types, skip_ws
+from kit.formats.events import TextDelta
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's qwen3_coder parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("qwen3_coder")
+_convert_param_value = _upstream._convert_param_value
+_get_arguments_config = _upstream._get_arguments_config
+_string_types = _upstream._string_types
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kit.formats.output import OutputParser
 from kit.formats.events import ReasoningDelta, TextDelta
+from kit.formats.output import OutputParser
 
 
 class SeparatorParser(OutputParser):

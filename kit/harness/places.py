@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from kit.paths import config_dir, data_dir, log_dir, state_dir
 
 #: folders under HOME whose files hold keys or start programs (login, a session, a shell)

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from pydantic.json_schema import GenerateJsonSchema
+
 from kit.harness.spec import HarnessSpec
 
 SCHEMA_FILE = "docs/agents/harness-spec.schema.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
-import importlib.util
 import json
 import logging
 import re
@@ -24,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kit import STABLE_MODEL_ID
+from kit import STABLE_MODEL_ID, mlx_lm_api
 from kit.formats.select import detect, template_text
 from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
@@ -87,10 +86,9 @@ class CatalogEntry:
 def _mlx_lm_models() -> tuple[Path | None, dict[str, str]]:
     """mlx-lm's models folder and its model_type remapping, read without importing mlx-lm
     (importing it imports mlx, which a listing command must not pay for)."""
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or not spec.submodule_search_locations:
+    root = mlx_lm_api.source_root()
+    if root is None:
         return None, {}
-    root = Path(next(iter(spec.submodule_search_locations)))
     remap: dict[str, str] = {}
     try:
         tree = ast.parse((root / "utils.py").read_text())

@@ -30,6 +30,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from kit import mlx_lm_api
 from kit.blas import preload_blas
 from kit.errors import ModelError
 from kit.models.starter import (
@@ -300,10 +301,8 @@ def _write_tokenizer(meta: dict, out: Path, ctx: int) -> None:
 def _verify(folder: Path) -> None:
     """Load the converted folder with mlx-lm and check one forward pass gives finite logits."""
     import mlx.core as mx
-    from mlx_lm import load
-
     try:
-        model, tokenizer = load(str(folder))
+        model, tokenizer = mlx_lm_api.load(str(folder))
         ids = tokenizer.encode("The capital of France is")
         logits = model(mx.array([ids]))
         mx.eval(logits)

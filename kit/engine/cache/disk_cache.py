@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from kit import mlx_lm_api
 from kit.engine.cache import cache_mac
 from kit.engine.cache.cache_identity import (
     FORMAT,
@@ -183,8 +184,6 @@ class DiskCache:
         every layer's offset == its token count), in which case it is deleted with one
         warning. A hit marks the file as just used (mtime)."""
         import mlx.core as mx
-        from mlx_lm.models.cache import load_prompt_cache
-
         try:
             with _open_file(entry.path) as f:  # never through a link
                 st = os.fstat(f.fileno())
@@ -194,7 +193,7 @@ class DiskCache:
                 # ours and nobody else can write it: what is checked is what loads
                 cache_mac.check(f, self.key)
                 f.seek(0)
-                cache, meta = load_prompt_cache(f, return_metadata=True)
+                cache, meta = mlx_lm_api.load_prompt_cache(f, return_metadata=True)
             mx.eval([c.state for c in cache])  # a bad tensor fails here, not mid-request
             names = tuple(type(c).__name__ for c in cache)
             if meta.get("tokens") != json.dumps(entry.tokens.tolist()) or \
@@ -226,8 +225,6 @@ class DiskCache:
         evict the least recently used until the folder fits ``max_bytes``. Returns whether
         a file was written (not when one for the same tokens exists or the cache alone is
         over the bound). Errors (a full disk) are logged, never raised."""
-        from mlx_lm.models.cache import save_prompt_cache
-
         if self.key is None or sum(c.nbytes for c in cache) > self.max_bytes:
             return False
         arr = np.asarray(tokens, dtype=np.int32)
@@ -252,7 +249,7 @@ class DiskCache:
             made = True
             os.fchmod(fd, 0o600)
             with os.fdopen(fd, "w+b") as f:
-                save_prompt_cache(f, cache, meta)
+                mlx_lm_api.save_prompt_cache(f, cache, meta)
                 f.flush()
                 cache_mac.seal(f, self.key)  # before the rename: a file in place is sealed
                 f.flush()

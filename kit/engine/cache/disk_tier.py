@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.cache.disk_cache import DiskCache, MIN_TOKENS
 from kit.paths import prompt_cache_dir
 
@@ -74,12 +75,10 @@ class DiskTier:
 
     def write_one(self) -> None:
         """Write the newest queued cache (a failure is logged: the cache is just not kept)."""
-        from mlx_lm.models.cache import can_trim_prompt_cache
-
         if self._pending:
             ident, tokens, cache = self._pending.pop()
             try:
-                self.disk.save(ident, tokens, cache, can_trim_prompt_cache(cache))
+                self.disk.save(ident, tokens, cache, mlx_lm_api.can_trim_prompt_cache(cache))
             except Exception:  # never the worker's end
                 log.exception("cannot write a prompt cache to disk")
 
@@ -112,8 +111,6 @@ class DiskTier:
 
     def _lookup(self, key: str, prompt: list[int], cache: Any, rest: list[int],
                 new_cache: Callable[[], Any], memory: Any) -> tuple[Any, list[int]] | None:
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
         have = len(prompt) - len(rest) if cache is not None else 0
         if have >= len(prompt) - 1 or len(prompt) < MIN_TOKENS:  # nothing to gain: no read
             return None
@@ -122,7 +119,7 @@ class DiskTier:
             return None
         fresh = new_cache()  # the model's own layer classes, to check files against
         classes = tuple(type(c).__name__ for c in fresh)
-        found = self.disk.find(ident, prompt, classes, can_trim_prompt_cache(fresh))
+        found = self.disk.find(ident, prompt, classes, mlx_lm_api.can_trim_prompt_cache(fresh))
         if found is None or found.common <= have:
             return None
         loaded = self.disk.load(ident, found.entry, classes)
@@ -138,5 +135,5 @@ class DiskTier:
         if found.common == len(stored):
             return loaded, prompt[len(stored):]
         keep = min(len(prompt) - 1, found.common)
-        trim_prompt_cache(loaded, len(stored) - keep)
+        mlx_lm_api.trim_prompt_cache(loaded, len(stored) - keep)
         return loaded, prompt[keep:]

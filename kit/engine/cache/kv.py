@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.errors import ConfigError, ModelError
 
 #: the bit widths offered: mlx quantizes to 2-8 bits, but below 4 the greedy text leaves
@@ -103,20 +104,16 @@ def kv_snapshot(slot: Any, max_batch: int) -> dict[str, Any]:
 def quantizable(layer: Any) -> bool:
     """Whether mlx-lm can quantize this layer's cache: a plain ``KVCache`` (a subclass may
     keep state a quantized cache would drop; ``RotatingKVCache.to_quantized`` raises)."""
-    from mlx_lm.models.cache import KVCache
-
-    return type(layer) is KVCache
+    return type(layer) is mlx_lm_api.KVCache
 
 
 def quantized_cache(cache: list[Any], kv_bits: int, kv_group_size: int) -> list[Any]:
     """``cache`` (a new, empty prompt cache from ``make_prompt_cache``) with every
     :func:`quantizable` layer replaced by an empty ``QuantizedKVCache(kv_group_size,
     kv_bits)``; the other layers as they are. The list is changed in place and returned."""
-    from mlx_lm.models.cache import QuantizedKVCache
-
     for i, layer in enumerate(cache):
         if quantizable(layer):
-            cache[i] = QuantizedKVCache(group_size=kv_group_size, bits=kv_bits)
+            cache[i] = mlx_lm_api.QuantizedKVCache(group_size=kv_group_size, bits=kv_bits)
     return cache
 
 

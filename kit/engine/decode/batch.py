@@ -21,12 +21,13 @@ import queue
 from collections import deque
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.cache.admission import Deferred
 from kit.engine.decode.bridge import END
 from kit.engine.decode.inbox import Inbox
 from kit.engine.decode.pipeline import Pipeline
-from kit.engine.decode.run import Job, Joined, Run
 from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.run import Job, Joined, Run
 from kit.engine.types import EngineError
 
 log = logging.getLogger("mlx_kit.engine")
@@ -45,13 +46,11 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         Queue items taken but not served here (a swap or the shutdown marker, and what
         followed them), for the worker to handle next, in order.
     """
-    from mlx_lm.generate import BatchGenerator, make_stop_sequences
-
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
     backlog: deque = deque([first] if first is not None else [])
     active: dict[int, tuple[Run, Any]] = {}
-    stops = make_stop_sequences(tokenizer)  # EOS; stop strings are text-level
-    bg = BatchGenerator(model, completion_batch_size=max_batch,
+    stops = mlx_lm_api.make_stop_sequences(tokenizer)  # EOS; stop strings are text-level
+    bg = mlx_lm_api.BatchGenerator(model, completion_batch_size=max_batch,
                         prefill_batch_size=min(max_batch, 8),
                         prefill_step_size=prefill_step_size())
 

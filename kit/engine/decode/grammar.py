@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.decode.tool_grammar import TOOL_CALL_BODIES, json_rule, tool_call_grammar
 
 __all__ = ["TOOL_CALL_BODIES", "GrammarProcessor", "GrammarTokenizer", "json_grammar",
@@ -50,7 +51,7 @@ def ll_tokenizer(tokenizer: Any) -> GrammarTokenizer:
     """
     import llguidance.hf
 
-    hf = tokenizer._tokenizer
+    hf = mlx_lm_api.hf_tokenizer(tokenizer)
     eos = list(getattr(tokenizer, "eos_token_ids", None) or []) or None
     added = getattr(hf, "added_tokens_decoder", None) or {}
     specials = {t.content: i for i, t in added.items() if getattr(t, "special", False)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.decode.bridge import END
 from kit.engine.decode.prefill import prefill_step_size
@@ -76,8 +77,6 @@ class PromptCachePolicy:
               new_cache: Callable[[], Any]) -> tuple[Any, list[int]]:
         """The KV cache to generate ``prompt`` with (a copy; ``new_cache()`` when nothing
         under ``key`` shares a prefix) and the tokens still to prefill (never empty)."""
-        from mlx_lm.models.cache import trim_prompt_cache
-
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
         source = "memory_hits" if cache is not None else "misses"
         if self._disk is not None and (got := self._disk.lookup(
@@ -87,7 +86,7 @@ class PromptCachePolicy:
         if cache is None:
             return new_cache(), prompt
         if not rest:  # exact hit: re-feed the last prompt token to get fresh logits
-            trim_prompt_cache(cache, 1)
+            mlx_lm_api.trim_prompt_cache(cache, 1)
             rest = prompt[-1:]
         return cache, rest
 
@@ -101,10 +100,8 @@ class PromptCachePolicy:
     def _store(self) -> Any:
         """mlx-lm's ``LRUPromptCache``, made on first use."""
         if self._lru is None:
-            from mlx_lm.models.cache import LRUPromptCache
-
             bound = self.max_bytes if self.max_bytes is not None else self.default_bytes()
-            self._lru = LRUPromptCache(max_size=self.size,
+            self._lru = mlx_lm_api.LRUPromptCache(max_size=self.size,
                                        **({} if bound is None else {"max_bytes": bound}))
         return self._lru
 
@@ -144,12 +141,10 @@ class PromptCachePolicy:
         caches (recurrent / rotated-out layers) keep ``tokens``, as does a cache for
         which :func:`reusable_prefix` finds nothing to gain.
         """
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
         common = reusable_prefix(resend, tokens, n_prompt)
-        if common is None or not can_trim_prompt_cache(cache):
+        if common is None or not mlx_lm_api.can_trim_prompt_cache(cache):
             return tokens
-        trim_prompt_cache(cache, len(tokens) - common)
+        mlx_lm_api.trim_prompt_cache(cache, len(tokens) - common)
         prefill(cache, resend[common:])
         return resend
 
@@ -381,10 +376,8 @@ class Pipeline:
     def _prefill(self, cache: Any, tokens: list[int]) -> None:
         """Run the model over ``tokens`` into ``cache`` (chunked, on mlx-lm's stream)."""
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream
-
         step = prefill_step_size()
-        with mx.stream(generation_stream):  # the stream mlx-lm generates on (GPU: no hops)
+        with mx.stream(mlx_lm_api.generation_stream):  # the stream mlx-lm generates on (GPU: no hops)
             for i in range(0, len(tokens), step):
                 self.slot.model(mx.array(tokens[i:i + step])[None], cache=cache)
                 mx.eval([c.state for c in cache])

@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.cache.reclaim import LARGE_BYTES
 from kit.engine.decode.grammar import json_grammar, tool_call_grammar
 from kit.engine.decode.sampling import max_tokens as budget
@@ -141,7 +142,7 @@ class Prompts:
     def encode_rendered(self, text: str) -> list[int]:
         """Token ids of a rendered chat prompt, as ``apply_chat_template(tokenize=True)``
         makes them (the template writes the special tokens itself)."""
-        return list(self.slot.tokenizer._tokenizer.encode(text, add_special_tokens=False))
+        return list(mlx_lm_api.hf_tokenizer(self.slot.tokenizer).encode(text, add_special_tokens=False))
 
     def render(self, request: ChatRequest, messages: list[dict[str, Any]], *,
                generation_prompt: bool) -> list[int]:

@@ -33,6 +33,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from kit import mlx_lm_api
+
 _NF_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
 _SPLITTERS = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation"}
 _CHUNK = 1 << 20  # characters counted at a time
@@ -78,7 +80,7 @@ class TokenBound:
         tokenizer or a ``tokenizers.Tokenizer``), or None when its pipeline may drop
         or merge input without a token of matching length (see the module docstring)."""
         backend = tokenizer
-        for attr in ("_tokenizer", "backend_tokenizer"):  # mlx-lm wrapper -> HF -> Rust
+        for attr in (mlx_lm_api.HF_TOKENIZER_ATTR, "backend_tokenizer"):  # mlx-lm -> HF -> Rust
             backend = getattr(backend, attr, backend)
         if not hasattr(backend, "to_str"):
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.decode.grammar import GrammarProcessor
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import InvalidRequest, SamplingParams, TokenLogprob
@@ -81,13 +82,11 @@ class Sampling:
             InvalidRequest: the grammar does not compile.
         """
         import mlx.core as mx
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
         if params.seed is not None:
             mx.random.seed(params.seed)
-        sampler = make_sampler(temp=params.temperature, top_p=params.top_p,
+        sampler = mlx_lm_api.make_sampler(temp=params.temperature, top_p=params.top_p,
                                min_p=params.min_p, top_k=params.top_k)
-        processors = make_logits_processors(
+        processors = mlx_lm_api.make_logits_processors(
             logit_bias=dict(params.logit_bias) or None,
             presence_penalty=params.presence_penalty or None,
             frequency_penalty=params.frequency_penalty or None)

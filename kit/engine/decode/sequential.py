@@ -8,10 +8,11 @@ import itertools
 import logging
 from collections.abc import Callable
 
+from kit import mlx_lm_api
 from kit.engine.decode.bridge import END
 from kit.engine.decode.pipeline import Pipeline
-from kit.engine.decode.run import Cancelled, Job, Joined
 from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.run import Cancelled, Job, Joined
 from kit.engine.decode.sampling import PENALTY_CONTEXT
 from kit.engine.types import EngineError
 
@@ -61,9 +62,6 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         EngineError: the request cannot run (before ``Started``) or generation failed.
     """
     import mlx.core as mx
-    from mlx_lm import stream_generate
-    from mlx_lm.models.cache import trim_prompt_cache
-
     # running=False: nothing else decodes here, so admission never defers this request
     # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400
     run = pipeline.prepare(job, running=False)
@@ -83,7 +81,7 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         before = mx.array(run.prompt[:run.cached][-PENALTY_CONTEXT:])
         processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
                                                      logits) for p in processors]
-    stream = stream_generate(model, tokenizer, run.rest,
+    stream = mlx_lm_api.stream_generate(model, tokenizer, run.rest,
                              max_tokens=run.max_tokens, sampler=run.sampler,
                              logits_processors=processors, prompt_cache=run.cache,
                              prompt_progress_callback=check_cancelled,
@@ -112,7 +110,7 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         if join is not None and run.n < run.max_tokens and join():
             stream.close()
             mx.eval([c.state for c in run.cache])
-            trim_prompt_cache(run.cache, 1)
+            mlx_lm_api.trim_prompt_cache(run.cache, 1)
             detok = tokenizer.detokenizer
             for token in tokens[len(run.prompt):]:
                 detok.add_token(token)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.blas import preload_blas
 from kit.engine.cache.kv import check_kv, layer_kinds, quantized_cache, refuse_unquantizable
 from kit.engine.decode import warmup
@@ -161,15 +162,13 @@ class ModelSlot:
         if weights is None:
             weights = self.check_fit(info, replacing)
         t0 = time.perf_counter()
-        from mlx_lm import load
-
         trust = self.trust_remote_code
         try:
             # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
             if self._loader is not None:
                 model, tokenizer = self._loader(str(info.path), trust)
             else:
-                model, tokenizer = load(str(info.path),
+                model, tokenizer = mlx_lm_api.load(str(info.path),
                                         tokenizer_config={"trust_remote_code": trust},
                                         trust_remote_code=trust)
         except Exception as e:
@@ -275,9 +274,7 @@ class ModelSlot:
             ModelError: ``kv_bits`` is set and no layer's cache can be quantized.
         """
         if self.kv_bits is not None:
-            from mlx_lm.models.cache import make_prompt_cache
-
-            plain = make_prompt_cache(model)
+            plain = mlx_lm_api.make_prompt_cache(model)
             n, total = refuse_unquantizable(info.id, plain, self.kv_bits)
             if n < total:
                 log.info("--kv-bits %d: %d of %d layers quantized; the %s layers keep full "
@@ -290,9 +287,7 @@ class ModelSlot:
         ``make_prompt_cache``, with every layer mlx-lm can quantize as a
         ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``) when ``kv_bits`` is set
         (:mod:`kit.engine.cache.kv`)."""
-        from mlx_lm.models.cache import make_prompt_cache
-
-        cache = make_prompt_cache(self.model if model is None else model)
+        cache = mlx_lm_api.make_prompt_cache(self.model if model is None else model)
         if self.kv_bits is None:
             return cache
 
@@ -326,9 +321,7 @@ class ModelSlot:
         """Whether the loaded model's KV cache can be trimmed (not recurrent or rotating);
         computed once per load."""
         if self._trimmable is None:
-            from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-            self._trimmable = can_trim_prompt_cache(make_prompt_cache(self.model))
+            self._trimmable = mlx_lm_api.can_trim_prompt_cache(mlx_lm_api.make_prompt_cache(self.model))
         return self._trimmable
 
     def bound(self) -> Any:
@@ -351,7 +344,7 @@ class ModelSlot:
 
     def vocab_size(self) -> int:
         """Token ids the tokenizer knows (ids are 0..vocab_size-1)."""
-        return len(self.tokenizer._tokenizer)  # mlx-lm's wrapper around the HF tokenizer
+        return len(mlx_lm_api.hf_tokenizer(self.tokenizer))
 
     def memory(self) -> dict[str, int | None]:
         """mlx's allocator: bytes in live arrays now and at peak, and the loaded weights'

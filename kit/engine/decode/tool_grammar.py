@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from typing import Any
+
 from kit.formats.select import ours
 
 

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.decode.prefill import prefill_step_size
 from kit.errors import ConfigError
 
@@ -182,27 +183,21 @@ def _tokens(tokenizer: Any, n: int, shift: int = 0) -> list[int]:
 
 def _run_stream(model: Any, tokenizer: Any, shape: Shape, step_size: int,
                 new_cache: Callable[[], Any] | None) -> None:
-    from mlx_lm import stream_generate
-
     extra: dict[str, Any] = {} if new_cache is None else {"prompt_cache": new_cache()}
     if shape.kind == "sampled":
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
         # every filter and processor kit.engine.decode.sampling.Sampling.build can make
-        extra["sampler"] = make_sampler(temp=0.7, top_p=0.95, min_p=0.05, top_k=40)
-        extra["logits_processors"] = make_logits_processors(
+        extra["sampler"] = mlx_lm_api.make_sampler(temp=0.7, top_p=0.95, min_p=0.05, top_k=40)
+        extra["logits_processors"] = mlx_lm_api.make_logits_processors(
             logit_bias={0: -1.0}, presence_penalty=0.1, frequency_penalty=0.1)
-    for _ in stream_generate(model, tokenizer, _tokens(tokenizer, shape.tokens),
+    for _ in mlx_lm_api.stream_generate(model, tokenizer, _tokens(tokenizer, shape.tokens),
                              max_tokens=DECODE_STEPS, prefill_step_size=step_size, **extra):
         pass
 
 
 def _run_batch(model: Any, tokenizer: Any, shape: Shape, step_size: int,
                max_batch: int) -> None:
-    from mlx_lm.generate import BatchGenerator
-
     # the same construction as kit.engine.decode.batch.run_batch, so the same kernels compile
-    bg = BatchGenerator(model, completion_batch_size=max_batch,
+    bg = mlx_lm_api.BatchGenerator(model, completion_batch_size=max_batch,
                         prefill_batch_size=min(max_batch, 8), prefill_step_size=step_size)
     try:
         # no stop sequences: every row decodes DECODE_STEPS tokens, all rows together
@@ -278,8 +273,6 @@ def first_use(model: Any, tokenizer: Any, cache: Any = None) -> None:
     full warm-up runs (allocator growth, lazy imports inside mlx-lm; on Metal and CPU the
     kernels need no compilation worth a warm-up). ``cache``: the prompt cache to run it
     in (None: mlx-lm's default); raises whatever generation raises."""
-    from mlx_lm import stream_generate
-
     extra = {} if cache is None else {"prompt_cache": cache}
-    for _ in stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2, **extra):
+    for _ in mlx_lm_api.stream_generate(model, tokenizer, tokenizer.encode("Hi"), max_tokens=2, **extra):
         pass

@@ -26,7 +26,8 @@ import threading
 import uuid
 from pathlib import Path
 from typing import Any
-from kit import __version__
+
+from kit import __version__, mlx_lm_api
 from kit.blas import preload_blas
 from kit.engine.decode.engine import Engine
 from kit.engine.decode.prefill import prefill_step_size
@@ -70,20 +71,16 @@ def sharded_loader(world: Any, pipeline: bool) -> Any:
 
         group = world.group
         if pipeline:
-            from mlx_lm.utils import sharded_load
-
             try:
-                return sharded_load(path, pipeline_group=group, tensor_group=None,
+                return mlx_lm_api.sharded_load(path, pipeline_group=group, tensor_group=None,
                                     tokenizer_config={"trust_remote_code": trust},
                                     trust_remote_code=trust)
             except Exception as e:
                 _fatal(f"rank {world.rank} ({world.host}): cannot load its shard of {path}: "
                        f"{type(e).__name__}: {e}", 1)
-        from mlx_lm import load as mlx_load
-
         error, model, tokenizer = None, None, None
         try:
-            model, tokenizer = mlx_load(path, tokenizer_config={"trust_remote_code": trust},
+            model, tokenizer = mlx_lm_api.load(path, tokenizer_config={"trust_remote_code": trust},
                                         lazy=True, trust_remote_code=trust)
             if not hasattr(model, "shard"):
                 raise ValueError(f"mlx-lm has no tensor parallel mode for "

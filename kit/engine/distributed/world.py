@@ -24,10 +24,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from kit import mlx_lm_api
 from kit.engine.distributed import world_codec as codec
-from kit.engine.distributed.hosts import EXIT_PEER_LOST, EXIT_TAMPERED  # the ranks import them here
 from kit.engine.distributed.world_codec import Fault, Hello, Proof, Record, Seed
 from kit.engine.distributed.world_faults import error_of, fault_of
+from kit.engine.distributed.hosts import EXIT_PEER_LOST, EXIT_TAMPERED  # the ranks import them here
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -94,10 +95,8 @@ class World:
         # and JACCL: the default CPU stream, which the context makes generation_stream
         # where it is a CPU stream; NCCL: the GPU one). An explicit GPU stream would fail
         # on Metal, whose all_sum has no GPU kernel.
-        from mlx_lm.generate import generation_stream
-
         try:
-            with mx.stream(generation_stream):
+            with mx.stream(mlx_lm_api.generation_stream):
                 out = mx.distributed.all_sum(array, group=self.group)
             mx.eval(out)
         except RuntimeError as e:
