@@ -46,7 +46,7 @@ class EngineLike(Protocol):
     - ``ttl``: idle seconds before an unload, or None for never.
     - ``pid``: the process that runs generation (None before it started).
     - ``prompt_cache`` (read with ``getattr``: None until the engine reported it): the
-      prompt cache's counters (:meth:`kit.engine.decode.pipeline.PromptCachePolicy.stats`).
+      prompt cache's counters (:meth:`kit.engine.cache.policy.PromptCachePolicy.stats`).
 
     Every method is called from the server's event loop thread unless it says otherwise.
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kit.engine.cache.admission import Admission, Deferred, Room
-from kit.engine.decode.pipeline import PromptCachePolicy
+from kit.engine.cache.policy import PromptCachePolicy
 from kit.errors import InvalidRequest
 from kit.models import memory
 from kit.models.memory import Ceiling, memory_ceiling

@@ -219,7 +219,7 @@ def test_model_identity_changes_with_config_weights_and_kv_settings(tmp_path):
 # -- the disk tier behind PromptCachePolicy (no model: KVCache stand-ins) -------------------
 
 def policy_on(folder: Path, ident: str = IDENT):
-    from kit.engine.decode.pipeline import PromptCachePolicy
+    from kit.engine.cache.policy import PromptCachePolicy
 
     from kit.engine.cache.disk_tier import DiskTier
 
@@ -280,7 +280,7 @@ def test_a_queued_write_extended_by_a_newer_one_is_dropped_and_the_queue_is_boun
 
 
 def test_a_broken_disk_tier_is_a_miss_never_an_error(tmp_path, caplog):
-    from kit.engine.decode.pipeline import PromptCachePolicy
+    from kit.engine.cache.policy import PromptCachePolicy
 
     class Broken(DiskCache):
         def find(self, *args, **kwargs):

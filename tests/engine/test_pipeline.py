@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from kit.engine.decode.bridge import END, LoopSink, merge
-from kit.engine.decode.pipeline import PromptCachePolicy, reusable_prefix
+from kit.engine.cache.policy import PromptCachePolicy, reusable_prefix
 from kit.engine.types import ReasoningDelta, TextDelta, TokenLogprob, ToolCall
 
 

@@ -2,7 +2,7 @@
 restart, a swap away and back or a TTL reload does not pay the whole prefill again.
 
 One job: store, find, load and evict. Which cache a request starts from stays with
-:class:`kit.engine.decode.pipeline.PromptCachePolicy`; when a write happens (idle time on the
+:class:`kit.engine.cache.policy.PromptCachePolicy`; when a write happens (idle time on the
 engine worker) stays with :class:`kit.engine.decode.engine.Engine`.
 
 Layout: ``<root>/<model identity>/<sha256 of the tokens>.safetensors``, each file written by

@@ -1,4 +1,4 @@
-"""The disk tier behind :class:`kit.engine.decode.pipeline.PromptCachePolicy`: which file a prompt
+"""The disk tier behind :class:`kit.engine.cache.policy.PromptCachePolicy`: which file a prompt
 starts from when memory holds less of it, and the queue of caches waiting to be written
 (the engine worker writes one once it has been idle for
 :data:`kit.engine.decode.engine.IDLE_WRITE_S`). The files themselves are

@@ -43,7 +43,8 @@ from kit.engine.cache.kv import kv_snapshot, resolve_max_batch
 from kit.engine.decode.batch import run_batch
 from kit.engine.decode.bridge import END, LoopSink, settle_from_thread
 from kit.engine.decode.inbox import Inbox
-from kit.engine.decode.pipeline import Pipeline, PromptCachePolicy
+from kit.engine.cache.policy import PromptCachePolicy
+from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.run import Job, Swap
 from kit.engine.decode.sequential import serve_alone
 from kit.engine.decode.slot import ModelSlot
