@@ -24,7 +24,8 @@ from filelock import Timeout as FileLockTimeout
 
 from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError, error_kind
 from kit.harness.files import atomic_write
-from kit.logfile import RUN_SEPARATOR, last_lines, open_private
+from kit.logfile import RUN_SEPARATOR, open_private
+from kit.logread import last_lines
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL

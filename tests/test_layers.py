@@ -29,6 +29,7 @@ LAYERS: tuple[str, ...] = (
     "kit.blas",
     "kit.mlx_lm_api",  # the one boundary to mlx-lm (imports none of it at import time)
     "kit.logfile",
+    "kit.logread",
     "kit.probe",
     "kit.formats",
     "kit.models",
