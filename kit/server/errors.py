@@ -123,7 +123,7 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 # Each cause in the one error tree (kit/errors.py) -> (HTTP status, error type, code).
 # Looked up along the exception's MRO, so the most specific class wins; every protocol
-# renders the resulting APIError in its own shape (body(), anthropic_body(), ...).
+# renders the resulting APIError in its own shape (body(), or its Protocol.error_body).
 _STATUS: dict[type, tuple[int, str, str | None]] = {
     InvalidRequest: (400, "invalid_request_error", None),
     InvalidModelSpec: (400, "invalid_request_error", "invalid_model"),
