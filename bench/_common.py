@@ -52,6 +52,6 @@ def starter(env: dict[str, str], *variants: str) -> str:
 
 
 def openblas() -> str | None:
-    from kit.engine.blas import _CANDIDATES
+    from kit.blas import _CANDIDATES
 
     return next((p for p in _CANDIDATES if Path(p).exists()), None)

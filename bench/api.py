@@ -63,7 +63,7 @@ def in_process(model_path: str, tokens: int, repeat: int) -> dict:
     code = f"""
 import json, time
 from pathlib import Path
-from kit.engine.blas import preload_blas; preload_blas()
+from kit.blas import preload_blas; preload_blas()
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 m, t = load(Path({model_path!r}) if Path({model_path!r}).is_dir() else {model_path!r})

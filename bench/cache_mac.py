@@ -1,4 +1,4 @@
-"""Benchmark: what proving a prompt cache file ours costs per disk hit (kit/engine/cache_mac.py).
+"""Benchmark: what proving a prompt cache file ours costs per disk hit (kit/engine/cache/cache_mac.py).
 
 For each file size, one real prompt cache file written by the disk tier
 (``DiskCache.save``: mlx-lm's ``save_prompt_cache`` plus the seal), holding float16 KV of
@@ -60,8 +60,8 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import load_prompt_cache
 
-    from kit.engine import cache_mac
-    from kit.engine.disk_cache import DiskCache
+    from kit.engine.cache import cache_mac
+    from kit.engine.cache.disk_cache import DiskCache
 
     ident = "0123456789abcdef" * 2
     layers = ("KVCache",) * LAYERS

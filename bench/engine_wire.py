@@ -1,4 +1,4 @@
-"""Benchmark: what the engine pipe's typed encoding (kit/engine/wire.py) costs per event,
+"""Benchmark: what the engine pipe's typed encoding (kit/engine/proc/wire.py) costs per event,
 against the pickled tuples it replaced; and, with ``--trees``, a short streamed
 generation's decode tokens/s through a real server of each source tree, side by side.
 
@@ -69,7 +69,7 @@ def best_us(fn, n: int, repeat: int) -> float:
 
 
 def codec_table(n: int, repeat: int) -> None:
-    from kit.engine import wire
+    from kit.engine.proc import wire
 
     print("| message | pickle µs | wire µs | wire bytes | pickle bytes |")
     print("|---|---|---|---|---|")
@@ -81,7 +81,7 @@ def codec_table(n: int, repeat: int) -> None:
 
 
 def pipe_table(n: int, repeat: int) -> None:
-    from kit.engine import wire
+    from kit.engine.proc import wire
 
     a, b = multiprocessing.Pipe()
     print("\n| through a Pipe | pickle µs | wire µs |")

@@ -13,7 +13,7 @@ model made by bench/random_model.py, tokenizer from the starter; `--quick`: the 
    seconds (from the log) and the kernel files in the cache after the run.
 2. On the last server: aggregate decode tok/s at 1/2/4/8 concurrent streams (fresh prompts
    each round, EOS biased away so every stream decodes the same count), against mlx-lm's
-   BatchGenerator in-process (the construction kit/engine/batch.py uses) over the same
+   BatchGenerator in-process (the construction kit/engine/decode/batch.py uses) over the same
    prompt tokens and the same token count, as ratios; at 1 stream also stream_generate
    (what mlx-kit runs for a request alone).
 
@@ -158,19 +158,19 @@ def first_requests(kit: Kit, sizes: dict, tokens: int) -> dict:
 
 IN_PROCESS = r"""
 import json, sys, time
-from kit.engine.blas import preload_blas; preload_blas()
+from kit.blas import preload_blas; preload_blas()
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_logits_processors
-from kit.engine.sampling import prefill_step_size
+from kit.engine.decode.prefill import prefill_step_size
 spec = json.load(open(sys.argv[1]))
 model, tok = load(spec["model"])
 procs = make_logits_processors(logit_bias={int(k): v for k, v in spec["bias"].items()} or None)
 def ids(messages):
     return tok.apply_chat_template(messages, add_generation_prompt=True)
 def batched(rounds):
-    # kit/engine/batch.py's construction; no stop sequences: every row
+    # kit/engine/decode/batch.py's construction; no stop sequences: every row
     # decodes spec["tokens"] tokens
     bg = BatchGenerator(model, completion_batch_size=spec["max_batch"],
                         prefill_batch_size=min(spec["max_batch"], 8),

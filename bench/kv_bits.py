@@ -1,7 +1,7 @@
 """Benchmark: the KV cache at full precision vs ``--kv-bits 8`` vs ``--kv-bits 4``.
 
 One run, on one model (default: the starter, dense float32), in this process, with the
-caches the server builds (``kit.engine.kv.quantized_cache``: quantized from the first
+caches the server builds (``kit.engine.cache.kv.quantized_cache``: quantized from the first
 token, every plain KVCache layer). For each setting:
 
 - memory per 1,000 tokens of context: a prompt of ``--context`` tokens prefilled into a
@@ -48,7 +48,7 @@ FLOOR = {8: 0.9}
 def new_cache(model, bits: int | None, group: int):
     from mlx_lm.models.cache import make_prompt_cache
 
-    from kit.engine.kv import quantized_cache
+    from kit.engine.cache.kv import quantized_cache
 
     cache = make_prompt_cache(model)
     return cache if bits is None else quantized_cache(cache, bits, group)
@@ -154,7 +154,7 @@ def main() -> None:
     import json
     import os
 
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # before mlx is imported (as the engine does): OpenBLAS's sgemm
 

@@ -100,7 +100,7 @@ def main() -> None:
             s = Server(env, work, m)
             plain[m].append(s.health()["load_seconds"])
             s.stop()
-            code = (f"import time; from kit.engine.blas import preload_blas; preload_blas();"
+            code = (f"import time; from kit.blas import preload_blas; preload_blas();"
                     f"from mlx_lm import load; t=time.perf_counter(); load({m!r});"
                     f"print(time.perf_counter()-t)")
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -1,4 +1,4 @@
-"""What the ranks' authenticated encoding (kit/engine/world_codec.py) costs: per share,
+"""What the ranks' authenticated encoding (kit/engine/distributed/world_codec.py) costs: per share,
 the sender's encode and length tag plus one follower's length check and decode, for the
 shares a world makes (an idle tick or a decode step with nothing new: the empty share;
 one request; an agent's long prompt; a rank's facts), next to the pickle the shares were
@@ -16,9 +16,9 @@ import pickle
 import statistics
 import time
 
-from kit.engine import world_codec as codec
+from kit.engine.distributed import world_codec as codec
 from kit.engine.types import ChatRequest, SamplingParams
-from kit.engine.world_codec import Arrivals, Gen, RankFacts
+from kit.engine.distributed.world_codec import Arrivals, Gen, RankFacts
 
 KEY = os.urandom(32)
 

@@ -23,13 +23,13 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 
 from kit.errors import ConfigError
 from kit.knobs import KNOBS, Knob, env, environment
+from kit.models.memory import parse_size
+from kit.engine.cache.kv import check_kv, resolve_max_batch
 
 
 def _size(value: Any) -> Any:
     """``8GiB`` / ``8GB`` / ``123`` -> bytes (ConfigError's text becomes the field's error)."""
     if isinstance(value, str):
-        from kit.models.memory import parse_size
-
         try:
             return parse_size(value)
         except ConfigError as e:
@@ -99,7 +99,6 @@ class _Config(BaseSettings):
     @model_validator(mode="after")
     def _checks(self) -> "_Config":
         # the one place KV settings are checked: every command and engine gets a config
-        from kit.engine.kv import check_kv, resolve_max_batch
 
         check_kv(self.kv_bits, self.kv_group_size)
         resolve_max_batch(self.max_batch, self.kv_bits)  # ConfigError naming both flags
@@ -129,8 +128,6 @@ class _Config(BaseSettings):
     @property
     def batch(self) -> int:
         """The ``max_batch`` the engine runs with (8, or 1 with ``kv_bits``)."""
-        from kit.engine.kv import resolve_max_batch
-
         return resolve_max_batch(self.max_batch, self.kv_bits)
 
     @property

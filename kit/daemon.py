@@ -23,7 +23,9 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 
 from kit.errors import ModelDoesNotFitError, PortInUseError, ServerError, error_kind
+from kit.harness.files import atomic_write
 from kit.logfile import RUN_SEPARATOR, open_private
+from kit.logread import last_lines
 from kit.paths import log_dir, state_dir
 from kit.probe import Probe, probe
 from kit.urls import ServerURL
@@ -42,8 +44,6 @@ def write_pid_file(url: ServerURL, model: str, log: Path | None, admin_token: st
     time and command line (so ``stop`` can prove a pid is still this server, not a program
     that got the number later) and the admin token. Written atomically, readable by this
     user only (0600)."""
-    from kit.harness.files import atomic_write
-
     path = pid_file(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
@@ -74,8 +74,6 @@ def read_pid_file(url: ServerURL) -> dict | None:
 def tail(path: Path, lines: int = 20) -> str:
     """The last ``lines`` lines of the log's latest run ('' if unreadable). Reads only the
     file's end (``wait_ready`` calls it 4 times a second; a log grows to 10 MiB)."""
-    from kit.logfile import last_lines
-
     try:
         found = last_lines(path, lines)
     except OSError:

@@ -80,7 +80,7 @@ def reduce_error(error: BaseException) -> tuple:
     """``__reduce__`` for exceptions whose ``__init__`` does not take ``self.args`` back
     (keyword fields, formatted messages): rebuilt from args and attributes, so a copy
     (``copy.copy``, ``deepcopy``) keeps them. Between processes they cross as typed
-    records instead (:mod:`kit.engine.wire`), never pickles."""
+    records instead (:mod:`kit.engine.proc.wire`), never pickles."""
     return _rebuild, (type(error), error.args, dict(error.__dict__))
 
 
@@ -185,7 +185,7 @@ class EngineError(KitError):
     """A generation or engine call failed inside the engine: an internal error (HTTP 500)
     unless a subclass says more. Raised by ``kit.engine`` and re-raised on the server's
     side of the engine process's pipe as the same class with the same attributes (it
-    crosses as a typed record, :mod:`kit.engine.wire`, never a pickle)."""
+    crosses as a typed record, :mod:`kit.engine.proc.wire`, never a pickle)."""
 
 
 class InvalidRequest(EngineError):

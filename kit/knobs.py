@@ -30,7 +30,7 @@ ENV_PREFIX = "MLX_KIT_"
 
 
 class WarmUp(str, Enum):
-    """``--warmup``'s choices (see kit/engine/warmup.py)."""
+    """``--warmup``'s choices (see kit/engine/decode/warmup.py)."""
 
     auto = "auto"
     on = "on"

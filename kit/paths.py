@@ -96,7 +96,7 @@ def kernel_cache_dir() -> Path:
 def prompt_cache_dir() -> Path:
     """The prompt cache's disk tier by default (``serve --prompt-cache-dir`` moves it):
     KV caches of long prompt prefixes, one folder per model identity
-    (:mod:`kit.engine.disk_cache`). Not created here: the first write creates it."""
+    (:mod:`kit.engine.cache.disk_cache`). Not created here: the first write creates it."""
     return Path(platformdirs.user_cache_dir(APP)) / "prompt-cache"
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kit.logfile import (BACKUPS, MAX_BYTES_ENV, Follower, ServerLogFile, _handlers,
-                         check_rotation_targets, follow, last_lines)
+from kit.logfile import BACKUPS, MAX_BYTES_ENV, ServerLogFile, _handlers, check_rotation_targets
+from kit.logread import Follower, follow, last_lines
 from tests.helpers import (clean_env, free_port, run_kit, spawn_server, stop, wait_health,
                            wait_until)
 

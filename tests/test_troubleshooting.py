@@ -377,12 +377,12 @@ def test_every_code_field_or_key_is_a_string_of_the_code(items):
 
 
 def test_the_states_status_tells_apart_are_the_engines_and_health_ok():
-    """The states the doc lists for `mlx-kit status` are the engine's (kit/engine/process.py
+    """The states the doc lists for `mlx-kit status` are the engine's (kit/engine/proc/process.py
     sets them) and /health's ``ok``; none is missing from the doc."""
     text = DOC.read_text()
     para = text[text.index("`mlx-kit status` tells the states apart"):].split("\n\n")[0]
     named = set(re.findall(r"`([a-z]+)`", para))
-    tree = ast.parse((ROOT / "kit" / "engine" / "process.py").read_text())
+    tree = ast.parse((ROOT / "kit" / "engine" / "proc" / "process.py").read_text())
     states = set()
     for node in ast.walk(tree):  # self.state = "x" / self.state, self.error = "x", ...
         if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Constant, ast.Tuple)):

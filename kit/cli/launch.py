@@ -37,7 +37,7 @@ def launch(
     options apply to a server it starts (as `serve`'s); a running one keeps its own.
     """
     from kit.daemon import ensure_server
-    from kit.engine.hosts import plan_world
+    from kit.engine.distributed.hosts import plan_world
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.urls import parse_url

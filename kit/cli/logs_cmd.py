@@ -80,7 +80,8 @@ def logs(
       1  the server runs in the foreground without a log file (the message says where)
       3  no server is running on that port and there is no log
     """
-    from kit.logfile import Follower, last_lines, open_ours
+    from kit.logfile import open_ours
+    from kit.logread import Follower, last_lines
     from kit.urls import parse_url
 
     path, running = _log_of(port or parse_url(None).port)

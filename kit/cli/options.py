@@ -13,14 +13,14 @@ def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
     """Refuse a ``--prompt-cache-dir`` that another user could have put a file in (not
     this user's, or writable by group or others, it or a folder above it; as ssh's
     StrictModes). The default folder is not refused here: the engine then runs without
-    the disk tier, with a warning (:class:`kit.engine.disk_cache.DiskCache`).
+    the disk tier, with a warning (:class:`kit.engine.cache.disk_cache.DiskCache`).
 
     Raises:
         ConfigError: naming the folder and why.
     """
     from pathlib import Path
 
-    from kit.engine.safe_files import not_private
+    from kit.engine.cache.safe_files import not_private
     from kit.errors import ConfigError
 
     if folder is None or disk_bytes <= 0:

@@ -78,7 +78,7 @@ def check_startable(config: EngineConfig, world: Any) -> None:
     Raises:
         ConfigError: naming the flag.
     """
-    from kit.engine.warmup import check_mode
+    from kit.engine.decode.warmup import check_mode
 
     check_mode(config.warmup.value, distributed=world is not None)
     check_cache_dir(config.prompt_cache_dir, config.prompt_cache_disk)
@@ -156,7 +156,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
                                "127.0.0.1")
     from kit.models.aliases import AliasTable
 
-    from kit.engine.hosts import plan_world
+    from kit.engine.distributed.hosts import plan_world
 
     world = plan_world(c.ranks, c.hosts, c.hostfile, c.backend, c.pipeline, c.rank_timeout)
     check_startable(c, world)
@@ -180,7 +180,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     import uvicorn
 
     from kit.daemon import remove_pid_file, write_pid_file
-    from kit.engine.process import EngineProcess
+    from kit.engine.proc.process import EngineProcess
     from kit.models.resolve import resolve_model
     from kit.server import create_app
     from kit.server.state import ServerState
@@ -210,7 +210,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     if world is None:
         engine = EngineProcess(info, options)
     else:
-        from kit.engine.world_process import DistributedEngine
+        from kit.engine.distributed.world_process import DistributedEngine
         world = _choose_split(info, world, progress)  # SplitError: before any rank starts
 
         # A lost rank ends the server through uvicorn's graceful shutdown (should_exit),

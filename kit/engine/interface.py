@@ -1,7 +1,7 @@
 """The engine seam: :class:`EngineLike`, what the server needs from whatever owns the
-model, and :class:`SwapResult`. :class:`kit.engine.engine.Engine` (in-process) and
-:class:`kit.engine.process.EngineProcess` (the same engine in a child process) satisfy
-it; so does :class:`kit.engine.world_process.DistributedEngine` (see the Protocol's
+model, and :class:`SwapResult`. :class:`kit.engine.decode.engine.Engine` (in-process) and
+:class:`kit.engine.proc.process.EngineProcess` (the same engine in a child process) satisfy
+it; so does :class:`kit.engine.distributed.world_process.DistributedEngine` (see the Protocol's
 docstring)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class EngineLike(Protocol):
       since start (``restarts``: engine processes replaced; 0 in-process).
     - ``load_seconds``: the last load's duration in seconds, or None before one.
     - ``phase`` (optional; ``/health`` reads it with a default of None): what a load is
-      doing, ``"loading weights"`` or ``"warming up"`` (:mod:`kit.engine.warmup`), None
+      doing, ``"loading weights"`` or ``"warming up"`` (:mod:`kit.engine.decode.warmup`), None
       when no load runs.
     - ``ttl``: idle seconds before an unload, or None for never.
     - ``pid``: the process that runs generation (None before it started).
@@ -51,15 +51,15 @@ class EngineLike(Protocol):
 
     Every method is called from the server's event loop thread unless it says otherwise.
 
-    :class:`kit.engine.world_process.DistributedEngine` (one model sharded over several
+    :class:`kit.engine.distributed.world_process.DistributedEngine` (one model sharded over several
     ranks with ``mlx.distributed``) implements it on rank 0: ``start`` launches the ranks
     and returns once rank 0 connected (``state`` is ``ready`` when every shard loaded),
     ``generate`` queues on rank 0, ``memory``/``current_memory`` report rank 0 (each
     rank's in its ``distributed`` attribute), ``pid`` is ``mlx.launch``'s, and a rank lost
-    is ``failed`` (not restarted). Every rank runs the same :class:`kit.engine.engine.Engine`
-    worker over a :class:`kit.engine.rank_inbox.RankInbox`, which gives the followers what
+    is ``failed`` (not restarted). Every rank runs the same :class:`kit.engine.decode.engine.Engine`
+    worker over a :class:`kit.engine.distributed.rank_inbox.RankInbox`, which gives the followers what
     rank 0's queue saw at the same sync points, so they mirror the pipeline
-    (:class:`kit.engine.pipeline.Pipeline`'s ``prepare``, each decode step, ``complete``)
+    (:class:`kit.engine.decode.pipeline.Pipeline`'s ``prepare``, each decode step, ``complete``)
     and the model-slot transitions (load, unload, swap), and their KV caches match.
     """
 

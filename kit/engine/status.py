@@ -94,7 +94,7 @@ class EngineStatus(_Part):
 
 def status_of(engine: Any, **extra: Any) -> EngineStatus:
     """The :class:`EngineStatus` of an engine that keeps its state in attributes
-    (:class:`kit.engine.engine.Engine`, :class:`kit.engine.process.EngineProcess`);
+    (:class:`kit.engine.decode.engine.Engine`, :class:`kit.engine.proc.process.EngineProcess`);
     ``extra``: fields that engine computes (``prompt_cache``, ``admission``, ...).
 
     Raises:

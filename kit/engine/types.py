@@ -18,6 +18,9 @@ from kit.errors import (  # noqa: F401
     ModelUnavailable,
 )
 
+# The delta events come from the output parsers (formats); they are the engine's events too.
+from kit.formats.events import ReasoningDelta, TextDelta, TokenLogprob, ToolCall  # noqa: F401
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -72,7 +75,7 @@ class ChatRequest:
             ``reasoning_effort``...).
         force_tool: None lets the model decide whether to call a tool; ``""`` forces a
             call to one of ``tools``, a name forces a call to that tool (``tool_choice``
-            required / named; see :mod:`kit.engine.grammar`).
+            required / named; see :mod:`kit.engine.decode.grammar`).
         response_schema: a JSON schema the answer text must follow (``response_format``;
             ``{"type": "object"}`` for json_object), or None for free text.
         request_id: an id for logs.
@@ -116,7 +119,7 @@ class Started:
     """The first event of every generation: the request passed validation and runs on
     ``model`` (the real id, which a swap may have changed since the request was queued).
     ``max_tokens``: the most tokens it may generate (None: not given); ``clamped_from``:
-    the max_tokens asked for when memory admission capped it (:mod:`kit.engine.admission`),
+    the max_tokens asked for when memory admission capped it (:mod:`kit.engine.cache.admission`),
     else None."""
 
     model: str
@@ -124,49 +127,6 @@ class Started:
     cached_tokens: int
     max_tokens: int | None = None
     clamped_from: int | None = None
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token's log probability and the most likely alternatives
-    (``top``: (token text, logprob) pairs, most likely first)."""
-
-    token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """The next piece of the answer text (never contains a matched stop string), with the
-    log probabilities of the tokens behind it when they were asked for."""
-
-    text: str
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    """The next piece of the model's reasoning (text inside its think block)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One complete tool call parsed from the output.
-
-    Attributes:
-        id: call id (``call_...``), used by the tool result that answers it.
-        name: function name.
-        arguments: the arguments as a JSON string (OpenAI's shape).
-        index: position among this response's calls (0-based).
-    """
-
-    id: str
-    name: str
-    arguments: str
-    index: int = 0
 
 
 @dataclass(frozen=True)

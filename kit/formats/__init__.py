@@ -2,7 +2,7 @@
 parser that turns that text back into reasoning, answer text and tool calls.
 
 - :mod:`kit.formats.base`: :class:`OutputFormat`, the one description the engine's
-  :class:`kit.engine.output.OutputParser` runs on, and the call-end scanners formats share.
+  :class:`kit.formats.output.OutputParser` runs on, and the call-end scanners formats share.
 - :mod:`kit.formats.select`: which format a model uses, from its chat template and vocab
   (pure Python and mlx-free, so the catalog can name it without loading the model).
 - one module per family mlx-lm has no parser for, or whose mlx-lm parser we correct.

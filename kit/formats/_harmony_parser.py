@@ -7,30 +7,30 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kit.engine.output import OutputParser, gives_anything
-from kit.engine.types import ReasoningDelta, TextDelta
 from kit.formats._harmony_markup import (
     CALL_ENDS,
     CHANNEL,
     CONSTRAIN,
+    Header,
     MAX_HEADER,
     MESSAGE,
     SPECIALS,
     START,
     TEXT_ENDS,
-    Header,
     arguments,
     callee,
     find_first,
     held,
 )
 from kit.formats.base import JsonMarkerEnd
+from kit.formats.events import ReasoningDelta, TextDelta
+from kit.formats.output import OutputParser, gives_anything
 
 log = logging.getLogger("mlx_kit.engine")
 
 
 class HarmonyParser(OutputParser):
-    """:class:`~kit.engine.output.OutputParser` for Harmony: a header state whose
+    """:class:`~kit.formats.output.OutputParser` for Harmony: a header state whose
     ``<|message|>`` routes the body by the header (reasoning, content, a call, or dropped).
 
     Reasoning and answer text stream as they arrive (a possible partial marker or stop

@@ -189,7 +189,7 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 @dataclass(frozen=True)
 class OutputFormat:
-    """How one model family writes its output, for :class:`kit.engine.output.OutputParser`.
+    """How one model family writes its output, for :class:`kit.formats.output.OutputParser`.
 
     Attributes:
         tool_format: the tool-call format's name as ``/v1/models`` reports it (an mlx-lm
@@ -205,9 +205,9 @@ class OutputFormat:
         structural: markers removed from the answer text (mlx-lm's structural markers).
         transitions: more ``{state: [(text, new_state)]}`` for mlx-lm's ``TextStateMachine``.
         initial: the state generation starts in when the prompt says nothing else.
-        grammar: the key of :data:`kit.engine.grammar.TOOL_CALL_BODIES` whose body grammar a
+        grammar: the key of :data:`kit.engine.decode.grammar.TOOL_CALL_BODIES` whose body grammar a
             forced call uses (None: only the start marker is forced).
-        parser_class: an :class:`~kit.engine.output.OutputParser` subclass for formats
+        parser_class: an :class:`~kit.formats.output.OutputParser` subclass for formats
             that need more than markers (None: the base class).
         efforts: the ``reasoning_effort`` values the family's template was made for,
             lowest first (empty: any value goes to the template as asked); see

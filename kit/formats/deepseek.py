@@ -39,20 +39,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kit.engine.output import OutputParser, gives_anything
-from kit.engine.types import TextDelta, ToolCall
+from kit import mlx_lm_api
 from kit.formats._deepseek_calls import parse_partial, parse_tool_call
 from kit.formats._deepseek_markup import (
     BLOCKS,
-    CALL_BEGIN,
-    CALL_END,
+    BlockEnd,
     CALLS_BEGIN,
     CALLS_END,
+    CALL_BEGIN,
+    CALL_END,
     DSML,
     DSML_STARTS,
     SEP,
-    BlockEnd,
 )
+from kit.formats.events import TextDelta, ToolCall
+from kit.formats.output import OutputParser, gives_anything
 
 __all__ = ["BLOCKS", "CALL_BEGIN", "CALL_END", "CALLS_BEGIN", "CALLS_END", "DSML",
            "DSML_STARTS", "SEP", "DeepSeekOutputParser", "call_end", "grammar_body",
@@ -91,7 +92,7 @@ def grammar_body(name: str, args: str) -> str:
 # ---------------------------------------------------------------------------- engine parser
 
 class DeepSeekOutputParser(OutputParser):
-    """The engine's :class:`~kit.engine.output.OutputParser` with the DSML block starts
+    """The engine's :class:`~kit.formats.output.OutputParser` with the DSML block starts
     (:data:`DSML_STARTS`) as call starts besides ``<｜tool▁calls▁begin｜>``. Each start gets
     its own state, so a block that does not parse comes back as text exactly as the model
     wrote it (start marker included), and so does a block ``max_tokens`` cut with no
@@ -144,11 +145,9 @@ class DeepSeekOutputParser(OutputParser):
         block cut by ``max_tokens`` the complete calls come back, and when there are none
         and nothing else came back (no text, reasoning or call) the block's text does,
         start marker included: never an empty reply."""
-        from mlx_lm.generate import TextStateMachine
-
         if self._state[0] not in self._starts:
             return super().finish(reason)
-        self._state, tail, state = TextStateMachine.flush(self._state)
+        self._state, tail, state = mlx_lm_api.TextStateMachine.flush(self._state)
         events = self._events([(state, tail)])
         text, self._tool_text = self._tool_text, ""
         if reason != "length":

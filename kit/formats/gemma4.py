@@ -14,7 +14,7 @@ parser turns the arguments into JSON with regexes; replaced here (upstream bugs)
 - the call ended at the first ``<tool_call|>`` even inside a ``<|"|>`` string (an argument
   that quotes the markers cut the call short);
 - the newline the template writes after ``<|channel>thought`` (and before ``<channel|>``)
-  is not part of the reasoning (:class:`~kit.engine.separators.ReasoningSeparatorParser`);
+  is not part of the reasoning (:class:`~kit.formats.separators.ReasoningSeparatorParser`);
   the answer keeps its whitespace: the template writes none between calls and text.
 
 The argument reader is our own, a small recursive descent: no library reads this syntax.
@@ -26,9 +26,14 @@ import json
 import re
 from typing import Any
 
-from mlx_lm.tool_parsers.gemma4 import tool_call_end, tool_call_start
 
-from kit.engine.separators import ReasoningSeparatorParser
+from kit import mlx_lm_api
+from kit.formats.separators import ReasoningSeparatorParser
+
+# mlx-lm's gemma4 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("gemma4")
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["Gemma4End", "call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -78,7 +83,7 @@ def call_end(text: str) -> tuple[int, int] | None:
 
 
 class Gemma4Parser(ReasoningSeparatorParser):
-    """:class:`~kit.engine.separators.ReasoningSeparatorParser` with one resuming
+    """:class:`~kit.formats.separators.ReasoningSeparatorParser` with one resuming
     :class:`Gemma4End` for call ends."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -16,7 +16,7 @@ deserialisation; corrected here (upstream bugs):
   data; mlx-lm ended the call at the first ``</tool_call>`` and lost the rest;
 - a string type reached through ``anyOf``/``oneOf`` or a type list keeps the text as
   written (mlx-lm deserialised ``"3"`` to 3 there);
-- the template's separator whitespace is dropped (:class:`~kit.engine.separators.
+- the template's separator whitespace is dropped (:class:`~kit.formats.separators.
   SeparatorParser`).
 
 The structure scan is our own (no library parses this markup, and it must answer on every
@@ -28,11 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 import regex
-from mlx_lm.tool_parsers.glm47 import _deserialize, tool_call_end, tool_call_start
-from mlx_lm.tool_parsers.glm47 import parse_tool_call as _mlx_parse
 
-from kit.engine.separators import SeparatorParser
+from kit import mlx_lm_api
 from kit.formats.base import Broken, More, ScanMarks, schema_types, structure_end
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's glm47 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("glm47")
+_deserialize = _upstream._deserialize
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
+_mlx_parse = _upstream.parse_tool_call
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -186,7 +192,7 @@ def parse_tool_call(text: str, tools: Any = None) -> dict:
 
 
 class GlmParser(SeparatorParser):
-    """:class:`~kit.engine.separators.SeparatorParser` whose call-end scans resume inside
+    """:class:`~kit.formats.separators.SeparatorParser` whose call-end scans resume inside
     an open value (:class:`~kit.formats.base.ScanMarks`: linear time over a long
     value)."""
 

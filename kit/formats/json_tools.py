@@ -11,17 +11,23 @@ reused. Corrected here:
   answer (upstream bug);
 - the whitespace the template writes around ``<think>``/``</think>`` and before
   ``<tool_call>`` is not part of the reasoning or the answer
-  (:class:`~kit.engine.separators.SeparatorParser`; mlx-lm returns it).
+  (:class:`~kit.formats.separators.SeparatorParser`; mlx-lm returns it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.tool_parsers.json_tools import parse_tool_call, tool_call_end, tool_call_start
 
-from kit.engine.separators import SeparatorParser
+from kit import mlx_lm_api
 from kit.formats.base import JsonMarkerEnd
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's json_tools parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("json_tools")
+parse_tool_call = _upstream.parse_tool_call
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["call_end", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -33,7 +39,7 @@ def call_end(text: str) -> tuple[int, int] | None:
 
 
 class HermesParser(SeparatorParser):
-    """:class:`~kit.engine.separators.SeparatorParser` whose call ends are found by one
+    """:class:`~kit.formats.separators.SeparatorParser` whose call ends are found by one
     resuming :class:`~kit.formats.base.JsonMarkerEnd` (linear time over a long call)."""
 
     def __init__(self, **kwargs: Any) -> None:

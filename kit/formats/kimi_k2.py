@@ -22,11 +22,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlx_lm.tool_parsers.kimi_k2 import _parse_single_tool, tool_call_end, tool_call_start
-from mlx_lm.tool_parsers.kimi_k2 import parse_tool_call as _mlx_parse
 
-from kit.engine.output import OutputParser
+from kit import mlx_lm_api
 from kit.formats.base import JsonMarkerEnd
+from kit.formats.output import OutputParser
+
+# mlx-lm's kimi_k2 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("kimi_k2")
+_parse_single_tool = _upstream._parse_single_tool
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
+_mlx_parse = _upstream.parse_tool_call
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -32,10 +32,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_lm.tool_parsers.kimi_k3 import _decode_value, _parse_attrs, tool_call_end, tool_call_start
 
-from kit.engine.output import OutputParser
+from kit import mlx_lm_api
 from kit.formats.base import Broken, More, ScanMarks, is_cut, skip_ws, structure_end
+from kit.formats.output import OutputParser
+
+# mlx-lm's kimi_k3 parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("kimi_k3")
+_decode_value = _upstream._decode_value
+_parse_attrs = _upstream._parse_attrs
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 

@@ -32,9 +32,9 @@ import ast
 import json
 from typing import Any
 
-from kit.engine.output import OutputParser
-from kit.engine.types import TextDelta
 from kit.formats.base import skip_ws
+from kit.formats.events import TextDelta
+from kit.formats.output import OutputParser
 
 tool_call_start = "<|python_tag|>"  # Llama 3.1/3.3's marker (forced calls start with it)
 tool_call_end = ""  # no end marker: a call ends where its JSON (or list) does

@@ -35,10 +35,13 @@ import json
 from typing import Any
 
 import regex as re
-from mlx_lm.tool_parsers import mistral as _upstream
 
-from kit.engine.output import OutputParser
-from kit.engine.types import TextDelta
+from kit import mlx_lm_api
+from kit.formats.events import TextDelta
+from kit.formats.output import OutputParser
+
+# mlx-lm's mistral parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("mistral")
 
 tool_call_start = _upstream.tool_call_start  # [TOOL_CALLS]
 tool_call_end = _upstream.tool_call_end  # none: the calls run to the end of the output

@@ -27,7 +27,7 @@ the tool lookup; corrected here (upstream bugs):
   only JSON objects/arrays there: ``"5"`` for an optional integer), a value that does not
   convert to its schema type is kept as text (mlx-lm raised, and the whole call came back
   as text), and a string-accepting schema keeps the text as written (``"02139"``);
-- the template's separator whitespace is dropped (:class:`~kit.engine.separators.
+- the template's separator whitespace is dropped (:class:`~kit.formats.separators.
   SeparatorParser`).
 
 As text, a closing tag that more structure follows inside a value (``</function>\n</tool_call>``
@@ -44,17 +44,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_lm.tool_parsers.qwen3_coder import (
-    _convert_param_value,
-    _get_arguments_config,
-    _string_types,
-    tool_call_end,
-    tool_call_start,
-)
 
-from kit.engine.separators import SeparatorParser
-from kit.engine.types import TextDelta
+from kit import mlx_lm_api
 from kit.formats.base import Broken, More, ScanMarks, is_cut, schema_types, skip_ws
+from kit.formats.events import TextDelta
+from kit.formats.separators import SeparatorParser
+
+# mlx-lm's qwen3_coder parser (imports mlx: a format module loads with a model only)
+_upstream = mlx_lm_api.tool_parser("qwen3_coder")
+_convert_param_value = _upstream._convert_param_value
+_get_arguments_config = _upstream._get_arguments_config
+_string_types = _upstream._string_types
+tool_call_end = _upstream.tool_call_end
+tool_call_start = _upstream.tool_call_start
 
 __all__ = ["call_end", "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
 
@@ -268,7 +270,7 @@ def parse_partial(text: str, tools: Any = None) -> list:
 
 
 class QwenCoderParser(SeparatorParser):
-    """:class:`~kit.engine.separators.SeparatorParser` that also takes a ``<function=``
+    """:class:`~kit.formats.separators.SeparatorParser` that also takes a ``<function=``
     block without its ``<tool_call>`` opener as a call (only when the request has tools).
     Such a block counts only when its ``</function>`` closes it: prose that mentions
     ``<function=name>`` stays text."""

@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from kit import mlx_lm_api
 from kit.formats.base import OutputFormat, marker_end
 
 _HERE = Path(__file__).parent
@@ -42,11 +43,10 @@ def known(name: str | None) -> bool:
     """Whether ``name`` is a tool format we can load (ours or mlx-lm's)."""
     return bool(name) and (ours(name) or name in MLX_LM_PARSERS)
 
-#: every parser module mlx-lm 0.32 ships (``mlx_lm/tool_parsers/``); each is reachable from
-#: a template (the table below) or from ``tool_parser_type`` in tokenizer_config.json.
-MLX_LM_PARSERS = ("function_gemma", "gemma4", "glm47", "json_tools", "kimi_k2", "kimi_k3",
-                  "laguna", "longcat", "minicpm5", "minimax_m2", "mistral", "muse_spark",
-                  "pythonic", "qwen3_coder")
+#: every parser module mlx-lm ships (the versions :data:`kit.mlx_lm_api.CHECKED`); each is
+#: reachable from a template (the table below) or from ``tool_parser_type`` in
+#: tokenizer_config.json.
+MLX_LM_PARSERS = mlx_lm_api.TOOL_PARSERS
 
 _XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 
@@ -145,7 +145,7 @@ def _module(name: str) -> ModuleType:
     if ours(name):
         return importlib.import_module(f"kit.formats.{name}")
     if name in MLX_LM_PARSERS:
-        return importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+        return mlx_lm_api.tool_parser(name)
     raise ValueError(f"unknown tool format {name!r}")
 
 

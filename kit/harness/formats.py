@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from kit.errors import HarnessError
+from kit.harness import jsonc
 
 FORMATS = ("yaml", "toml", "json", "jsonc")
 
@@ -61,8 +62,6 @@ def loads(fmt: str, text: str, where: str) -> Any:
         if fmt == "json":
             return json.loads(text) if text.strip() else None
         if fmt == "jsonc":
-            from kit.harness import jsonc
-
             return jsonc.load(text) if text.strip() else None
     except Exception as e:  # each parser has its own error types
         raise HarnessError(f"{where} is not valid {fmt.upper()}: {str(e).splitlines()[0]}",
@@ -82,8 +81,6 @@ def dumps(fmt: str, data: Any) -> str:
     if fmt == "json":
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     if fmt == "jsonc":
-        from kit.harness import jsonc
-
         return jsonc.dump(data)
     raise HarnessError(f"unknown config format {fmt!r}")
 
@@ -99,7 +96,5 @@ def empty(fmt: str, kind: str) -> Any:
 
         return CommentedSeq() if kind == "list" else CommentedMap()
     if fmt == "jsonc":
-        from kit.harness import jsonc
-
         return jsonc.load("[]\n" if kind == "list" else "{}\n")
     return [] if kind == "list" else {}

@@ -28,6 +28,8 @@ from kit.harness.proof import is_ours
 from kit.harness.render import context, render
 from kit.harness.spec import FileSpec, HarnessSpec
 from kit.knobs import env
+from kit.harness.spec_loader import all_specs
+from kit.models.catalog import scan, served_entries
 from kit.probe import fetch_models
 from kit.urls import ServerURL
 
@@ -59,7 +61,6 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
     if live:  # keep what describes a model, not volatile fields like "created"
         return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
                 f"probe of {url.v1}/models")
-    from kit.models.catalog import scan, served_entries
 
     entries = served_entries([e for e in scan() if e.loadable])  # a server started now
     return ([{k: m[k] for k in keep} for m in entries],
@@ -77,7 +78,6 @@ def _claims(spec: HarnessSpec) -> dict[str, tuple[str, bool]]:
     """The paths of ``spec``'s files that another agent's install wrote: path -> (that
     agent, whether it merges into the file). From the manifest, and from the receipts of
     the other known agents (a lost manifest must not make their files anyone's)."""
-    from kit.harness.spec_loader import all_specs
 
     # by real path: a folder spelt "~/.pi/agent/extensions/.." or reached through a link
     # names pi's file as surely as "~/.pi/agent" does

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kit.paths import config_dir, data_dir, log_dir, state_dir
+
 #: folders under HOME whose files hold keys or start programs (login, a session, a shell,
 #: systemd's user manager, Python and IPython at start-up)
 _HOME_FOLDERS = (".ssh", ".gnupg", ".config/autostart", ".config/systemd",
@@ -48,8 +50,6 @@ def forbidden(path: Path) -> str | None:
     mlx-kit's own agents (``harnesses/``, ``templates/`` of its config folder: a spec must
     not write specs), state, data and log folders (the manifest and backups live there).
     """
-    from kit.paths import config_dir, data_dir, log_dir, state_dir
-
     real = _fold(os.path.realpath(path))
     home = _fold(os.path.realpath(Path.home()))
     name = os.path.basename(real)

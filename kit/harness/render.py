@@ -32,6 +32,8 @@ from jinja2.utils import object_type_repr
 from kit import STABLE_MODEL_ID, __version__
 from kit.errors import HarnessError
 from kit.knobs import env
+from kit.harness.files import UNSAFE_HINT, UnsafeFile, read_inside
+from kit.harness.render_box import render_in_child
 
 if TYPE_CHECKING:  # the render child (kit.harness.render_box) needs no pydantic
     from kit.harness.spec import HarnessSpec
@@ -138,8 +140,6 @@ class _FolderLoader(jinja2.BaseLoader):
         self.root = root
 
     def get_source(self, environment: jinja2.Environment, template: str):
-        from kit.harness.files import UnsafeFile, read_inside
-
         path = os.path.join(self.root, *split_template_path(template))
         try:
             data = read_inside(Path(self.root), Path(path), MAX_TEMPLATE_BYTES)
@@ -232,8 +232,6 @@ def render(spec: HarnessSpec, ctx: dict[str, Any]) -> dict[str, str]:
            "files": [[f.path, f.template] for f in spec.files], "values": ctx}
     if spec.builtin:
         return render_job(job)
-    from kit.harness.render_box import render_in_child
-
     return render_in_child(job)
 
 
@@ -274,8 +272,6 @@ def render_job(job: dict[str, Any]) -> dict[str, str]:
             raise HarnessError(f"{where}: renders more than {MAX_RENDERED_CHARS} characters",
                                hint="a config file is a few KiB") from None
         except _RefusedFile as e:
-            from kit.harness.files import UNSAFE_HINT
-
             raise HarnessError(f"{where}: {e}", hint=UNSAFE_HINT) from None
         except jinja2.TemplateNotFound as e:  # an include/import (the loader refuses "..")
             raise HarnessError(f"{where}: includes {e.name!r}, not a template in "

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kit
 from kit.errors import HarnessError
 
 #: Seconds a user's templates may take to render, all of them together (one renders in
@@ -43,15 +44,13 @@ def render_in_child(job: dict[str, Any]) -> dict[str, str]:
             f"{job['templates']})"
     hint = "a config file's template renders a few KiB in milliseconds"
     # the kit this process runs, first: not whatever a relative PYTHONPATH finds from "/"
-    import kit
-
     here = str(Path(kit.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
     # -c, not -m: -m puts the working directory ("/") first on sys.path, where a
     # container's /kit would be imported; here the first entry is this kit's folder
     boot = ("import runpy, sys; sys.path[0] = sys.argv[1]; "
-            "runpy.run_module('kit.harness.render_box', run_name='__main__')")
+            "runpy.run_module('kit.harness.render_child', run_name='__main__')")
     proc = subprocess.Popen([sys.executable, "-c", boot, here], cwd="/",
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
@@ -72,31 +71,3 @@ def render_in_child(job: dict[str, Any]) -> dict[str, str]:
         message, error_hint = answer["error"]
         raise HarnessError(message, hint=error_hint)
     return answer["files"]
-
-
-def _main() -> None:
-    """The child: bound itself, read the job from stdin, write the answer to stdout."""
-    import resource
-
-    for limit, value in ((resource.RLIMIT_AS, MEMORY_LIMIT),
-                         (resource.RLIMIT_CPU, int(TIME_LIMIT_S) + 1)):
-        try:
-            resource.setrlimit(limit, (value, value))
-        except (ValueError, OSError):  # macOS refuses RLIMIT_AS: the time bound holds
-            pass
-    from kit.harness.render import render_job
-
-    job = json.loads(sys.stdin.buffer.read())
-    try:
-        answer: dict[str, Any] = {"files": render_job(job)}
-    except HarnessError as e:
-        answer = {"error": [e.message, e.hint]}
-    except MemoryError:
-        answer = {"error": [f"{job['name']}'s templates ({job['templates']}): rendering "
-                            f"needs more than {MEMORY_LIMIT // 2**20} MiB of memory",
-                            "a config file's template renders a few KiB"]}
-    sys.stdout.write(json.dumps(answer))
-
-
-if __name__ == "__main__":
-    _main()

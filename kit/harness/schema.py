@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic.json_schema import GenerateJsonSchema
 
+from kit.harness.spec import HarnessSpec
+
 SCHEMA_FILE = "docs/agents/harness-spec.schema.json"
 REGENERATE = f"python -m kit.harness.schema > {SCHEMA_FILE}"
 
@@ -40,7 +42,6 @@ def schema() -> dict:
     """``HarnessSpec.model_json_schema()`` for TOML files, with a title. No ``$schema``
     key: taplo validates with the draft it supports, and nothing here needs more than
     draft 4 has (``$defs`` is only a place that ``$ref`` pointers point into)."""
-    from kit.harness.spec import HarnessSpec
 
     out = _drop_null_defaults(HarnessSpec.model_json_schema(schema_generator=_TomlSchema))
     out["title"] = "mlx-kit agent spec (harnesses/<agent>.toml)"

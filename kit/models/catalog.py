@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
-import importlib.util
 import json
 import logging
 import re
@@ -24,9 +23,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kit import STABLE_MODEL_ID
-from kit.formats.select import template_text
-from kit.models.resolve import read_context_window
+from kit import STABLE_MODEL_ID, mlx_lm_api
+from kit.formats.select import detect, template_text
+from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
 
 log = logging.getLogger("mlx_kit.catalog")
@@ -87,10 +86,9 @@ class CatalogEntry:
 def _mlx_lm_models() -> tuple[Path | None, dict[str, str]]:
     """mlx-lm's models folder and its model_type remapping, read without importing mlx-lm
     (importing it imports mlx, which a listing command must not pay for)."""
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or not spec.submodule_search_locations:
+    root = mlx_lm_api.source_root()
+    if root is None:
         return None, {}
-    root = Path(next(iter(spec.submodule_search_locations)))
     remap: dict[str, str] = {}
     try:
         tree = ast.parse((root / "utils.py").read_text())
@@ -168,7 +166,6 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     the head of tokenizer.json (:func:`kit.formats.detect`: the same rules the engine's
     parser is built from) and config. ``tools`` means tool calls are *parsed*: a template
     that renders tools in a format no parser reads says False."""
-    from kit.formats.select import detect
 
     template = _chat_template(folder)
     tokenizer = folder / "tokenizer.json"
@@ -273,6 +270,12 @@ def scan() -> list[CatalogEntry]:
             continue
         entries[repo.repo_id] = describe(repo.repo_id, Path(main.snapshot_path), main.size_on_disk)
     return list(entries.values())
+
+
+def cached_model_ids() -> list[str]:
+    """Repo ids in the local hub cache whose snapshot has a config.json (candidates for
+    MLX), from :func:`scan`."""
+    return sorted(e.id for e in scan() if e.path is not None and e.reason != "no config.json")
 
 
 def served_entries(catalog: Iterable[CatalogEntry], model_id: str = STARTER_ID, *,

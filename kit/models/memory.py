@@ -141,7 +141,7 @@ def human(n: float) -> str:
 
 #: Context (tokens) a model's KV cache must have room for, besides its weights, for it to
 #: load at all when its whole window does not fit (capped at the window). Past it, memory
-#: admission (kit/engine/admission.py) caps each request to the room left instead of the
+#: admission (kit/engine/cache/admission.py) caps each request to the room left instead of the
 #: load refusing the model: a 128k window need not fit for 30k-token sessions to work.
 FIT_MIN_CONTEXT = 2048
 

@@ -19,6 +19,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from kit import mlx_lm_api
 from kit.errors import ModelError
 
 _MODULE = re.compile(r"[A-Za-z0-9_]{1,64}")
@@ -32,14 +33,8 @@ class SplitError(ModelError):
 
 @lru_cache(maxsize=1)
 def _mlx_lm_root() -> Path | None:
-    import importlib.util
-
-    # a top-level find_spec locates the package without executing its __init__ (only a
-    # dotted name imports its parents); a test checks mlx stays unimported
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    # found without executing mlx-lm's __init__; a test checks mlx stays unimported
+    return mlx_lm_api.source_root()
 
 
 @lru_cache(maxsize=256)

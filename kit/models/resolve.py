@@ -12,6 +12,8 @@ from functools import cached_property
 from pathlib import Path
 
 from kit.errors import ModelError, ModelNotFoundError
+from kit.models.catalog import cached_model_ids
+from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, Progress, ensure_starter, no_progress
 
 MAX_SPEC = 1024  # characters: hub ids are under 100, folder paths rarely over a few hundred
@@ -77,30 +79,6 @@ class ModelInfo:
     def max_output_tokens(self) -> int:
         """A sane default cap on generated tokens: a quarter of the context, at most 8192."""
         return max(256, min(8192, self.context_window // 4))
-
-
-def read_context_window(folder: Path, default: int = 4096) -> int:
-    """The context length in tokens from ``config.json`` (``max_position_embeddings`` and
-    the usual aliases, also inside ``text_config``), else ``default``."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return default
-    for scope in (config, config.get("text_config") or {}):
-        for key in ("max_position_embeddings", "max_sequence_length", "n_positions",
-                    "seq_length", "model_max_length"):
-            value = scope.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-    return default
-
-
-def cached_model_ids() -> list[str]:
-    """Repo ids in the local hub cache whose snapshot has a config.json (candidates for
-    MLX), from the catalog's scan (:func:`kit.models.catalog.scan`)."""
-    from kit.models.catalog import scan
-
-    return sorted(e.id for e in scan() if e.path is not None and e.reason != "no config.json")
 
 
 def resolve_model(spec: str | None, progress: Progress = no_progress) -> ModelInfo:

@@ -22,6 +22,7 @@ from pathlib import Path
 from kit.errors import ConfigError
 from kit.models.memory import _DTYPE_BYTES, kv_bytes_per_token
 from kit.models.mlx_lm_caps import SplitError, capabilities
+from kit.models.model_config import read_context_window
 
 __all__ = ["MAX_RANKS", "RankShare", "SplitError", "SplitPlan", "parse_hosts",
            "pipeline_ranges", "plan_split"]
@@ -234,7 +235,6 @@ def plan_split(folder: Path, ranks: int, pipeline: bool = False,
     if context is not None and (isinstance(context, bool) or not isinstance(context, int)
                                 or context < 0):
         raise SplitError(f"context must be a token count, not {context!r}")
-    from kit.models.resolve import read_context_window
 
     try:
         config = json.loads((folder / "config.json").read_text())

@@ -30,20 +30,23 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from kit import mlx_lm_api
+from kit.blas import preload_blas
 from kit.errors import ModelError
 from kit.models.starter import (
     CONVERTER_VERSION,
     GGUF_NAME,
     MARKER,
+    Progress,
     SOURCE_PACKAGE,
     SOURCE_VERSION,
     STARTER_VARIANTS,
-    Progress,
     hub_cache_dir,
     no_progress,
     repo_dir,
     starter_path,
 )
+from kit.paths import data_dir
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -77,7 +80,6 @@ def find_gguf(progress: Progress = no_progress) -> Path:
             p = Path(loc) / GGUF_NAME
             if p.is_file():
                 return p
-    from kit.paths import data_dir
 
     cached = data_dir() / "sources" / GGUF_NAME
     if cached.is_file():
@@ -299,10 +301,8 @@ def _write_tokenizer(meta: dict, out: Path, ctx: int) -> None:
 def _verify(folder: Path) -> None:
     """Load the converted folder with mlx-lm and check one forward pass gives finite logits."""
     import mlx.core as mx
-    from mlx_lm import load
-
     try:
-        model, tokenizer = load(str(folder))
+        model, tokenizer = mlx_lm_api.load(str(folder))
         ids = tokenizer.encode("The capital of France is")
         logits = model(mx.array([ids]))
         mx.eval(logits)
@@ -357,7 +357,6 @@ def main(argv: list[str]) -> int:
         emit(error=f"not a starter model id: {' '.join(argv)!r}",
              hint="one of " + ", ".join(STARTER_VARIANTS))
         return 2
-    from kit.engine.blas import preload_blas
 
     preload_blas()  # before mlx is imported: the verification's forward pass uses BLAS
     try:

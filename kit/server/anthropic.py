@@ -35,14 +35,14 @@ from kit.engine.types import (
 from kit.server import sse
 from kit.server.adapter import Renderer, begin, protocol_router, respond
 from kit.server.content import (
-    MAX_STOPS,
-    MAX_TOKENS,
     AnthropicTool,
     AnthropicToolChoice,
     Block,
     DroppedBlock,
     Id,
     LenientModel,
+    MAX_STOPS,
+    MAX_TOKENS,
     MediaBlock,
     SystemBlock,
     Text,
@@ -55,6 +55,7 @@ from kit.server.content import (
     refuse,
 )
 from kit.server.errors import APIError
+from kit.server.protocol import Protocol, under
 from kit.server.state import ServerState
 from kit.server.translate import (
     budget_effort,
@@ -325,7 +326,7 @@ class MessagesRenderer(Renderer):
                        _event("message_stop", {})]
 
     def error(self, e: APIError) -> list:
-        return [sse.event("error", e.anthropic_body())]
+        return [sse.event("error", error_body(e))]
 
     def final(self, fin: Finished | None) -> dict:
         return {**self.message, "content": self.content or [{"type": "text", "text": ""}],
@@ -350,3 +351,17 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     req = ChatRequest(messages=_messages(body),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
     return {"input_tokens": await state.count_tokens(req)}
+
+
+def error_body(e: APIError) -> dict:
+    """Anthropic's error object (``{"type": "error", "error": {"type", "message"}}``)."""
+    kind = {"invalid_request_error": "invalid_request_error",
+            "authentication_error": "authentication_error",
+            "permission_error": "permission_error", "not_found_error": "not_found_error",
+            "rate_limit_error": "rate_limit_error"}.get(e.type, "api_error")
+    if e.status == 507:
+        kind = "overloaded_error"
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
+
+
+PROTOCOL = Protocol("anthropic", router, under("/v1/messages"), error_body=error_body)

@@ -11,14 +11,15 @@ from fastapi.responses import JSONResponse, RedirectResponse
 
 from kit import __version__
 from kit.health import HealthBody
-from kit.server import admin, anthropic, openai_chat, openai_completions, openai_responses
-from kit.server import gemini
+from kit.server import admin
 from kit.server.adapter import MAX_TOKENS_HEADER
 from kit.server.auth import AuthMiddleware
+from kit.server.docs_ui import add_docs
 from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
 from kit.server.guard import EdgeGuard, EdgePolicy
 from kit.server.live import Activity
 from kit.server.metrics import Metrics, RequestCounter
+from kit.server.protocols import PROTOCOLS
 from kit.server.state import ServerState
 from kit.server.ui import add_ui, wants_page
 
@@ -56,24 +57,24 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
                   openapi_url="/openapi.json" if docs else None)
     app.state.kit = state
     app.state.metrics = metrics = Metrics(state)
-    app.state.activity = Activity(metrics)  # read by adapter.begin
-    install_error_handlers(app)
+    app.state.activity = Activity(metrics, PROTOCOLS)  # read by adapter.begin
+    install_error_handlers(app, PROTOCOLS)
 
     # Innermost first (add_middleware wraps): the key check, CORS for explicitly allowed
     # origins (it answers their preflight, which carries no key), the Host/Origin/depth
     # guard, and outermost the one place a stray exception is logged.
-    app.add_middleware(AuthMiddleware, state=state)
+    app.add_middleware(AuthMiddleware, state=state, protocols=PROTOCOLS)
     explicit = sorted(edge.origins)
     if explicit:
         app.add_middleware(CORSMiddleware, allow_origins=explicit,
                            allow_methods=["GET", "POST", "HEAD", "OPTIONS"],
                            allow_headers=["*"], max_age=600,
                            expose_headers=[MAX_TOKENS_HEADER])  # a memory clamp, readable
-    app.add_middleware(EdgeGuard, policy=edge)
-    protocols = (openai_chat, openai_completions, anthropic, openai_responses, gemini, admin)
+    app.add_middleware(EdgeGuard, policy=edge, protocols=PROTOCOLS)
+    routers = (*(p.router for p in PROTOCOLS), admin.router)
     app.add_middleware(RequestCounter, metrics=metrics, routes=lambda: [
-        *app.router.routes, *(r for m in protocols for r in m.router.routes)])
-    app.add_middleware(UnexpectedErrors)
+        *app.router.routes, *(r for router in routers for r in router.routes)])
+    app.add_middleware(UnexpectedErrors, protocols=PROTOCOLS)
 
     @app.get("/")
     async def root(request: Request) -> dict:
@@ -98,13 +99,11 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
         # the catalog's last snapshot: rescans run in a background thread, never here
         return {"object": "list", "data": state.model_entries(await state.load_catalog())}
 
-    for module in protocols:
-        app.include_router(module.router, responses=ERROR_RESPONSES)
+    for router in routers:
+        app.include_router(router, responses=ERROR_RESPONSES)
     add_ui(app, state, metrics, app.state.activity)
     app.openapi = lambda: _openapi(app)
     if docs:
-        from kit.server.docs_ui import add_docs
-
         add_docs(app)
     return app
 

@@ -12,7 +12,9 @@ from urllib.parse import parse_qsl
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kit.server.errors import APIError, is_gemini_path
+from kit.server.errors import APIError
+from kit.server.protocol import Protocol, protocol_for
+from kit.server.protocols import PROTOCOLS
 from kit.server.state import ServerState
 
 #: what a redacted query value reads in the access log
@@ -42,7 +44,7 @@ def query_fields(query: str) -> list[QueryField]:
     :func:`urllib.parse.parse_qsl` (``+`` as a space, then percent-escapes as UTF-8), which
     splits on ``&`` only: so each field's name and value are exactly what parsing the
     whole query gives, in order (empty fields left out). The one decoding of the key's
-    check (:func:`gemini_key`) and of its redaction (:func:`redact_query`), so whatever
+    check (:func:`key_of`) and of its redaction (:func:`redact_query`), so whatever
     spelling authenticates (percent-encoded, ``+``, repeated) is redacted."""
     fields, pos = [], 0
     for raw in query.split("&"):
@@ -55,24 +57,33 @@ def query_fields(query: str) -> list[QueryField]:
     return fields
 
 
-def gemini_key(headers: Headers, query_string: bytes) -> str:
-    """The key a Gemini API client sent: ``x-goog-api-key: KEY``, ``?key=KEY`` (Google's
-    two ways; the first non-empty ``key`` field, see :func:`query_fields`), or one of
-    :func:`presented_key`'s."""
+def key_of(protocol: Protocol | None, headers: Headers, query_string: bytes) -> str:
+    """The key a client of ``protocol`` sent: in one of its
+    :attr:`~kit.server.protocol.Protocol.key_headers`, then one of its ``key_query``
+    fields (the first non-empty one, see :func:`query_fields`), else one of
+    :func:`presented_key`'s (every protocol's)."""
+    if protocol is None:
+        return presented_key(headers)
+    header = next((headers[h] for h in protocol.key_headers if headers.get(h)), "")
+    names = protocol.key_query
     query = next((f.value for f in query_fields(query_string.decode("latin-1"))
-                  if f.name == "key" and f.value), "")
-    return headers.get("x-goog-api-key") or query or presented_key(headers)
+                  if f.name in names and f.value), "") if names else ""
+    return header or query or presented_key(headers)
+
+
+#: the query fields any protocol reads a key from (redacted from the access log)
+KEY_FIELDS = frozenset(name.casefold() for p in PROTOCOLS for name in p.key_query)
 
 
 def redact_query(path: str) -> str:
     """``path`` (``/path?query``, as uvicorn's access log writes it) with the value of every
-    field :func:`query_fields` names ``key`` (any case: a client that misspelled the name
-    may still have sent the real key) replaced by :data:`REDACTED`."""
+    field :func:`query_fields` names as one of :data:`KEY_FIELDS` (any case: a client that
+    misspelled the name may still have sent the real key) replaced by :data:`REDACTED`."""
     head, sep, query = path.partition("?")
     if not sep:
         return path
     for f in reversed(query_fields(query)):
-        if f.name.casefold() == "key" and f.start < f.end:  # an empty value shows nothing
+        if f.name.casefold() in KEY_FIELDS and f.start < f.end:  # an empty value shows nothing
             query = query[:f.start] + REDACTED + query[f.end:]
     return head + sep + query
 
@@ -94,14 +105,18 @@ logging.getLogger("uvicorn.access").addFilter(RedactKeys())
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
-        self.app, self.state = app, state
+    """The key check of every request (the protocol's key, :func:`key_of`), answered in
+    the protocol's error shape."""
+
+    def __init__(self, app: ASGIApp, state: ServerState,
+                 protocols: tuple[Protocol, ...] = PROTOCOLS) -> None:
+        self.app, self.state, self.protocols = app, state, protocols
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             error = self._check(scope["path"], Headers(scope=scope), scope["query_string"])
             if error is not None:
-                await error.response(scope["path"])(scope, receive, send)
+                await error.response(scope["path"], self.protocols)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -114,7 +129,7 @@ class AuthMiddleware:
             needed = self.state.api_key
         else:
             return None
-        key = gemini_key(headers, query) if is_gemini_path(path) else presented_key(headers)
+        key = key_of(protocol_for(path, self.protocols), headers, query)
         if needed and not hmac.compare_digest(key.encode(), needed.encode()):
             return APIError(401, "invalid or missing API key", type="authentication_error",
                             code="invalid_api_key")

@@ -2,14 +2,16 @@
 
 Every error the server returns has OpenAI's body
 ``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``, or
-under ``/v1/messages`` Anthropic's ``{"type": "error", "error": {"type", "message"}}``, or
-under ``/v1beta`` (and /v1/models/*:method) Google's ``{"error": {"code": int, "message": str, "status": str}}``; no
-traceback ever reaches a client (unexpected errors are logged and reported as 500).
+the shape the request's protocol registers (:attr:`kit.server.protocol.Protocol.error_body`:
+Anthropic's under ``/v1/messages``, Google's for the Gemini API); no traceback ever
+reaches a client (unexpected errors are logged and reported as 500).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +32,7 @@ from kit.errors import (
     ModelUnavailable,
 )
 from kit.models.resolve import InvalidModelSpec
+from kit.server.protocol import Protocol, protocol_for
 
 log = logging.getLogger("mlx_kit.server")
 
@@ -78,13 +81,6 @@ ERROR_RESPONSES = {
 }
 
 
-def is_gemini_path(path: str) -> bool:
-    """Whether ``path`` is a Gemini API route: under /v1beta, or a Gemini method on a
-    model under /v1 (``/v1/models/local:generateContent``, the SDKs' stable version)."""
-    return path.startswith("/v1beta/") or path == "/v1beta" or (
-        path.startswith("/v1/models/") and ":" in path)
-
-
 class APIError(Exception):
     """An error to send to the client.
 
@@ -110,42 +106,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
-    def anthropic_body(self) -> dict:
-        """Anthropic's error object (``{"type": "error", "error": {"type", "message"}}``)."""
-        kind = {"invalid_request_error": "invalid_request_error",
-                "authentication_error": "authentication_error",
-                "permission_error": "permission_error", "not_found_error": "not_found_error",
-                "rate_limit_error": "rate_limit_error"}.get(self.type, "api_error")
-        if self.status == 507:
-            kind = "overloaded_error"
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+    def response(self, path: str = "", protocols: Iterable[Protocol] = ()) -> JSONResponse:
+        """The error as a response in the shape of the protocol of ``path`` among
+        ``protocols`` (its :attr:`~kit.server.protocol.Protocol.error_body`), else
+        OpenAI's (:meth:`body`)."""
+        protocol = protocol_for(path, protocols)
+        shape = protocol.error_body if protocol and protocol.error_body else APIError.body
+        return JSONResponse(shape(self), status_code=self.status)
 
-    def gemini_body(self) -> dict:
-        """Google's error object (``{"error": {"code", "message", "status", "details"}}``,
-        the field at fault as a ``google.rpc.BadRequest`` field violation)."""
-        status = _GOOGLE_STATUS.get(self.status, "INTERNAL" if self.status >= 500
-                                    else "INVALID_ARGUMENT")
-        error: dict = {"code": self.status, "message": self.message, "status": status}
-        if self.param:
-            error["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
-                                 "fieldViolations": [{"field": self.param,
-                                                      "description": self.message}]}]
-        return {"error": error}
-
-    def response(self, path: str = "") -> JSONResponse:
-        """The error as a response in the protocol of ``path`` (Anthropic under
-        /v1/messages, Google's under /v1beta, OpenAI elsewhere)."""
-        body = self.anthropic_body() if path.startswith("/v1/messages") else \
-            self.gemini_body() if is_gemini_path(path) else self.body()
-        return JSONResponse(body, status_code=self.status)
-
-
-# google.rpc.Code names by HTTP status (Gemini API errors)
-_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-                  404: "NOT_FOUND", 405: "UNIMPLEMENTED", 409: "ABORTED",
-                  413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
-                  500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
-                  504: "DEADLINE_EXCEEDED", 507: "RESOURCE_EXHAUSTED"}
 
 _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -155,7 +123,7 @@ _STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 # Each cause in the one error tree (kit/errors.py) -> (HTTP status, error type, code).
 # Looked up along the exception's MRO, so the most specific class wins; every protocol
-# renders the resulting APIError in its own shape (body(), anthropic_body(), ...).
+# renders the resulting APIError in its own shape (body(), or its Protocol.error_body).
 _STATUS: dict[type, tuple[int, str, str | None]] = {
     InvalidRequest: (400, "invalid_request_error", None),
     InvalidModelSpec: (400, "invalid_request_error", "invalid_model"),
@@ -198,11 +166,36 @@ def api_error(e: KitError, fields: dict[str, str] | None = None) -> APIError:
     return APIError(status, message, type=kind, param=param, code=code)
 
 
+def field_path(loc: tuple | list, body: Any, missing: bool = True) -> str | None:
+    """The dotted path into ``body`` that a pydantic error ``loc`` names, without the
+    union tags pydantic adds (``str``, ``other``, model names): a segment counts only where
+    it indexes the input, or names the missing field at the end (``missing``: the error
+    is pydantic's ``missing``; otherwise a last segment absent from an object is a union
+    tag too: ``{"content": {"a": 1}}`` is ``content``, not ``content.other``).
+
+    E.g. ``("body", "messages", 0, "content", "other", 0, "TextBlock", "text")`` ->
+    ``"messages.0.content.0.text"``.
+    """
+    segments = list(loc[1:]) if loc and loc[0] == "body" else list(loc)
+    if not isinstance(body, (dict, list)):  # no body to walk: the loc as it is
+        return ".".join(str(s) for s in segments)[:200] or None
+    parts: list[str] = []
+    cur = body
+    for i, seg in enumerate(segments):
+        if isinstance(cur, dict) and isinstance(seg, str) and seg in cur:
+            parts.append(seg)
+            cur = cur[seg]
+        elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
+            parts.append(str(seg))
+            cur = cur[seg]
+        elif i == len(segments) - 1 and isinstance(cur, dict) and missing:
+            parts.append(str(seg))  # a missing field
+    return ".".join(parts)[:200] or None
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    from kit.server.content import field_path  # the path without pydantic's union tags
-
     param = field_path(first.get("loc", ()), exc.body, missing=first.get("type") == "missing")
     if first.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
@@ -211,21 +204,24 @@ def _validation_error(exc: RequestValidationError) -> APIError:
                     code="invalid_value" if param else None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Make every error response of ``app`` an OpenAI error object."""
+def install_error_handlers(app: FastAPI, protocols: Iterable[Protocol] = ()) -> None:
+    """Make every error response of ``app`` an error object in the shape of the
+    request's protocol among ``protocols`` (OpenAI's for any other path)."""
+    protocols = tuple(protocols)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response(request.url.path)
+        return exc.response(request.url.path, protocols)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response(request.url.path)
+        return _validation_error(exc).response(request.url.path, protocols)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = _STATUS_TYPES.get(exc.status_code, "server_error")
-        return APIError(exc.status_code, str(exc.detail), type=kind).response(request.url.path)
+        return APIError(exc.status_code, str(exc.detail), type=kind).response(
+            request.url.path, protocols)
 
 
 class UnexpectedErrors:
@@ -234,8 +230,8 @@ class UnexpectedErrors:
     connection just ends). Starlette's own 500 handler re-raises, so uvicorn logged every
     traceback a second time."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, protocols: Iterable[Protocol] = ()) -> None:
+        self.app, self.protocols = app, tuple(protocols)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -254,4 +250,5 @@ class UnexpectedErrors:
             log.exception("unexpected error in %s %s", scope["method"], scope["path"])
             if not started:
                 await APIError(500, "internal server error; see the server log",
-                               type="server_error").response(scope["path"])(scope, receive, send)
+                               type="server_error").response(scope["path"], self.protocols)(
+                    scope, receive, send)

@@ -18,7 +18,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from kit.engine.types import ChatRequest, Finished, ReasoningDelta, Started, TextDelta, ToolCall
+from kit.engine.types import (
+    ChatRequest,
+    Finished,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    ToolCall,
+)
 from kit.server import gemini_catalog
 from kit.server.adapter import Renderer, begin, protocol_router, respond
 from kit.server.errors import APIError
@@ -30,6 +37,7 @@ from kit.server.gemini_translate import (
     chat_tools,
     to_engine_request,
 )
+from kit.server.protocol import Protocol
 from kit.server.state import ServerState
 from kit.server.translate import call_arguments
 
@@ -99,7 +107,7 @@ class GeminiRenderer(Renderer):
                                last=True)]
 
     def error(self, e: APIError) -> list:
-        return [{"error": e.gemini_body()["error"]}]
+        return [{"error": error_body(e)["error"]}]
 
     def final(self, fin: Finished | None) -> dict:
         return self._response(self.parts or [{"text": ""}], fin, last=True)
@@ -174,3 +182,35 @@ for _version in ("v1beta", "v1"):
                              methods=["POST"])
 # After the methods: the listing and the 404 for every other method
 router.include_router(gemini_catalog.router)
+
+
+def is_gemini_path(path: str) -> bool:
+    """Whether ``path`` is a Gemini API route: under /v1beta, or a Gemini method on a
+    model under /v1 (``/v1/models/local:generateContent``, the SDKs' stable version)."""
+    return path.startswith("/v1beta/") or path == "/v1beta" or (
+        path.startswith("/v1/models/") and ":" in path)
+
+
+# google.rpc.Code names by HTTP status (Gemini API errors)
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                  404: "NOT_FOUND", 405: "UNIMPLEMENTED", 409: "ABORTED",
+                  413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
+                  500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+                  504: "DEADLINE_EXCEEDED", 507: "RESOURCE_EXHAUSTED"}
+
+
+def error_body(e: APIError) -> dict:
+    """Google's error object (``{"error": {"code", "message", "status", "details"}}``,
+    the field at fault as a ``google.rpc.BadRequest`` field violation)."""
+    status = _GOOGLE_STATUS.get(e.status, "INTERNAL" if e.status >= 500 else "INVALID_ARGUMENT")
+    error: dict = {"code": e.status, "message": e.message, "status": status}
+    if e.param:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                             "fieldViolations": [{"field": e.param,
+                                                  "description": e.message}]}]
+    return {"error": error}
+
+
+#: Google's two ways to send the key: the ``x-goog-api-key`` header and ``?key=``.
+PROTOCOL = Protocol("gemini", router, is_gemini_path, error_body=error_body,
+                    key_headers=("x-goog-api-key",), key_query=("key",))

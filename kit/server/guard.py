@@ -39,6 +39,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kit.server.errors import APIError, excerpt
+from kit.server.protocol import Protocol
 
 #: Default request-body limit in bytes (``--max-body-size``). 16 MiB is what nginx-fronted
 #: API servers and MongoDB use for a document; a coding agent's largest request (200k
@@ -206,8 +207,9 @@ class EdgeGuard:
     unchanged, then passes the receive channel through (so the routes still see a client
     hang up)."""
 
-    def __init__(self, app: ASGIApp, policy: EdgePolicy) -> None:
-        self.app, self.policy = app, policy
+    def __init__(self, app: ASGIApp, policy: EdgePolicy,
+                 protocols: tuple[Protocol, ...] = ()) -> None:
+        self.app, self.policy, self.protocols = app, policy, protocols
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -232,7 +234,7 @@ class EdgeGuard:
                 else:
                     receive = _replay(body, receive)
         if error is not None:
-            await error.response(path)(scope, receive, send)
+            await error.response(path, self.protocols)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

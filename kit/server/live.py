@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from itertools import count, islice
@@ -17,6 +17,7 @@ from typing import Any
 
 from kit.engine.types import Finished, ReasoningDelta, Started, TextDelta, ToolCall
 from kit.server.metrics import Metrics
+from kit.server.protocol import Protocol, protocol_for
 
 #: Live generations listed at most (the rest are counted): the page stays small even with
 #: thousands of queued requests.
@@ -34,10 +35,6 @@ KNOWN_AGENTS = (("claude-cli", "Claude Code"), ("claude-code", "Claude Code"),
                 ("goose", "Goose"), ("zed", "Zed"), ("crush", "Crush"),
                 ("continue", "Continue"), ("aider", "aider"), ("litellm", "aider"),
                 ("llm/", "llm"), ("pi-coding-agent", "pi"), ("mozilla/", "browser"))
-#: The protocol of each generating route, by path prefix.
-PROTOCOLS = (("/v1/chat/completions", "openai-chat"), ("/v1/completions", "openai-completions"),
-             ("/v1/responses", "openai-responses"), ("/v1/messages", "anthropic"),
-             ("/v1beta/", "gemini"))
 _OUTPUT = (TextDelta, ReasoningDelta, ToolCall)
 
 
@@ -52,11 +49,10 @@ def agent_name(user_agent: str) -> str:
     return first[:40] if first else "unknown"
 
 
-def protocol_of(path: str) -> str:
-    for prefix, name in PROTOCOLS:
-        if path.startswith(prefix):
-            return name
-    return "other"
+def protocol_of(path: str, protocols: Iterable[Protocol]) -> str:
+    """The label of the protocol of ``path`` among ``protocols``, or ``other``."""
+    protocol = protocol_for(path, protocols)
+    return protocol.label if protocol else "other"
 
 
 @dataclass
@@ -90,8 +86,10 @@ class Activity:
     Lives on the event loop thread (only the request path touches it): no lock.
     """
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, protocols: Iterable[Protocol] = ()) -> None:
         self.metrics = metrics
+        #: the protocols a request's label comes from (:func:`protocol_of`)
+        self.protocols = tuple(protocols)
         self.live: dict[int, LiveRequest] = {}
         #: how many of ``live`` are queued: kept as they change, so each arrival and end
         #: costs O(1) even with thousands queued (not a rescan of ``live``)
@@ -106,7 +104,7 @@ class Activity:
         queued, then return its ``Started`` and its events wrapped so that the page and the
         metrics see each output and the end. Errors pass through unchanged (counted as
         ``error``)."""
-        entry = LiveRequest(request_id, protocol_of(path),
+        entry = LiveRequest(request_id, protocol_of(path, self.protocols),
                             agent_name(scope_headers.get("user-agent", "")), model or "local",
                             stream)
         key = next(self._keys)

@@ -34,14 +34,15 @@ from kit.server.content import (
     either,
 )
 from kit.server.openai_common import (
-    OPENAI_FIELDS,
     ChunkStream,
+    OPENAI_FIELDS,
     SamplingFields,
     finish_reason,
     response_schema,
     sampling,
     usage,
 )
+from kit.server.protocol import Protocol, under
 from kit.server.translate import (
     choose_tools,
     flatten,
@@ -217,3 +218,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                             include_usage=bool(body.stream_options
                                                and body.stream_options.include_usage))
     return await respond(request, events, renderer, stream=body.stream, fields=OPENAI_FIELDS)
+
+
+PROTOCOL = Protocol("openai-chat", router, under("/v1/chat/completions"))

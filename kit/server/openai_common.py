@@ -14,10 +14,10 @@ from kit.engine.types import Finished, SamplingParams
 from kit.server import sse
 from kit.server.adapter import Renderer
 from kit.server.content import (
-    MAX_STOPS,
-    MAX_TOKENS,
     Id,
     LenientModel,
+    MAX_STOPS,
+    MAX_TOKENS,
     Text,
     TokenCount,
     either,

@@ -22,13 +22,14 @@ from kit.server.adapter import begin, protocol_router, respond
 from kit.server.content import Text, TokenCount
 from kit.server.errors import APIError
 from kit.server.openai_common import (
-    OPENAI_FIELDS,
     ChunkStream,
+    OPENAI_FIELDS,
     SamplingFields,
     finish_reason,
     sampling,
     usage,
 )
+from kit.server.protocol import Protocol, under
 
 #: Completions' names for the engine's neutral field names: the input is ``prompt`` here
 #: (there is no ``messages`` field to name).
@@ -162,3 +163,6 @@ async def completions(body: CompletionRequest, request: Request):
                                                      and body.stream_options.include_usage))
     return await respond(request, events, renderer, stream=body.stream,
                          fields=COMPLETIONS_FIELDS)
+
+
+PROTOCOL = Protocol("openai-completions", router, under("/v1/completions"))

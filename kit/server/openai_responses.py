@@ -52,6 +52,7 @@ from kit.server.content import (
 )
 from kit.server.errors import APIError
 from kit.server.openai_common import response_schema
+from kit.server.protocol import Protocol, under
 from kit.server.translate import (
     choose_tools,
     flatten,
@@ -321,3 +322,6 @@ async def responses(body: ResponsesRequest, request: Request):
     req, started, events = await begin(request, body.model, body, to_engine_request, "resp_")
     return await respond(request, events, ResponsesRenderer(_base(body, req, started)),
                          stream=body.stream, fields=RESPONSES_FIELDS)
+
+
+PROTOCOL = Protocol("openai-responses", router, under("/v1/responses"))

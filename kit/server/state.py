@@ -18,6 +18,7 @@ from kit.health import HealthBody
 from kit.models.aliases import AliasTable
 from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
 from kit.server.errors import APIError, api_error
+from kit.engine.status import MemoryStatus
 
 if TYPE_CHECKING:
     from kit.engine.types import ChatRequest
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class ServerState:
     """Attributes:
         engine: the engine that owns the model (the server runs an
-            :class:`kit.engine.process.EngineProcess`: the engine in its own process).
+            :class:`kit.engine.proc.process.EngineProcess`: the engine in its own process).
         api_key: required bearer / x-api-key on /v1 routes, or None for none.
         admin_token: required bearer on /admin routes (written to the pid file, 0600).
         aliases: model names served by ``local`` or another model.
@@ -163,8 +164,6 @@ class ServerState:
         """The /health body (:class:`kit.health.HealthBody`) of the engine's
         :meth:`~kit.engine.interface.EngineLike.status`; ``memory``: fresher allocator
         counters (default: the status's, the engine's last report)."""
-        from kit.engine.status import MemoryStatus
-
         d = self.sampling_defaults()
         return HealthBody.build(
             self.engine.status(), version=__version__, model=self.model_id, pid=os.getpid(),

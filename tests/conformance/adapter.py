@@ -1,5 +1,5 @@
 """Replays a canitoolcall fixture through mlx-kit's parser entry point
-(:meth:`kit.engine.output.OutputParser.for_format`), with the format mlx-kit's own
+(:meth:`kit.formats.output.OutputParser.for_format`), with the format mlx-kit's own
 selection (:func:`kit.formats.select.for_tokenizer`, what the engine's model slot calls on the
 loaded tokenizer) picks for the fixture's model.
 
@@ -143,7 +143,7 @@ def format_for(fixture: Fixture, family: Family | None) -> OutputFormat:
 def parse(fixture: Fixture, family: Family | None, chunks: list[str]) -> ParseResult:
     """Feed ``chunks`` (the raw output, split) through mlx-kit's parser for ``fixture``;
     the accumulated result as an OpenAI client would see it."""
-    from kit.engine.output import OutputParser
+    from kit.formats.output import OutputParser
     from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 
     parser = OutputParser.for_format(format_for(fixture, family),

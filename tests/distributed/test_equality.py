@@ -154,7 +154,7 @@ def test_health_names_three_live_ranks_each_holding_a_share_of_the_weights(
     for pid in pids:  # alive, and a rank process (not something that reused the pid)
         p = psutil.Process(pid)
         assert p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        assert "kit.engine.rank" in " ".join(p.cmdline())
+        assert "kit.engine.distributed.rank" in " ".join(p.cmdline())
     whole = single["memory"]["weights_bytes"]
     assert "distributed" not in single and whole > 500e6  # the f32 starter: ~538 MB
     for r in d["ranks"]:
@@ -223,7 +223,7 @@ def streams_at_once(server, prompts: list[str]) -> list[tuple[float, float, str]
 def test_concurrent_requests_on_three_ranks_answer_as_each_alone(ranks_server, single_server):
     # Regression: 3 concurrent requests on 3 ranks hung the world until --rank-timeout
     # (the followers unpickled garbage from a share whose all_sum ran on mx.cpu beside a
-    # decode step in flight on the generation stream; kit/engine/world.py).
+    # decode step in flight on the generation stream; kit/engine/distributed/world.py).
     alone_one = [chat(openai_for(single_server), [{"role": "user", "content": p}], False).text
                  for p in BATCH]
     batched_one = [s[2] for s in streams_at_once(single_server, BATCH)]

@@ -1,4 +1,4 @@
-"""kit.engine.hosts without a model: which ranks `serve`'s --ranks/--hosts/--hostfile/
+"""kit.engine.distributed.hosts without a model: which ranks `serve`'s --ranks/--hosts/--hostfile/
 --backend/--pipeline ask for (plan_world), and the mlx.launch command that starts them
 (WorldPlan.command), read back by mlx.launch's own argument parser and host-list code.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine.hosts import BACKENDS, MAX_RANKS, WorldPlan, plan_world
+from kit.engine.distributed.hosts import BACKENDS, MAX_RANKS, WorldPlan, plan_world
 from kit.errors import ConfigError
 
 
@@ -221,7 +221,7 @@ def test_the_command_starts_every_rank_as_kit_engine_rank_over_ring(launched):
     assert args.starting_port == 40000
     assert args.python == sys.executable
     assert "MLX_KIT_CONTROL=/tmp/x" in args.env
-    assert rest == ["-m", "kit.engine.rank"]
+    assert rest == ["-m", "kit.engine.distributed.rank"]
 
 
 def test_the_command_keeps_rank_order_over_hosts(launched):

@@ -1,5 +1,5 @@
 """Memory admission's rule, the prompt caches' byte bound and the memory ceiling, without a
-model: :class:`kit.engine.admission.Admission` is arithmetic over a :class:`Room`;
+model: :class:`kit.engine.cache.admission.Admission` is arithmetic over a :class:`Room`;
 ``PromptCachePolicy`` is fed real mlx-lm ``KVCache``s with made-up keys/values (it only
 counts, evicts and copies them); the Metal ceiling is tested with mlx's device query
 mocked to a 16 GB Mac's values, since no Mac exists here. The same rules against a real
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine.admission import Admission, Deferred, Room
-from kit.engine.pipeline import PromptCachePolicy
+from kit.engine.cache.admission import Admission, Deferred, Room
+from kit.engine.cache.policy import PromptCachePolicy
 from kit.errors import InvalidRequest
 from kit.models import memory
 from kit.models.memory import Ceiling, memory_ceiling
@@ -289,7 +289,7 @@ def test_fit_on_linux_does_not_import_mlx(tmp_path):
 def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch):
     """The device query is mocked to a 16 GB Mac's values (no Mac here); the model is a
     stand-in folder whose safetensors header names 12 GB of weights."""
-    from kit.engine.slot import ModelSlot
+    from kit.engine.decode.slot import ModelSlot
     from kit.errors import ModelDoesNotFitError
     from kit.models.resolve import ModelInfo
 
@@ -311,7 +311,7 @@ def test_check_fit_holds_the_model_under_the_metal_ceiling(tmp_path, monkeypatch
 
 def test_prompt_cache_bytes_is_refused_across_ranks_before_any_starts():
     from kit.config import EngineConfig
-    from kit.engine.world_process import DistributedEngine
+    from kit.engine.distributed.world_process import DistributedEngine
     from kit.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:

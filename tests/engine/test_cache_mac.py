@@ -1,4 +1,4 @@
-"""Prompt cache files proven ours (kit/engine/cache_mac.py), model-free and mlx-free: the
+"""Prompt cache files proven ours (kit/engine/cache/cache_mac.py), model-free and mlx-free: the
 MAC over a safetensors file's header and tensor bytes, the per-user key in the state dir,
 and the StrictModes test of a cache folder (kit/engine/safe_files.not_private). Files are
 written by hand in the layout mlx-lm's save_prompt_cache produces."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine import cache_mac
-from kit.engine.safe_files import not_private, users_own_group
+from kit.engine.cache import cache_mac
+from kit.engine.cache.safe_files import not_private, users_own_group
 
 KEY = bytes(range(32))
 NOBODY = 65534

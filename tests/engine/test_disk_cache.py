@@ -1,4 +1,4 @@
-"""The prompt cache's disk tier (kit/engine/disk_cache.py) against real mlx-lm caches:
+"""The prompt cache's disk tier (kit/engine/cache/disk_cache.py) against real mlx-lm caches:
 what is stored is found and loads back equal; bad files are misses that go away; files
 that are not ours stay; the bound evicts the least recently used. No model: the caches
 are mlx-lm's own ``KVCache`` objects filled with known values."""
@@ -15,9 +15,9 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 from mlx_lm.models.cache import KVCache, RotatingKVCache  # noqa: E402
 
-from kit.engine import cache_mac  # noqa: E402
-from kit.engine.cache_identity import FORMAT  # noqa: E402
-from kit.engine.disk_cache import MIN_TOKENS, DiskCache, model_identity  # noqa: E402
+from kit.engine.cache import cache_mac  # noqa: E402
+from kit.engine.cache.cache_identity import FORMAT  # noqa: E402
+from kit.engine.cache.disk_cache import MIN_TOKENS, DiskCache, model_identity  # noqa: E402
 
 IDENT = "0123456789abcdef" * 2
 LAYERS = ("KVCache",) * 2
@@ -219,9 +219,9 @@ def test_model_identity_changes_with_config_weights_and_kv_settings(tmp_path):
 # -- the disk tier behind PromptCachePolicy (no model: KVCache stand-ins) -------------------
 
 def policy_on(folder: Path, ident: str = IDENT):
-    from kit.engine.pipeline import PromptCachePolicy
+    from kit.engine.cache.policy import PromptCachePolicy
 
-    from kit.engine.disk_tier import DiskTier
+    from kit.engine.cache.disk_tier import DiskTier
 
     policy = PromptCachePolicy(size=4)
     policy.attach_disk(DiskTier(DiskCache(folder, 1 << 30), lambda: ident))
@@ -280,13 +280,13 @@ def test_a_queued_write_extended_by_a_newer_one_is_dropped_and_the_queue_is_boun
 
 
 def test_a_broken_disk_tier_is_a_miss_never_an_error(tmp_path, caplog):
-    from kit.engine.pipeline import PromptCachePolicy
+    from kit.engine.cache.policy import PromptCachePolicy
 
     class Broken(DiskCache):
         def find(self, *args, **kwargs):
             raise RuntimeError("disk on fire")
 
-    from kit.engine.disk_tier import DiskTier
+    from kit.engine.cache.disk_tier import DiskTier
 
     policy = PromptCachePolicy(size=4)
     policy.attach_disk(DiskTier(Broken(tmp_path, 1 << 30), lambda: IDENT))
@@ -424,7 +424,7 @@ def test_a_model_folder_reconverted_after_the_load_keeps_the_identity_taken_at_l
 
     import mlx.nn as nn
 
-    from kit.engine.disk_tier import DiskTier
+    from kit.engine.cache.disk_tier import DiskTier
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()

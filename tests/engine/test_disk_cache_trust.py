@@ -1,5 +1,5 @@
-"""The prompt cache's disk tier uses only files proven this user's (kit/engine/disk_cache.py
-with kit/engine/cache_mac.py): a file minted without the key, sealed under another key or
+"""The prompt cache's disk tier uses only files proven this user's (kit/engine/cache/disk_cache.py
+with kit/engine/cache/cache_mac.py): a file minted without the key, sealed under another key or
 altered by one byte is a miss; another user's file is never read, evicted or deleted; a
 folder others can write is not used at all. Real mlx-lm caches, no model."""
 
@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from kit.engine import cache_mac  # noqa: E402
-from kit.engine.disk_cache import DiskCache  # noqa: E402
+from kit.engine.cache import cache_mac  # noqa: E402
+from kit.engine.cache.disk_cache import DiskCache  # noqa: E402
 from tests.engine.test_disk_cache import (  # noqa: E402,F401 (user_state: autouse)
     IDENT, LAYERS, kv_cache, mint, tokens, user_state)
 

@@ -11,7 +11,7 @@ import pytest
 from huggingface_hub import snapshot_download
 
 from kit.config import EngineConfig
-from kit.engine.engine import Engine
+from kit.engine.decode.engine import Engine
 from kit.engine.types import ChatRequest, Finished, SamplingParams
 from kit.models.resolve import resolve_model
 from kit.models.starter import STARTER_ID
@@ -291,9 +291,9 @@ def test_a_request_cancelled_while_it_waits_for_memory_is_forgotten(engine):
     # deferred was ended by Pipeline.admit without leaving Admission's waiting set, so
     # its id stayed there (a later job given the same id was never counted as deferred).
     # The deferral is made with a room of 1000 tokens of KV that another job holds.
-    from kit.engine.admission import Deferred, Room
-    from kit.engine.bridge import END
-    from kit.engine.run import Job
+    from kit.engine.cache.admission import Deferred, Room
+    from kit.engine.decode.bridge import END
+    from kit.engine.decode.run import Job
 
     admission, per = engine.pipeline.admission, 46_080
     room = Room(1000 * per, "budget", 0, per, lambda: 0, lambda n: None)

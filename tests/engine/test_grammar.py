@@ -1,4 +1,4 @@
-"""Forced tool-call grammars (kit/engine/grammar.py), model-free: each format's body grammar
+"""Forced tool-call grammars (kit/engine/decode/grammar.py), model-free: each format's body grammar
 compiles, accepts a call written the way the family's template writes one, refuses a call
 to another tool or with a wrong argument type, and what it accepts parses (with the format's
 own parser, through the engine's parser entry point) to the call it spelled.
@@ -14,7 +14,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from kit.engine.grammar import (TOOL_CALL_BODIES, GrammarTokenizer, ll_tokenizer,
+from kit.engine.decode.grammar import (TOOL_CALL_BODIES, GrammarTokenizer, ll_tokenizer,
                                 special_token_refs, tool_call_grammar)
 from kit.formats.select import Detected, known, load_format
 
@@ -107,7 +107,7 @@ def test_a_forced_call_grammar_accepts_the_familys_call_and_its_parser_reads_it(
         tokenizers, fmt):
     grammar = tool_call_grammar(fmt, [WEATHER, TIME])
     assert _accepts(tokenizers, grammar, CALLS[fmt])
-    from kit.engine.output import OutputParser
+    from kit.formats.output import OutputParser
     from kit.engine.types import TextDelta, ToolCall
 
     form = load_format(Detected(fmt, None))

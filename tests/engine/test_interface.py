@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kit.engine.engine import Engine
+from kit.engine.decode.engine import Engine
 from kit.engine.interface import EngineLike
-from kit.engine.process import EngineProcess
-from kit.engine.world_process import DistributedEngine
+from kit.engine.proc.process import EngineProcess
+from kit.engine.distributed.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 
 INFO = ModelInfo("some/model", Path("/nonexistent"), 4096)
@@ -76,7 +76,7 @@ def test_every_engine_satisfies_engine_like_by_names_and_signatures(cls):
     assert isinstance(cls.pid, property)
 
     if cls is DistributedEngine:  # not started: no rank, no process
-        from kit.engine.hosts import plan_world
+        from kit.engine.distributed.hosts import plan_world
 
         engine = cls(INFO, plan_world(3, None, None, None, False, 300))
     else:
@@ -110,7 +110,7 @@ def test_no_engine_module_reaches_into_another_objects_private_members():
 
     engine_dir = Path(__file__).resolve().parents[2] / "kit" / "engine"
     reaches = []
-    for path in sorted(engine_dir.glob("*.py")):
+    for path in sorted(engine_dir.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
                     and not node.attr.startswith("__") and node.attr != "_tokenizer" \
@@ -118,5 +118,5 @@ def test_no_engine_module_reaches_into_another_objects_private_members():
                              and node.value.id in ("self", "cls")) \
                     and ast.unparse(node) != "os._exit" \
                     and not ast.unparse(node.value) == "super()":
-                reaches.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+                reaches.append(f"{path.relative_to(engine_dir)}:{node.lineno} {ast.unparse(node)}")
     assert not reaches

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.engine.kv import (describe, layer_kinds, quantized_cache, refuse_unquantizable,
+from kit.engine.cache.kv import (describe, layer_kinds, quantized_cache, refuse_unquantizable,
                            resolve_max_batch)
 from kit.errors import ConfigError, ModelError
 from kit.models.memory import kv_bytes_per_token
@@ -25,7 +25,7 @@ def test_max_batch_defaults_to_one_with_kv_bits_and_an_explicit_batch_is_refused
 
 
 def test_kv_tag_names_each_setting_apart():
-    from kit.engine.kv import kv_tag
+    from kit.engine.cache.kv import kv_tag
 
     assert [kv_tag(None), kv_tag(8), kv_tag(4, 32)] == ["kv-full", "kv8-g64", "kv4-g32"]
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from kit.engine.bridge import END, LoopSink, merge
-from kit.engine.pipeline import PromptCachePolicy, reusable_prefix
+from kit.engine.decode.bridge import END, LoopSink, merge
+from kit.engine.cache.policy import PromptCachePolicy, reusable_prefix
 from kit.engine.types import ReasoningDelta, TextDelta, TokenLogprob, ToolCall
 
 

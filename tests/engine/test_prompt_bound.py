@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, \
     pre_tokenizers, trainers
 
-from kit.engine.prompt_bound import TokenBound
+from kit.engine.decode.prompt_bound import TokenBound
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?"
                 r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

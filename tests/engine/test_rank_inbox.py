@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from kit.engine.bridge import END
-from kit.engine.rank_inbox import RankInbox
-from kit.engine.run import Job, Swap
-from kit.engine import world_codec as codec
+from kit.engine.decode.bridge import END
+from kit.engine.distributed.rank_inbox import RankInbox
+from kit.engine.decode.run import Job, Swap
+from kit.engine.distributed import world_codec as codec
 from kit.engine.types import ChatRequest
 
 _KEY = bytes(32)
@@ -36,7 +36,7 @@ class FakeWorld:
         self.shares = 0
 
     def share(self, kind, record=None, root: int = 0):
-        # the real World's frames (kit.engine.world_codec), through a barrier
+        # the real World's frames (kit.engine.distributed.world_codec), through a barrier
         if self.rank == root:
             self.hub.slot = b"" if record is None else \
                 codec.encode(_KEY, self.shares, root, record)
@@ -206,7 +206,7 @@ def test_followers_jobs_post_nowhere_and_are_forgotten_when_they_end(size):
 def test_an_idle_inbox_keeps_ticking_past_a_thousand_ticks(monkeypatch):
     # the tick doubled as 5 ms * 2 ** n with n unbounded: at n = 1024 the float overflowed
     # (OverflowError on every rank after ~200 s idle, ending an idle server)
-    import kit.engine.rank_inbox as rank_inbox
+    import kit.engine.distributed.rank_inbox as rank_inbox
 
     monkeypatch.setattr(rank_inbox, "IDLE_TICK_S", 1e-5)
     monkeypatch.setattr(rank_inbox, "_FIRST_TICK_S", 1e-7)

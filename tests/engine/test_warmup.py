@@ -1,4 +1,4 @@
-"""The warm-up module (kit/engine/warmup.py) in-process: what it plans, its time limit, and
+"""The warm-up module (kit/engine/decode/warmup.py) in-process: what it plans, its time limit, and
 that a failure in it never keeps the engine from becoming ready.
 
 On this CPU machine mlx compiles nothing worth warming; the shapes still run through the
@@ -16,7 +16,7 @@ import pytest
 
 
 from kit.config import EngineConfig
-from kit.engine import warmup
+from kit.engine.decode import warmup
 from kit.errors import ConfigError
 
 
@@ -32,7 +32,7 @@ def starter_folder(hf_home) -> str:
 
 @pytest.fixture(scope="module")
 def starter(starter_folder):
-    from kit.engine.blas import preload_blas
+    from kit.blas import preload_blas
 
     preload_blas()  # as the engine process does: mlx's CPU matmuls are slow without it
     from mlx_lm import load
@@ -126,7 +126,7 @@ def test_a_warm_up_failure_is_reported_not_raised(starter, caplog):
 def test_an_engine_whose_warm_up_fails_still_becomes_ready_and_answers(starter_folder, caplog):
     from mlx_lm import load
 
-    from kit.engine.engine import Engine
+    from kit.engine.decode.engine import Engine
     from kit.engine.types import ChatRequest, Finished, SamplingParams
     from kit.models.resolve import resolve_model
 

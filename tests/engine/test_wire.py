@@ -1,4 +1,4 @@
-"""The engine pipe's encoding (kit/engine/wire.py): every message kind round-trips, and
+"""The engine pipe's encoding (kit/engine/proc/wire.py): every message kind round-trips, and
 what is not one of ours (too long, unknown kind, another version, a pickle) is refused
 by name, never run."""
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kit.config import EngineConfig
-from kit.engine import wire
-from kit.engine.bridge import END, LoopSink
+from kit.engine.proc import wire
+from kit.engine.decode.bridge import END, LoopSink
 from kit.engine.interface import SwapResult
-from kit.engine.process import EngineProcess, _Link
+from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import (
     ChatRequest,
     Finished,
@@ -272,7 +272,7 @@ def test_the_engine_refuses_a_bad_request_by_name_and_stops_on_a_pickle(tmp_path
     """The engine's reader (child._PipeServer): a request that does not validate fails
     alone (its error, then its end); a pickle is never run and ends the link as if the
     server were gone (the worker is told to stop)."""
-    from kit.engine.child import _PipeServer
+    from kit.engine.proc.child import _PipeServer
 
     marker = tmp_path / "ran"
     server_end, engine_end = multiprocessing.Pipe()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kit.engine.hosts import plan_world
-from kit.engine.world_process import DistributedEngine
+from kit.engine.distributed.hosts import plan_world
+from kit.engine.distributed.world_process import DistributedEngine
 from kit.models.resolve import ModelInfo
 
 INFO = ModelInfo(id="m", path=".", context_window=1024)  # type: ignore[arg-type]

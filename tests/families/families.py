@@ -3,7 +3,7 @@ our own chat template of the family (tests/data/families/<name>.jinja, written a
 family's published format), with unused special tokens of the starter's vocab renamed to
 the family's control tokens, so that the family's markers are single special tokens as in
 the real checkpoints (a forced call's grammar then writes them as those tokens:
-kit.engine.grammar.special_token_refs).
+kit.engine.decode.grammar.special_token_refs).
 
 The starter's end-of-turn token (``<|im_end|>``, its EOS id) is renamed to the family's own
 end-of-turn token, so a generated turn ends the way the template renders it.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import TextDelta, ToolCall
 from kit.formats.select import Detected, known, load_format
 from tests.families.families import FAMILIES

@@ -4,7 +4,7 @@ Each family is the starter's real weights behind our own chat template of the fa
 (tests/families/families.py, tests/data/families/*.jinja), one server per family (a
 module-scoped fixture, so pytest runs a family's rows together). The 135M model does not
 call tools by itself, so calls are forced (``tool_choice`` naming the function; the
-grammar writes the call in the family's own markup, kit/engine/grammar.py) and everything
+grammar writes the call in the family's own markup, kit/engine/decode/grammar.py) and everything
 after that is what a user's client gets: the family's parser, the protocol adapters, the
 next turn rendered back through the family's template, the prompt cache.
 

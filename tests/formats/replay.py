@@ -9,7 +9,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats import OutputFormat
 from kit.formats.select import for_tokenizer

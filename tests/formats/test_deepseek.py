@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats import deepseek
 from kit.formats._deepseek_markup import BlockEnd
@@ -231,7 +231,7 @@ def _bytes_tokenizer():
 def test_a_forced_call_grammar_allows_one_v31_call_of_an_offered_tool_which_parses_back():
     from llguidance import LLMatcher
 
-    from kit.engine.grammar import tool_call_grammar
+    from kit.engine.decode.grammar import tool_call_grammar
 
     hf, ll = _bytes_tokenizer()
     grammar = tool_call_grammar("deepseek", TOOLS[:2])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats import harmony
 from kit.formats.select import detect, for_tokenizer
@@ -227,7 +227,7 @@ def test_any_markup_parses_without_error_and_the_same_at_every_split(parts, seed
 
 
 class _Tokenizer:
-    """What :class:`kit.engine.prompt.Prompts` reads of a tokenizer: a chat template with
+    """What :class:`kit.engine.decode.prompt.Prompts` reads of a tokenizer: a chat template with
     gpt-oss's ``Reasoning: <effort>`` line (a stand-in: no gpt-oss checkpoint here)."""
 
     chat_template = ('{{ "<|start|>system<|message|>Reasoning: " + (reasoning_effort or '
@@ -248,7 +248,7 @@ class _Tokenizer:
 def test_gpt_oss_gets_the_reasoning_levels_its_template_was_trained_on(asked, rendered):
     from types import SimpleNamespace
 
-    from kit.engine.prompt import Prompts
+    from kit.engine.decode.prompt import Prompts
     from kit.engine.types import ChatRequest
 
     prompts = Prompts(SimpleNamespace(tokenizer=_Tokenizer(), output_format=FMT))
@@ -284,7 +284,7 @@ def test_the_engines_next_turn_render_is_the_clients_resend_of_a_gpt_oss_call():
     tool-call turn never got its next-turn cache."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from kit.engine.pipeline import resent_turn
+    from kit.engine.decode.pipeline import resent_turn
     from tests.server.test_reasoning_effort import chat
 
     parser = OutputParser.for_format(FMT, PROMPT_TAIL, tools=TOOLS)

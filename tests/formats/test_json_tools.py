@@ -140,7 +140,7 @@ def test_one_resuming_scan_serves_calls_in_turn():
 
 
 def test_a_stop_string_ends_the_answer_and_keeps_the_whitespace_before_it():
-    from kit.engine.output import OutputParser
+    from kit.formats.output import OutputParser
 
     for chunks in (["Paris is big.\n\nEND more"], list("Paris is big.\n\nEND more")):
         p = OutputParser.for_format(FMT, "", stops=["END"])
@@ -154,7 +154,7 @@ def test_a_stop_string_ends_the_answer_and_keeps_the_whitespace_before_it():
 
 
 def test_a_forced_call_starts_inside_the_call():
-    from kit.engine.output import OutputParser
+    from kit.formats.output import OutputParser
 
     p = OutputParser.for_format(FMT, "<tool_call>", tools=[{"type": "function", "function": {
         "name": "get_weather"}}], in_tool_call=True)

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats.select import detect, for_tokenizer
 from tests.conformance.adapter import FAMILY_FILES, CheckpointFiles
@@ -186,7 +186,7 @@ def test_without_tools_in_the_request_a_call_is_answer_text():
 
 def test_a_forced_call_is_parsed_from_its_first_token():
     # the prompt ends with the start marker; the output is the call's body, constrained by
-    # the json_tools body grammar (kit/engine/grammar.py), whose text is this
+    # the json_tools body grammar (kit/engine/decode/grammar.py), whose text is this
     assert LLAMA3.grammar == LLAMA4.grammar == "json_tools"
     body = '\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n'
     for label, chunks in splits(body):

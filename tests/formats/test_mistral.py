@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kit.engine.output import OutputParser
+from kit.formats.output import OutputParser
 from kit.engine.types import ReasoningDelta, TextDelta, ToolCall
 from kit.formats.select import detect, for_tokenizer
 from tests.conformance.adapter import FAMILY_FILES, CheckpointFiles

@@ -73,7 +73,7 @@ def test_a_process_that_leaves_without_stopping_its_engine_does_not_hang(hf_home
     from tests.helpers import clean_env
 
     code = ("from huggingface_hub import snapshot_download\n"
-            "from kit.engine.process import EngineProcess\n"
+            "from kit.engine.proc.process import EngineProcess\n"
             "from kit.models.resolve import resolve_model\n"
             "from kit.models.starter import STARTER_ID\n"
             "e = EngineProcess(resolve_model(snapshot_download(STARTER_ID, "

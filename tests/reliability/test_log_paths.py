@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.logfile import Follower, check_rotation_targets
+from kit.logfile import check_rotation_targets
+from kit.logread import Follower
 from tests.helpers import flat, free_port, run_kit, wait_until
 from tests.test_logs import Followed
 

@@ -64,7 +64,7 @@ def cache_files(folder: Path) -> list[Path]:
 
 
 def tokens_of(path: Path) -> list[int]:
-    from kit.engine.safe_files import header_metadata
+    from kit.engine.cache.safe_files import header_metadata
 
     with open(path, "rb") as f:
         return json.loads(header_metadata(f)["0.tokens"])
@@ -161,7 +161,7 @@ def test_the_planted_file_sealed_under_the_victims_key_would_poison_the_answer(
     # the control: the file is a real poison, only the MAC keeps it out
     poison, _, cold_text = attack
     victim = User(tmp_path, "victim")
-    from kit.engine.cache_mac import user_key
+    from kit.engine.cache.cache_mac import user_key
 
     poison(victim.cache, user_key(victim.state / "mlx-kit"))
     s = victim.serve(hf_home)

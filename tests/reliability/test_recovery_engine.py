@@ -126,7 +126,7 @@ def test_launch_after_the_idle_engine_was_killed_runs_the_agent_and_its_request_
 
 def test_an_engine_that_keeps_dying_is_left_failed_with_the_reason_and_status_exits_1(fresh,
                                                                                         hf_home):
-    from kit.engine.process import _RESTART_LIMIT
+    from kit.engine.proc.process import _RESTART_LIMIT
 
     for _ in range(_RESTART_LIMIT):
         kill_engine_and_watch(fresh)

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from starlette.datastructures import Headers
 
-from kit.server.auth import REDACTED, gemini_key, query_fields, redact_query
+from kit.server import gemini
+from kit.server.auth import REDACTED, key_of, query_fields, redact_query
 from tests.helpers import wait_until
 from tests.server.test_metrics import StandInEngine
 from tests.server.test_status_page import in_process_server
@@ -133,7 +134,7 @@ _FIELD = st.one_of(st.tuples(_NAME, _VALUE).map("=".join), _NAME)
 def test_whatever_a_query_authenticates_with_is_gone_after_redaction(fields):
     query = "&".join(fields)
     redacted = redact_query("/v1beta/models/local:generateContent?" + query).partition("?")[2]
-    assert gemini_key(Headers(), redacted.encode()) in ("", REDACTED)
+    assert key_of(gemini.PROTOCOL, Headers(), redacted.encode()) in ("", REDACTED)
     assert all(f.value == REDACTED or f.start == f.end for f in query_fields(redacted)
                if f.name.casefold() == "key")
     other = [f for f in query_fields(query) if f.name.casefold() != "key"]

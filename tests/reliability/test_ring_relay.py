@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from kit.engine.world_codec import KEY_ENV
+from kit.engine.distributed.world_codec import KEY_ENV
 from tests.helpers import spawn_server, stop
 
 RELAY = Path(__file__).with_name("ring_relay.py")

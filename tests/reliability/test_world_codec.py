@@ -1,5 +1,5 @@
 """Issue 25, finding 1: what the ranks share is typed, bounded, authenticated frames
-(kit/engine/world_codec.py), never pickles. Model-free: every record kind round-trips;
+(kit/engine/distributed/world_codec.py), never pickles. Model-free: every record kind round-trips;
 an altered byte, a replayed or reordered share, another kind or rank, another version,
 a payload past its bound, a pickle and a key that is not the world's are each refused
 with a ShareError (which the world turns into WorldTampered, naming the link)."""
@@ -16,10 +16,10 @@ import pytest
 
 
 from kit.config import EngineConfig
-from kit.engine import world_codec as codec
-from kit.engine.ring_guard import KeyMissing, foreign_peers, read_world_key, socket_owners
+from kit.engine.distributed import world_codec as codec
+from kit.engine.distributed.ring_guard import KeyMissing, foreign_peers, read_world_key, socket_owners
 from kit.engine.types import ChatRequest, SamplingParams
-from kit.engine.world_codec import (
+from kit.engine.distributed.world_codec import (
     Alike,
     Arrivals,
     Fault,
@@ -34,7 +34,7 @@ from kit.engine.world_codec import (
     Stop,
     SwapTo,
 )
-from kit.engine.world_faults import error_of, fault_of
+from kit.engine.distributed.world_faults import error_of, fault_of
 from kit.errors import InvalidRequest, ModelDoesNotFitError, ModelError
 from kit.models.resolve import ModelInfo
 
@@ -215,8 +215,8 @@ def test_a_loopback_link_to_this_users_socket_passes_and_another_uid_is_named():
 
 
 def test_ring_ports_are_drawn_at_random_below_the_ephemeral_range(tmp_path, monkeypatch):
-    from kit.engine.hosts import _ring_range, free_ring_ports
-    from kit.engine.ring_guard import ring_ports
+    from kit.engine.distributed.hosts import _ring_range, free_ring_ports
+    from kit.engine.distributed.ring_guard import ring_ports
 
     low, high = _ring_range()
     firsts = {free_ring_ports(3) for _ in range(8)}

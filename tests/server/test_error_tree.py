@@ -52,7 +52,7 @@ def test_a_neutral_field_gets_the_protocols_name():
 
 
 def test_engine_errors_cross_the_process_pipe_with_their_fields():
-    from kit.engine import wire
+    from kit.engine.proc import wire
 
     def across(error):  # as the engine process sends a failed request's error
         return wire.decode(wire.encode(("ev", 1, error)))[2]

@@ -22,6 +22,7 @@ from kit.models.resolve import ModelInfo
 from kit.server.app import create_app
 from kit.server.guard import EdgePolicy
 from kit.server.live import MAX_LIVE_LISTED, Activity, agent_name
+from kit.server.protocols import PROTOCOLS
 from kit.server.metrics import Metrics
 from kit.server.state import ServerState
 
@@ -373,7 +374,7 @@ def test_a_gemini_stream_is_listed_as_streamed():
 def test_a_stream_closed_early_is_counted_cancelled_and_closes_the_engine_side():
     """What a route does when its client leaves mid-stream: it closes the events iterator
     (httpx's in-process transport cannot hang up, so the close is made here)."""
-    activity = Activity(Metrics())
+    activity = Activity(Metrics(), PROTOCOLS)
     closed = []
 
     async def engine_events():
@@ -449,7 +450,7 @@ def test_docs_list_exactly_the_metrics_served():
 
 
 def test_a_request_that_leaves_while_queued_is_counted_cancelled_not_plotted():
-    activity = Activity(Metrics())
+    activity = Activity(Metrics(), PROTOCOLS)
 
     async def run() -> None:
         never = asyncio.Event()

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kit.server.errors import APIError
+from kit.server.errors import APIError, field_path  # noqa: F401 (field_path: re-exported)
 
 MAX_ID = 256  # characters in a model id, tool name, call id
 MAX_DEPTH = 64  # nesting levels of free JSON values (tool schemas are a few levels deep)
@@ -245,30 +245,3 @@ def refuse(kind: str, where: str) -> APIError:
 
 _MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
           "input_file": "file"}
-
-
-def field_path(loc: tuple | list, body: Any, missing: bool = True) -> str | None:
-    """The dotted path into ``body`` that a pydantic error ``loc`` names, without the
-    union tags pydantic adds (``str``, ``other``, model names): a segment counts only where
-    it indexes the input, or names the missing field at the end (``missing``: the error
-    is pydantic's ``missing``; otherwise a last segment absent from an object is a union
-    tag too: ``{"content": {"a": 1}}`` is ``content``, not ``content.other``).
-
-    E.g. ``("body", "messages", 0, "content", "other", 0, "TextBlock", "text")`` ->
-    ``"messages.0.content.0.text"``.
-    """
-    segments = list(loc[1:]) if loc and loc[0] == "body" else list(loc)
-    if not isinstance(body, (dict, list)):  # no body to walk: the loc as it is
-        return ".".join(str(s) for s in segments)[:200] or None
-    parts: list[str] = []
-    cur = body
-    for i, seg in enumerate(segments):
-        if isinstance(cur, dict) and isinstance(seg, str) and seg in cur:
-            parts.append(seg)
-            cur = cur[seg]
-        elif isinstance(cur, list) and isinstance(seg, int) and 0 <= seg < len(cur):
-            parts.append(str(seg))
-            cur = cur[seg]
-        elif i == len(segments) - 1 and isinstance(cur, dict) and missing:
-            parts.append(str(seg))  # a missing field
-    return ".".join(parts)[:200] or None

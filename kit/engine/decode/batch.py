@@ -1,0 +1,169 @@
+"""Continuous batching: several requests decode together on mlx-lm's ``BatchGenerator``.
+
+The engine's worker calls :func:`run_batch` (``max_batch > 1``) when a request arrives
+while others wait, or when one that was decoding alone (``stream_generate``, faster for a
+single stream) sees another arrive: that one moves in with its KV cache. It admits every
+request already queued and keeps admitting new ones while the batch runs (each is
+prepared like a sequential one: template, context check, prompt-cache lookup), and
+returns when no request is left, or when a swap or shutdown is next in the queue (a
+barrier: the batch finishes first, so a swap still fails no request).
+
+Per request: a streaming detokenizer, the output parser (stop strings, reasoning, tool
+calls), cancellation (the sequence is removed from the batch at once, in prefill too),
+and at the end its KV cache goes to the prompt cache. The batch structure follows how
+``mlx_lm.server`` drives ``BatchGenerator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections import deque
+from typing import Any
+
+from kit import mlx_lm_api
+from kit.engine.cache.admission import Deferred
+from kit.engine.decode.bridge import END
+from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.pipeline import Pipeline
+from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.run import Job, Joined, Run
+from kit.engine.types import EngineError
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int,
+              joined: Joined | None = None) -> deque:
+    """Serve ``first`` (and ``joined``, a request that started alone, see
+    :func:`kit.engine.decode.sequential.decode`) and every request that joins while the batch
+    runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's
+    :class:`kit.engine.decode.inbox.Inbox` (:class:`Job`, :class:`kit.engine.decode.run.Swap` or None for
+    the shutdown; each pass of the loop is one of its sync points); every job
+    served gets its events and END posted.
+
+    Returns:
+        Queue items taken but not served here (a swap or the shutdown marker, and what
+        followed them), for the worker to handle next, in order.
+    """
+    model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
+    backlog: deque = deque([first] if first is not None else [])
+    active: dict[int, tuple[Run, Any]] = {}
+    stops = mlx_lm_api.make_stop_sequences(tokenizer)  # EOS; stop strings are text-level
+    bg = mlx_lm_api.BatchGenerator(model, completion_batch_size=max_batch,
+                        prefill_batch_size=min(max_batch, 8),
+                        prefill_step_size=prefill_step_size())
+
+    # (a request waiting for memory, admission.released when it last tried), or None
+    waiting: tuple[Job, int] | None = None
+
+    def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
+        run, _ = active.pop(uid)
+        try:
+            pipeline.complete(run, reason, tokens or [], cache if tokens else None)
+        finally:
+            run.job.post(END)
+
+    def not_inserted(job: Job, e: Exception) -> None:
+        """``job`` was prepared (memory reserved, ``Started`` posted) but the batch would
+        not take it: give its reservation back and end its stream with the error (a leaked
+        reservation would make every later request wait for memory)."""
+        log.exception("%s: could not join the batch", job.request.request_id)
+        pipeline.admission.release(job)
+        pipeline.fatal(e)
+        job.post(e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}"))
+        job.post(END)
+
+    try:
+        if joined is not None:
+            run = joined.run
+            try:
+                (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
+                                   caches=[run.cache], all_tokens=[joined.held],
+                                   samplers=[run.sampler], logits_processors=[run.processors],
+                                   stop_sequences=[stops])
+            except Exception as e:  # it fails alone; the queued requests still run
+                not_inserted(run.job, e)
+            else:
+                active[uid] = (run, joined.detok)
+            run.cache = None
+        while True:
+            jobs.sync()
+            while True:  # admit what is queued, up to a barrier
+                try:
+                    backlog.append(jobs.get_nowait())
+                except queue.Empty:
+                    break
+            while backlog and isinstance(backlog[0], Job):
+                job = backlog.popleft()
+                if not pipeline.admit(job):
+                    continue
+                if active and waiting and waiting[0] is job and \
+                        waiting[1] == pipeline.admission.released:
+                    backlog.appendleft(job)  # no memory came back since it last tried
+                    break
+                try:  # only with rows decoding may it wait for memory (else: the 400)
+                    run = pipeline.prepare(job, running=bool(active))
+                except Deferred:  # it waits (first in line) until a running one completes
+                    waiting = (job, pipeline.admission.released)
+                    backlog.appendleft(job)
+                    break
+                except Exception as e:  # this request fails alone; the batch goes on
+                    if not isinstance(e, EngineError):
+                        log.exception("%s: could not start", job.request.request_id)
+                        pipeline.fatal(e)
+                        e = EngineError(f"generation failed: {e}")
+                    job.post(e)
+                    job.post(END)
+                    continue
+                waiting = None
+                try:
+                    (uid,) = bg.insert([run.rest], max_tokens=[run.max_tokens],
+                                       caches=[run.cache], all_tokens=[run.prompt[:run.cached]],
+                                       samplers=[run.sampler], logits_processors=[run.processors],
+                                       stop_sequences=[stops])
+                except Exception as e:  # this request fails alone; the batch goes on
+                    not_inserted(job, e)
+                    run.cache = None
+                    continue
+                active[uid] = (run, tokenizer.detokenizer)
+                run.cache = None  # the batch owns it now
+            if not active:
+                return backlog
+            prompt_responses, gen_responses = bg.next()
+            gone = [r.uid for r in prompt_responses
+                    if r.uid in active and active[r.uid][0].job.cancelled.is_set()]
+            if gone:
+                bg.remove(gone)
+                for uid in gone:
+                    log.info("%s: cancelled during prefill", active[uid][0].job.request.request_id)
+                    finish(uid, "cancelled", None, None)
+            for r in gen_responses:
+                if r.uid not in active:
+                    continue
+                run, detok = active[r.uid]
+                run.token(r.token, r.logprobs)
+                if r.finish_reason == "stop":  # EOS: not part of the text
+                    detok.finalize()
+                else:
+                    detok.add_token(r.token)
+                    if r.finish_reason is not None:
+                        detok.finalize()
+                run.emit(run.parser.feed(detok.last_segment))
+                if r.finish_reason is not None:
+                    finish(r.uid, r.finish_reason, r.all_tokens, r.prompt_cache)
+                elif run.parser.stopped or run.job.cancelled.is_set():
+                    reason = "stop" if run.parser.stopped else "cancelled"
+                    cache, key = bg.remove([r.uid], return_prompt_caches=True)[r.uid]
+                    finish(r.uid, reason, list(key), cache)
+    except Exception as e:
+        log.exception("batched generation failed")
+        pipeline.fatal(e)
+        for uid in list(active):
+            run, _ = active.pop(uid)
+            pipeline.admission.release(run.job)
+            run.job.post(EngineError(f"generation failed: {e}"))
+            run.job.post(END)
+        return backlog
+    finally:
+        bg.close()

@@ -1,0 +1,121 @@
+"""Sequential decode: one request alone on ``mlx_lm.stream_generate`` (the in-process
+speed; one stream on ``BatchGenerator`` measured 0.66 of it on an H200), and its hand-off
+into a batch (:mod:`kit.engine.decode.batch`) when another request arrives meanwhile."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+
+from kit import mlx_lm_api
+from kit.engine.decode.bridge import END
+from kit.engine.decode.pipeline import Pipeline
+from kit.engine.decode.prefill import prefill_step_size
+from kit.engine.decode.run import Cancelled, Job, Joined
+from kit.engine.decode.sampling import PENALTY_CONTEXT
+from kit.engine.types import EngineError
+
+log = logging.getLogger("mlx_kit.engine")
+
+
+def serve_alone(pipeline: Pipeline, job: Job,
+                join: Callable[[], bool] | None = None) -> Joined | None:
+    """Run ``job`` alone, posting its events and END (errors are posted, never raised).
+
+    Args:
+        join: when given, asked after each token; True (a request waits) stops the
+            decode and returns the state a batch continues from. Only for requests that
+            can move (a trimmable KV cache and no grammar, see
+            :meth:`kit.engine.decode.engine.Engine`'s scheduler).
+
+    Returns:
+        The :class:`Joined` state (END not posted yet: the batch posts it), or None.
+    """
+    if not pipeline.admit(job):
+        return None
+    try:
+        joined = decode(pipeline, job, join)
+        if joined is not None:
+            return joined
+    except EngineError as e:
+        job.post(e)
+    except Exception as e:
+        log.exception("generation failed for %s", job.request.request_id)
+        pipeline.fatal(e)
+        job.post(EngineError(f"generation failed: {e}"))
+    pipeline.admission.release(job)  # whatever path ended it (complete released it too)
+    job.post(END)
+    return None
+
+
+def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joined | None:
+    """Prepare ``job``, decode it with ``mlx_lm.stream_generate`` and complete it.
+
+    With ``join``, when it says another request waits, stop after the current token and
+    return the state a batch continues from: the KV cache trimmed by that token, which the
+    batch feeds again (stream_generate has already fed it to compute the next one), and a
+    detokenizer that has seen the tokens so far (a grammar's llguidance matcher would
+    have consumed the last token already: constrained requests never join).
+
+    Raises:
+        EngineError: the request cannot run (before ``Started``) or generation failed.
+    """
+    import mlx.core as mx
+    # running=False: nothing else decodes here, so admission never defers this request
+    # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400
+    run = pipeline.prepare(job, running=False)
+    model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
+
+    def check_cancelled(_done: int, _total: int) -> None:
+        pipeline.sync()  # a prefill chunk is a sync point of a distributed engine
+        if job.cancelled.is_set():  # the client left during prefill: stop it there
+            raise Cancelled
+
+    processors = run.processors
+    params = job.request.params
+    if run.cached and (params.presence_penalty or params.frequency_penalty):
+        # stream_generate shows processors only the uncached prompt (+ generated);
+        # penalties look at the last 20 tokens, so lend them the cached ones, as a
+        # batch does (same text whatever was cached or batched)
+        before = mx.array(run.prompt[:run.cached][-PENALTY_CONTEXT:])
+        processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
+                                                     logits) for p in processors]
+    stream = mlx_lm_api.stream_generate(model, tokenizer, run.rest,
+                             max_tokens=run.max_tokens, sampler=run.sampler,
+                             logits_processors=processors, prompt_cache=run.cache,
+                             prompt_progress_callback=check_cancelled,
+                             prefill_step_size=prefill_step_size())
+    try:
+        first = next(stream, None)
+    except Cancelled:  # the KV cache is half-filled: do not keep it
+        log.info("%s: cancelled during prefill", job.request.request_id)
+        pipeline.complete(run, "cancelled", [], None)
+        return None
+    tokens = list(run.prompt)
+    finish_reason = "stop"
+    for gen in itertools.chain([first] if first is not None else [], stream):
+        run.token(gen.token, gen.logprobs)
+        tokens.append(gen.token)
+        run.emit(run.parser.feed(gen.text))
+        if run.parser.stopped:
+            break
+        pipeline.sync()  # what rank 0 saw since the last token (cancels, arrivals)
+        if job.cancelled.is_set():
+            finish_reason = "cancelled"
+            break
+        if gen.finish_reason is not None:
+            finish_reason = gen.finish_reason
+            break
+        if join is not None and run.n < run.max_tokens and join():
+            stream.close()
+            mx.eval([c.state for c in run.cache])
+            mlx_lm_api.trim_prompt_cache(run.cache, 1)
+            detok = tokenizer.detokenizer
+            for token in tokens[len(run.prompt):]:
+                detok.add_token(token)
+            detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
+            log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
+            return Joined(run, tokens[:-1], tokens[-1], detok)
+    pipeline.complete(run, finish_reason, tokens, run.cache)
+    return None
