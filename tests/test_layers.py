@@ -38,6 +38,7 @@ LAYERS: tuple[str, ...] = (
     "kit.engine.status",  # EngineStatus: what the engine reports
     "kit.health",  # /health's body, built from EngineStatus; the CLI parses it
     "kit.probe",
+    "kit.key_guard",  # whether the API key may go to what listens at a loopback URL
     "kit.engine.interface",
     "kit.engine.cache",
     "kit.config",  # EngineConfig (its KV checks are kit.engine.cache.kv's)

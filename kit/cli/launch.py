@@ -88,9 +88,15 @@ def launch(
     if started:
         err_console.print("the server keeps running in the background for the next launch; "
                           "`mlx-kit stop` ends it")
+    from kit.key_guard import why_not_send_key
     from kit.probe import fetch_status
 
-    if fetch_status(u, config.secret("api_key")) == 401:
+    key = config.secret("api_key")
+    if key and (why := why_not_send_key(u, health.pid)):
+        raise ConfigError(f"not sending your API key to {u.root}: {why}",
+                          hint="`mlx-kit status` shows what runs there; stop whatever is not "
+                               "yours, or pass --url of your own server")
+    if fetch_status(u, key) == 401:
         raise ConfigError(f"the server at {u.root} requires an API key",
                           hint="export MLX_KIT_API_KEY=<the server's --api-key>")
     try:

@@ -30,7 +30,8 @@ from kit.harness.spec import FileSpec, HarnessSpec
 from kit.knobs import env
 from kit.harness.spec_loader import all_specs
 from kit.models.catalog import scan, served_entries
-from kit.probe import fetch_models
+from kit.key_guard import why_not_send_key
+from kit.probe import fetch_models, probe
 from kit.urls import ServerURL
 
 __all__ = ["AgentStatus", "EditedFileError", "InstallResult", "Removal", "baked_models",
@@ -57,7 +58,13 @@ def baked_models(url: ServerURL) -> tuple[list[dict[str, Any]], str]:
         (entries shaped like /v1/models entries with ``local`` first, where they came from)
     """
     keep = ("id", "name", "model", "context_window", "max_tokens", "capabilities")
-    live = fetch_models(url, api_key=env("MLX_KIT_API_KEY"))
+    key = env("MLX_KIT_API_KEY")
+    if key:  # only to a server the user's own process runs (kit/key_guard.py)
+        found = probe(url)
+        if found.kind != "ours" or why_not_send_key(url, found.health.pid if found.health
+                                                    else None):
+            key = None
+    live = fetch_models(url, api_key=key)
     if live:  # keep what describes a model, not volatile fields like "created"
         return ([{k: m[k] for k in keep if k in m} for m in live if isinstance(m, dict)],
                 f"probe of {url.v1}/models")
