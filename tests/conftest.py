@@ -199,6 +199,18 @@ def anthropic_client(api_server):
     return helpers.anthropic_for(api_server)
 
 
+@pytest.fixture(scope="module")
+def stand_in():
+    """A TestClient on the real app over the stand-in engine (tests/server/test_metrics.py's
+    ``StandInEngine``, scripted words, no model): protocol shapes and validation, in-process."""
+    from fastapi.testclient import TestClient
+
+    from tests.server.test_metrics import make_app
+
+    with TestClient(make_app()) as client:
+        yield client
+
+
 @pytest.fixture
 def sticky_box():
     """A sticky, world-writable folder that ``nobody`` can reach (pytest's tmp is 0700)."""

@@ -87,6 +87,13 @@ def require_binary(name: str) -> str:
     return path
 
 
+def needs_proc(what: str) -> None:
+    """Skip the running test where there is no Linux ``/proc`` (macOS): it reads ``what``
+    of a process from there."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip(f"reads {what} from /proc (Linux only)")
+
+
 def table_rows(stdout: str) -> dict[str, list[str]]:
     """A plain table the CLI prints (kit.cli.output.print_table: a header line, then
     aligned rows whose cells never wrap) as its rows by first cell, each a list of cells:

@@ -20,8 +20,8 @@ from kit.cli.api_key import ARGV_WARNING, MAX_KEY_FILE, read_key_file
 from kit.errors import ConfigError, HarnessError
 from kit.harness.spec import parse_spec
 from kit.harness.spec_loader import all_specs
-from tests.helpers import (clean_env, edited_spec, flat, free_port, run_kit, spawn_server, stop,
-                           wait_health, wait_until)
+from tests.helpers import (clean_env, edited_spec, flat, free_port, needs_proc, run_kit,
+                           spawn_server, stop, wait_health, wait_until)
 
 KEY = "sekret-argv-key-0123456789"
 
@@ -134,6 +134,7 @@ def test_no_shipped_agent_gets_the_key_on_its_command_line(agent, tmp_path, monk
 
 def _tree(pid: int) -> dict[int, bytes]:
     """``pid`` and every descendant, each with its raw ``/proc/<pid>/cmdline``."""
+    needs_proc("each process's command line")
     root = psutil.Process(pid)
     out = {}
     for p in [root, *root.children(recursive=True)]:

@@ -97,16 +97,6 @@ def test_lone_surrogate_in_a_bounded_id_is_the_invalid_unicode_400(server):
 # --- maxOutputTokens is a JSON integer (issue 25): shapes only, so in-process on the
 # stand-in engine (validation refuses them before any engine would see them)
 
-@pytest.fixture(scope="module")
-def stand_in():
-    from fastapi.testclient import TestClient
-
-    from tests.server.test_metrics import make_app
-
-    with TestClient(make_app()) as client:
-        yield client
-
-
 @pytest.mark.parametrize("path", [GENERATE, STREAM, "/v1beta/models/local:countTokens"])
 @pytest.mark.parametrize("name", ["maxOutputTokens", "max_output_tokens"])
 @pytest.mark.parametrize("value", [True, "5", 5.0], ids=["true", "string", "float"])

@@ -243,16 +243,6 @@ def test_numbers_outside_anthropics_documented_ranges_are_400(server, body, fiel
 # Shapes only, so in-process on the stand-in engine: validation refuses them before any
 # engine would see them; a well-formed count gets the stand-in's answer.
 
-@pytest.fixture(scope="module")
-def stand_in():
-    from fastapi.testclient import TestClient
-
-    from tests.server.test_metrics import make_app
-
-    with TestClient(make_app()) as client:
-        yield client
-
-
 NOT_INTEGERS = pytest.mark.parametrize("value", [True, False, "5", 5.0],
                                        ids=["true", "false", "string", "float"])
 OPENAI_COUNTS = [(CHAT, {"messages": USER}, "max_tokens"),

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import start_server, stop
+from tests.helpers import needs_proc
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.slow
 def mlx_libraries(pid: int) -> set[str]:
     """The mlx shared objects (``libmlx*.so``, ``mlx/core*.so``) mapped into process ``pid``:
     importing ``mlx.core`` (which ``mlx_lm`` does too) maps both, visible from outside."""
+    needs_proc("a process's memory maps")
     found = set()
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
@@ -88,12 +90,14 @@ def fake_model(hub: Path, repo_id: str) -> Path:
 
 
 def threads(pid: int) -> int:
+    needs_proc("a process's thread count")
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines()
                     if line.startswith("Threads:")))
 
 
 def holds_open(pid: int, path: Path) -> bool:
+    needs_proc("a process's open files")
     fds = Path(f"/proc/{pid}/fd")
     for fd in fds.iterdir():
         try:
