@@ -1,18 +1,20 @@
 """The engine in its own process: generation never shares a GIL with HTTP.
 
-The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
-runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
+The server (parent) runs HTTP; a child process (``python -c``, started by
+:mod:`kit.engine.proc.launch`) owns the model and runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
 :mod:`kit.engine.proc.child`). Measured on an H200 (docs/performance.md): decode in a worker
 thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
 main thread. vLLM splits its engine core from its API server for the same reason.
 
-Wire protocol (one ``multiprocessing`` pipe of typed, versioned :mod:`kit.engine.proc.wire`
-records, sent with ``send_bytes`` and read under a size bound, never pickles; each end
-sends under a lock, as a duplex pipe is written by both). Each side handles tuples:
+Wire protocol (one socketpair, framed by ``multiprocessing.connection.Connection``, of
+typed, versioned :mod:`kit.engine.proc.wire` records, sent with ``send_bytes`` and read
+under a size bound, never pickles; each end sends under a lock, as a duplex pipe is
+written by both). Each side handles tuples:
 
-- process start: :func:`serve_engine`'s arguments carry the :class:`kit.config.EngineConfig`
-  whole (pickled with the process's arguments).
+- process start: ``("init", ModelInfo, EngineConfig, log_level)``, the first message
+  (the record a distributed engine's rank 0 gets; the config whole, secrets blanked); the
+  child's command line names only its end's fd.
 - server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
   ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("memory", id, None)``,
   ``("stop",)``.
@@ -25,7 +27,7 @@ sends under a lock, as a duplex pipe is written by both). Each side handles tupl
   not decode is a :class:`kit.engine.proc.wire.WireError`: the request or call it names fails
   with it; a frame not ours at all ends the link (the engine is killed and restarted).
 
-The pipe is an anonymous socketpair (``ctx.Pipe()``, the child's end passed as an fd):
+The pipe is an anonymous socketpair (the child's end passed as an fd, ``pass_fds``):
 no path or port names it. Nothing on it is deserialized into code all the same: a
 distributed engine's rank 0 speaks this protocol over a Unix socket
 (:mod:`kit.engine.distributed.world_process`), and the rule is the ranks' (:mod:`kit.engine.distributed.world_codec`).
@@ -58,11 +60,11 @@ from typing import TYPE_CHECKING, Any
 
 from kit.engine.decode.bridge import END, LoopSink
 from kit.engine.proc import wire
-from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
+from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END
+from kit.engine.proc.launch import start_child
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
-from kit.paths import kernel_cache_dir
 from kit.engine.status import status_of
 from kit.engine.cache.kv import describe
 from kit.config import EngineConfig
@@ -157,33 +159,27 @@ class EngineProcess:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine process (it loads the model) and the thread reading from it."""
-        import atexit
-        import multiprocessing
-        import os
+        """Start the engine process (it loads the model) and the thread reading from it.
 
-        # inherited by the engine process (spawn copies os.environ); read by mlx's CUDA build
-        os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
-        ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads
-        conn, child = ctx.Pipe()
-        process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
-                              args=(child, self.model_info, self.config,
-                                    logging.getLogger("mlx_kit").getEffectiveLevel()))
+        Raises:
+            WireError: the config does not fit the ``init`` record.
+            OSError: the engine process cannot be started.
+        """
+        import atexit
+
         # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
         # them (a traceback from its imports, or a death taken for a crash, otherwise):
         # the child inherits this thread's blocked signals
         # (and a stop that arrives meanwhile must find the link to stop it through)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPED_BY_THE_SERVER)
         try:
-            process.start()
-            child.close()  # the child's end lives in the child only: its death is our EOF
+            conn, process = start_child(self.model_info, self.config)
             self._link = link = _Link(conn, process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if not self._exit_hook:
-            # before multiprocessing's own exit hook (atexit runs the last registered
-            # first), which would SIGTERM the daemon engine, that ignores it, then join it
-            # forever: a server leaving by any path stops its engine through the pipe
+            # a server leaving by any path stops its engine through the pipe (its pipe's
+            # end-of-file would end it too, but only once this process is gone)
             atexit.register(self.stop)
             self._exit_hook = True
         threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",

@@ -1,0 +1,96 @@
+"""How :class:`kit.engine.proc.process.EngineProcess` starts its engine process: a plain
+``python -c`` child (:func:`kit.engine.proc.child.main`) that inherits one end of a
+socketpair, and whose first message on it is an ``init`` record. Nothing is pickled: the
+model, the config and the log level cross as the same :class:`kit.engine.proc.wire.Init`
+record a distributed engine's rank 0 gets (:mod:`kit.engine.distributed.world_process`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+
+from kit.config import EngineConfig
+from kit.engine.proc import wire
+from kit.models.resolve import ModelInfo
+from kit.paths import kernel_cache_dir
+
+#: what the child runs: ``sys.argv[1]`` is the fd of its end of the pipe (a number, never a
+#: secret: the config crosses the pipe, and secrets are blanked in it all the same)
+_CHILD_CODE = "from kit.engine.proc.child import main; main()"
+
+
+class Child:
+    """The engine process, with the part of ``multiprocessing.Process``'s interface
+    :class:`kit.engine.proc.process.EngineProcess` uses: ``pid``, ``exitcode`` (None while
+    it runs; ``-N`` when signal N killed it), ``join(timeout)`` (seconds; returns either
+    way) and ``kill()`` (SIGKILL: it ignores SIGTERM)."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:  # once reaped, its pid may be anyone's
+            self.popen.kill()
+
+
+def start_child(model: ModelInfo, config: EngineConfig) -> tuple[Connection, Child]:
+    """Start an engine process for ``model`` with ``config`` (its secrets blanked on the
+    way: :func:`kit.engine.distributed.world_codec.setup_of`) and send it its ``init``.
+    Call it with :data:`~kit.engine.proc.child.STOPPED_BY_THE_SERVER` blocked in this
+    thread: the child inherits the mask and ignores them before it unblocks them.
+
+    Returns:
+        the server's end of the pipe (``send_bytes``/``recv_bytes`` of
+        :mod:`kit.engine.proc.wire` frames) and the process.
+
+    Raises:
+        WireError: ``config`` does not fit the ``init`` record (checked before any start).
+        OSError: the interpreter cannot be started.
+    """
+    # encoded first: a config the record refuses fails here, with no process to reap
+    init = wire.encode(("init", model, config,
+                        logging.getLogger("mlx_kit").getEffectiveLevel()))
+    # read by mlx's CUDA build; the child inherits os.environ
+    os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
+    # A socketpair wrapped in multiprocessing's Connection, not a new framing of our own:
+    # Connection only frames bytes (send_bytes/recv_bytes, a length header; it pickles
+    # nothing unless send()/recv() are called, which no side does), its size bound is the
+    # one wire.recv relies on, and rank 0 speaks the same framing over its Unix socket.
+    # Anonymous, as ctx.Pipe() was: no path or port names it.
+    ours, theirs = socket.socketpair()
+    conn = Connection(ours.detach())
+    try:
+        # fork + exec at once (never a bare fork, which would copy the server's threads);
+        # the signal mask the caller set is inherited through both (restore_signals resets
+        # dispositions, never the mask); stdin /dev/null, as multiprocessing gave its children
+        popen = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
+                                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    except BaseException:
+        conn.close()
+        raise
+    finally:
+        theirs.close()  # the child's end lives in the child only: its death is our EOF
+    try:
+        conn.send_bytes(init)
+    except OSError:  # it died already: the reader sees EOF and reports the exit code
+        pass
+    return conn, Child(popen)
