@@ -1,4 +1,5 @@
-"""How :class:`kit.engine.proc.process.EngineProcess` starts its engine process: a plain
+"""How :class:`kit.engine.proc.process.EngineProcess` starts its engine process, and the
+:class:`Link` it keeps to each one. The start: a plain
 ``python -c`` child (:func:`kit.engine.proc.child.main`) that inherits one end of a
 socketpair, and whose first message on it is an ``init`` record. Nothing is pickled: the
 model, the config and the log level cross as the same :class:`kit.engine.proc.wire.Init`
@@ -7,14 +8,18 @@ record a distributed engine's rank 0 gets (:mod:`kit.engine.distributed.world_pr
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 from multiprocessing.connection import Connection
+from typing import Any
 
 from kit.config import EngineConfig
+from kit.engine.decode.bridge import LoopSink
 from kit.engine.proc import wire
 from kit.models.resolve import ModelInfo
 from kit.paths import kernel_cache_dir
@@ -22,6 +27,33 @@ from kit.paths import kernel_cache_dir
 #: what the child runs: ``sys.argv[1]`` is the fd of its end of the pipe (a number, never a
 #: secret: the config crosses the pipe, and secrets are blanked in it all the same)
 _CHILD_CODE = "from kit.engine.proc.child import main; main()"
+
+
+class Link:
+    """One engine process and what waits on it: the pipe, open requests (event sinks) and
+    calls (swap, count, memory). A restart makes a new link; the old one fails what it held.
+    ``conn``: a ``multiprocessing.connection.Connection``; ``process``: a :class:`Child`,
+    or anything with its interface (a distributed engine's ``mlx.launch``)."""
+
+    def __init__(self, conn: Any, process: Any) -> None:
+        self.conn, self.process = conn, process
+        self.sinks: dict[int, LoopSink] = {}
+        self.calls: dict[int, concurrent.futures.Future] = {}
+        self.lock = threading.Lock()
+        self.closed = threading.Event()  # the reader saw the end and reaped the process
+
+    def send(self, message: tuple) -> None:
+        """Send one message as a :mod:`kit.engine.proc.wire` frame.
+
+        Raises:
+            WireError: it cannot be encoded (a request past the pipe's bound).
+        """
+        frame = wire.encode(message)  # outside the lock: the sender's own cost
+        with self.lock:
+            try:
+                self.conn.send_bytes(frame)
+            except (OSError, ValueError):  # the engine is gone; the reader reports it
+                pass
 
 
 class Child:
