@@ -1,4 +1,4 @@
 from kit.cli import main
 
-if __name__ == "__main__":  # not when multiprocessing imports it
+if __name__ == "__main__":  # `python -m kit`; not when imported
     main()

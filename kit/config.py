@@ -5,7 +5,8 @@ default, unit, bounds, help) as a frozen pydantic-settings model: values come fr
 command line, else the ``MLX_KIT_*`` environment, else the default. The CLI builds it with
 :meth:`EngineConfig.from_flags`; ``launch`` hands a server it starts
 :meth:`EngineConfig.to_argv`; the engine process gets :meth:`EngineConfig.for_engine`
-(pickled whole over its anonymous pipe, or signed inside the ranks' setup record).
+(whole, as the ``init`` record on its anonymous pipe, or signed inside the ranks' setup
+record; never pickled).
 
 This module imports pydantic: the CLI imports it only once a command runs.
 """

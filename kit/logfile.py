@@ -4,7 +4,7 @@
 logs through one :class:`ServerLogFile`: before a record would take the file past
 :data:`MAX_BYTES` (10 MiB), PATH becomes PATH.1, PATH.1 becomes PATH.2, ... and the oldest
 of :data:`BACKUPS` (3) is deleted, so a server never keeps more than about 40 MiB of log.
-The engine process (``multiprocessing`` spawn: it inherits the environment) appends to the
+The engine process (a ``python -c`` child: it inherits the environment) appends to the
 same file through an :class:`EngineLogFile`, which follows the server's rotation; only the
 server rotates, so the two never rename the file under each other.
 

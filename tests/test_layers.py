@@ -48,6 +48,7 @@ LAYERS: tuple[str, ...] = (
     "kit.engine.distributed",
     "kit.server",
     "kit.harness",
+    "kit.daemon_stop",  # the pid file and stop (kit.daemon re-exports it)
     "kit.daemon",
     "kit.cli",
     "kit.__main__",

@@ -224,8 +224,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         remove_pid_file(url)
 
     # A SIGTERM (or Ctrl-C) from here until uvicorn runs ends the start-up through the
-    # finally below, which stops the engine: a daemon engine left to multiprocessing's exit
-    # hook would hang it (the engine ignores SIGTERM and waits for the pipe).
+    # finally below, which stops the engine through its pipe (it ignores SIGTERM: left
+    # alone it would end only on its pipe's end-of-file, once this process is gone).
     signal.signal(signal.SIGTERM, _stop_early)
     try:
         engine.start()

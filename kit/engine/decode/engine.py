@@ -21,7 +21,8 @@ worker on every rank over a :class:`kit.engine.distributed.rank_inbox.RankInbox`
 - Closing the iterator early (client disconnect) sets the request's cancel flag; the worker
   stops generating at the next token.
 
-This module is the public API and the scheduler; the parts it drives each have one job.
+This module is the public API and the scheduler; the model's load, reload, unload and swap
+are :mod:`kit.engine.decode.transitions`'; the parts it drives each have one job.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.run import Job, Swap
 from kit.engine.decode.sequential import serve_alone
 from kit.engine.decode.slot import ModelSlot
+from kit.engine.decode.transitions import ModelTransitions
 from kit.engine.decode.warmup import check_mode
 from kit.engine.interface import SwapResult
 from kit.engine.types import (
@@ -59,7 +61,7 @@ from kit.engine.types import (
     ModelUnavailable,
 )
 from kit.errors import KitError, ModelError, error_kind
-from kit.models.resolve import ModelInfo, resolve_model
+from kit.models.resolve import ModelInfo
 from kit.engine.status import status_of
 from kit.config import EngineConfig
 
@@ -71,7 +73,7 @@ log = logging.getLogger("mlx_kit.engine")
 _FLUSH_S = 3.0  # a graceful stop writes queued prompt caches for this long (of the 10 s
                 # EngineProcess.stop waits)
 
-class Engine:
+class Engine(ModelTransitions):
     """Owns one loaded model and serves chat requests and swaps from one queue; satisfies
     :class:`kit.engine.interface.EngineLike`.
 
@@ -360,12 +362,6 @@ class Engine:
                     backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
                                              joined=joined))
 
-    def _install(self, loaded: Any) -> None:
-        """Make ``loaded`` the slot's model and let the prompt cache take its identity
-        now (the disk tier's: a folder re-converted in place later is not this model)."""
-        self.slot.install(loaded)
-        self.pipeline.cache.model_installed()
-
     def _served(self) -> None:
         self.requests_served += 1
         self._on_change()
@@ -399,89 +395,3 @@ class Engine:
     def _next_is_job(self) -> bool:
         """Whether a request (not a swap or the shutdown) waits at the queue's head."""
         return self.inbox.next_is_job()
-
-    # -- model slot transitions --------------------------------------------------------------
-
-    def _release(self, keep_tokenizer: bool = False) -> None:
-        self.pipeline.cache.clear()  # the prompt caches belong to the model
-        self.slot.release(keep_tokenizer)
-
-    def _unload(self) -> None:
-        self._release(keep_tokenizer=True)  # small; count_tokens keeps working
-        self.state = "unloaded"
-        self.unloads += 1
-        self._on_change()
-        log.info("unloaded %s after %.0f s idle", self.model_info.id, self.ttl or 0)
-
-    def _reload(self) -> None:
-        t0 = time.perf_counter()
-        self.state = "loading"
-        self._on_change()
-        try:
-            self._install(self._load(self.model_info, replacing=0))
-        except KitError as e:
-            self.state = "unloaded"
-            self._on_change()
-            raise ModelLoadError(f"reloading {self.model_info.id} failed: {e.message}") from None
-        self.state = "ready"
-        self.reloads += 1
-        self._on_change()
-        log.info("reloaded %s in %.2f s", self.model_info.id, time.perf_counter() - t0)
-
-    def _load(self, info: ModelInfo, replacing: int) -> Any:
-        """:meth:`ModelSlot.load` after its checks (fit, split) passed on every rank
-        (``agree``). Raises the checks' error, or the load's."""
-        self._set_phase("loading weights")
-        try:
-            error, weights = None, 0
-            try:
-                weights = self.slot.check_fit(info, replacing)
-            except Exception as e:
-                error = e
-            error = self._agree(error)
-            if error is not None:
-                raise error
-            return self.slot.load(info, replacing, weights=weights, on_phase=self._set_phase)
-        finally:
-            self.phase = None  # reported with the state the caller sets next
-
-    def _set_phase(self, phase: str | None) -> None:
-        """Say what the load is doing (``/health``'s ``phase``). A distributed rank reports
-        it with its next state change only: there every report is a collective, which
-        all ranks must reach at the same points."""
-        self.phase = phase
-        if self.slot.split is None:
-            self._on_change()
-
-    def _swap(self, item: Swap) -> None:
-        t0 = time.perf_counter()
-        previous = self.model_info.id
-        try:
-            error = None
-            try:
-                info = resolve_model(item.spec, progress=log.info)
-            except Exception as e:
-                error = e
-            error = self._agree(error)  # every rank found it, or none loads
-            if error is not None:
-                raise error
-            if info.id == previous and self.slot.loaded:
-                item.done(SwapResult(info.id, previous, 0.0, False))
-                return
-            log.info("swapping %s -> %s", previous, info.id)
-            loaded = self._load(info, replacing=self.slot.weights_bytes
-                                if self.slot.loaded else 0)
-        except Exception as e:
-            log.warning("swap to %s failed, %s keeps serving: %s", item.spec, previous, e)
-            if self.slot.split is None:
-                self._on_change()  # the phase is over
-            item.done(error=e if isinstance(e, KitError) else ModelError(f"swap failed: {e}"))
-            return
-        self._release()  # drop every reference to the old model before taking the new one
-        self._install(loaded)
-        self.state, self.error, self.error_type = "ready", None, None
-        self.swaps += 1
-        self._on_change()
-        took = time.perf_counter() - t0
-        log.info("swapped %s -> %s in %.2f s", previous, info.id, took)
-        item.done(SwapResult(info.id, previous, took, True))

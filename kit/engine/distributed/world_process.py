@@ -15,7 +15,8 @@ with ``mlx.launch`` (:mod:`kit.engine.distributed.rank` on each host) and talks 
 - What the ranks print goes to the server's log, line by line. ``mlx.launch`` reports
   every rank's exit ("Node with rank N exited with code C"); the first rank that exited
   with a status other than :data:`kit.engine.distributed.hosts.EXIT_PEER_LOST` (the status of ranks
-  that lost a peer) is the one that failed, and the error names it and its host.
+  that lost a peer) is the one that failed, and the error names it and its host
+  (:mod:`kit.engine.distributed.world_exits`).
 - A lost world is not restarted: ``state`` is ``failed``, open requests fail with that
   error, and ``on_lost(error)`` tells the server to end (a model spread over several
   machines needs its operator, not a loop of restarts).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -42,13 +42,12 @@ from typing import Any
 from kit.engine.proc import wire
 from kit.engine.decode.warmup import check_mode
 from kit.engine.distributed.hosts import (
-    EXIT_PEER_LOST,
-    EXIT_TAMPERED,
     WorldPlan,
     free_ring_ports,
     python_for_ranks,
 )
 from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
+from kit.engine.distributed.world_exits import _ANSI, RankExits
 from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
 from kit.errors import ConfigError, ServerError
@@ -60,12 +59,7 @@ ranks_log = logging.getLogger("mlx_kit.ranks")
 
 _CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
 _REAP_S = 15.0  # after a rank's exit, how long mlx.launch may take to end the others
-# mlx.launch's own report on its stderr, where the ranks write nothing (they send their
-# stderr to stdout), so no text a model wrote can pose as one
-_EXIT_LINE = re.compile(
-    r"^\[WARN\] Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RANK_ERROR = re.compile(r" ERROR rank (\d+) \[[^\]]*\] \S+: (.*)")
+
 
 
 class _Launched:
@@ -137,7 +131,7 @@ class _Launched:
         return False
 
 
-class DistributedEngine(EngineProcess):
+class DistributedEngine(RankExits, EngineProcess):
     """:class:`kit.engine.interface.EngineLike` over several ranks (``plan``). State,
     counters, memory and capabilities come from rank 0; ``distributed`` (``/health``)
     is ``{world_size, backend, mode, ranks: [{rank, host, pid, memory}]}`` once the
@@ -291,23 +285,6 @@ class DistributedEngine(EngineProcess):
                     threading.Thread(target=self._reap, args=(self._link.process,),
                                      name="mlx-kit-ranks-reap", daemon=True).start()
 
-    def _note_output(self, line: str, launcher: bool) -> bool:
-        """Note a rank's exit (``launcher``: a line of mlx.launch's stderr) or its last
-        error from one output line; True when it is the first exit (the world is over)."""
-        line = _ANSI.sub("", line).strip()
-        if launcher:
-            m = _EXIT_LINE.match(line)
-            if m and int(m.group(1)) < self.plan.size:
-                code = int(m.group(2)) if m.group(2) is not None else None
-                self._exits.append((int(m.group(1)), code))
-                return len(self._exits) == 1
-            if line:
-                self._said.append(line[:300])
-            return False
-        if m := _RANK_ERROR.search(line):
-            self._errors[int(m.group(1))] = m.group(2)
-        return False
-
     def _watch_launcher(self, launched: _Launched) -> None:
         """``mlx.launch`` itself exiting (killed, crashed) while its ranks run leaves them
         orphaned and the world unwatched: end its process group (ours, and its ranks are
@@ -334,44 +311,6 @@ class DistributedEngine(EngineProcess):
         log.error("rank(s) %s still running %.0f s after rank %d exited; ending every rank",
                   ", ".join(map(str, self._hung)), _REAP_S, self._exits[0][0])
         launched.terminate()
-
-    def _why(self) -> str:
-        """Which rank failed first and why, from mlx.launch's exit lines and the ranks'
-        last errors; a rank that hung (every other one gave up on it) is named as such."""
-        # the others gave up on it (75); mlx.launch may have ended some of them first
-        # (SIGTERM, or "was killed" remotely) after the first one gave up
-        others = [c for r, c in self._exits if r not in self._hung]
-        if self._hung and EXIT_PEER_LOST in others and all(
-                c in (EXIT_PEER_LOST, -signal.SIGTERM, None) for c in others):
-            names = ", ".join(f"rank {r} on {self.plan.hosts[r]}" for r in self._hung)
-            return (f"{names} stopped answering: the other ranks waited "
-                    f"{self.plan.timeout:.0f} s (--rank-timeout) and gave up")
-        # mlx.launch terminates the rest (SIGTERM, or "was killed" for a remote rank) only
-        # after a rank failed: those exits, and the peers-lost ones, follow the failure
-        after = (0, EXIT_PEER_LOST, -signal.SIGTERM, None)
-        failed = [(r, c) for r, c in self._exits if c not in after] or self._exits[:1]
-        if not failed:
-            if self._launcher_code not in (None, 0) and not self._said:
-                return f"mlx.launch exited with code {self._launcher_code}; its ranks were ended"
-            if self._said:  # mlx.launch itself failed (no mpirun, a malformed host file)
-                return f"mlx.launch: {self._said[-1]}"
-            return "no rank reported why (see the log)"
-        rank, code = failed[0]
-        host = self.plan.hosts[rank] if rank < len(self.plan.hosts) else "?"
-        how = ("could not be started over ssh (exit 255): check that `ssh "
-               f"{host} true` works without a password" if code == 255 else
-               f"could not start {python_for_ranks()} (exit 127): install mlx-kit in the "
-               "same virtual environment path on every host" if code == 127 else
-               "was killed" if code is None else
-               f"was killed by signal {-code}" if code < 0 else
-               "lost its connection to the other ranks" if code == EXIT_PEER_LOST else
-               "refused what crossed the ring (docs/distributed.md: who can reach the "
-               "ring)" if code == EXIT_TAMPERED else
-               f"exited with code {code}")
-        why = f"rank {rank} on {host} {how}"
-        if rank in self._errors:
-            why += f": {self._errors[rank]}"
-        return why
 
     def _join_readers(self) -> None:
         """Wait (5 s each) for the rank output readers: the exit lines they note come

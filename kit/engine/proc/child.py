@@ -1,5 +1,5 @@
-"""The engine process's side of :mod:`kit.engine.proc.process`: the ``multiprocessing`` target
-(:func:`serve_engine`) and the server of the pipe that drives an :class:`Engine` (the wire
+"""The engine process's side of :mod:`kit.engine.proc.process`: its entry point
+(:func:`main`, run by :mod:`kit.engine.proc.launch`), :func:`serve_engine`, and the server of the pipe that drives an :class:`Engine` (the wire
 protocol is described there; every message is a :mod:`kit.engine.proc.wire` frame, never a
 pickle). Kept apart so each module has one side of the pipe."""
 
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from kit.blas import preload_blas
@@ -141,16 +143,45 @@ class _PipeServer:
 STOPPED_BY_THE_SERVER = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
-def serve_engine(conn: Any, model: ModelInfo, config: EngineConfig, log_level: int) -> None:
-    """The engine process's entry point (``multiprocessing`` target): load ``model`` with
-    ``config`` (its knobs, whole), then serve the pipe until told to stop or the server
-    goes away."""
+def _ignore_stop_signals() -> None:
     # Ctrl-C, and a SIGTERM to the whole process group (`timeout`, systemd, a terminal's
     # job control), reach us with the server: the server stops us through the pipe once
     # its clients are done; dying first would look like a crash and start a new engine.
     for sig in STOPPED_BY_THE_SERVER:
         signal.signal(sig, signal.SIG_IGN)  # a signal pending since start() is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPED_BY_THE_SERVER)  # blocked by start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The engine process's entry point: ``argv[1]`` (default ``sys.argv``) is the fd of
+    its end of the pipe; the first message on it is ``("init", ModelInfo, EngineConfig,
+    log_level)`` (a :mod:`kit.engine.proc.wire` record, never a pickle); then
+    :func:`serve_engine`. Exits 0 if the server went away before the ``init``, 1 if the
+    first message is refused or not an ``init``."""
+    _ignore_stop_signals()
+    argv = sys.argv if argv is None else argv
+    conn = Connection(int(argv[1]))
+    try:
+        kind, *init = wire.recv(conn, wire.TO_ENGINE_MAX)
+    except (EOFError, OSError):  # the server died before it said what to load
+        sys.exit(0)
+    except wire.WireError as e:  # no log file yet: stderr, the server's
+        sys.stderr.write(f"mlx-kit engine: the server's first message was refused: {e}\n")
+        sys.exit(1)
+    if kind != "init":
+        sys.stderr.write(f"mlx-kit engine: the server's first message was {kind!r}, "
+                         "not init\n")
+        sys.exit(1)
+    model, config, level = init
+    serve_engine(conn, model, config, level)
+
+
+def serve_engine(conn: Any, model: ModelInfo, config: EngineConfig, log_level: int) -> None:
+    """Load ``model`` with ``config`` (its knobs, whole) and serve ``conn`` (a
+    ``multiprocessing.connection.Connection`` of :mod:`kit.engine.proc.wire` frames) on
+    this, the main, thread until told to stop or the server goes away. Ignores SIGINT and
+    SIGTERM (:data:`STOPPED_BY_THE_SERVER`) from its start."""
+    _ignore_stop_signals()
 
     setup_engine(log_level)  # the server's log file (rotated by the server) or stderr
 

@@ -1,18 +1,20 @@
 """The engine in its own process: generation never shares a GIL with HTTP.
 
-The server (parent) runs HTTP; a child process started with ``spawn`` owns the model and
-runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
+The server (parent) runs HTTP; a child process (``python -c``, started by
+:mod:`kit.engine.proc.launch`) owns the model and runs :class:`kit.engine.decode.engine.Engine`'s worker loop on its main thread (that side:
 :mod:`kit.engine.proc.child`). Measured on an H200 (docs/performance.md): decode in a worker
 thread beside the server's event loop loses 5-17% to GIL hand-overs and thread
 scheduling; in a child process it keeps the speed of ``mlx_lm.stream_generate`` on a
 main thread. vLLM splits its engine core from its API server for the same reason.
 
-Wire protocol (one ``multiprocessing`` pipe of typed, versioned :mod:`kit.engine.proc.wire`
-records, sent with ``send_bytes`` and read under a size bound, never pickles; each end
-sends under a lock, as a duplex pipe is written by both). Each side handles tuples:
+Wire protocol (one socketpair, framed by ``multiprocessing.connection.Connection``, of
+typed, versioned :mod:`kit.engine.proc.wire` records, sent with ``send_bytes`` and read
+under a size bound, never pickles; each end sends under a lock, as a duplex pipe is
+written by both). Each side handles tuples:
 
-- process start: :func:`serve_engine`'s arguments carry the :class:`kit.config.EngineConfig`
-  whole (pickled with the process's arguments).
+- process start: ``("init", ModelInfo, EngineConfig, log_level)``, the first message
+  (the record a distributed engine's rank 0 gets; the config whole, secrets blanked); the
+  child's command line names only its end's fd.
 - server -> engine: ``("gen", id, ChatRequest)``, ``("cancel", id)``,
   ``("swap", id, spec)``, ``("count", id, ChatRequest)``, ``("memory", id, None)``,
   ``("stop",)``.
@@ -25,7 +27,7 @@ sends under a lock, as a duplex pipe is written by both). Each side handles tupl
   not decode is a :class:`kit.engine.proc.wire.WireError`: the request or call it names fails
   with it; a frame not ours at all ends the link (the engine is killed and restarted).
 
-The pipe is an anonymous socketpair (``ctx.Pipe()``, the child's end passed as an fd):
+The pipe is an anonymous socketpair (the child's end passed as an fd, ``pass_fds``):
 no path or port names it. Nothing on it is deserialized into code all the same: a
 distributed engine's rank 0 speaks this protocol over a Unix socket
 (:mod:`kit.engine.distributed.world_process`), and the rule is the ranks' (:mod:`kit.engine.distributed.world_codec`).
@@ -37,8 +39,8 @@ open request fails with :class:`EngineError` and, if that engine had loaded its 
 one starts at once on the same model (``state`` is ``restarting`` until it is ready; requests
 sent meanwhile wait for it). An engine that dies while loading is not restarted on its own
 (the load would likely kill it again): ``state`` is ``failed`` and the next request tries
-again; so is one that died :data:`_RESTART_LIMIT` times in :data:`_RESTART_WINDOW_S`
-seconds. A model that fails to load (the engine alive, reporting it) is ``failed`` too,
+again; so is one that died :data:`~kit.engine.proc.restarts.RESTART_LIMIT` times in
+:data:`~kit.engine.proc.restarts.RESTART_WINDOW_S` seconds. A model that fails to load (the engine alive, reporting it) is ``failed`` too,
 until a swap to a model that loads. Ctrl-C, or a SIGTERM to the whole process group
 (``timeout``, systemd), reaches both processes; the engine ignores SIGINT and SIGTERM
 (blocked from before its start until it does) and stops through the pipe.
@@ -52,17 +54,20 @@ import itertools
 import logging
 import signal
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from kit.engine.decode.bridge import END, LoopSink
 from kit.engine.proc import wire
-from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END, serve_engine
+from kit.engine.proc.child import STOPPED_BY_THE_SERVER, WIRE_END
+from kit.engine.proc.launch import Link as _Link  # world_process and tests import it here
+from kit.engine.proc.launch import start_child
+from kit.engine.proc.restarts import COUNTERS as _COUNTERS
+from kit.engine.proc.restarts import RESTART_LIMIT as _RESTART_LIMIT  # noqa: F401 (tests)
+from kit.engine.proc.restarts import RestartWindow, add_counters
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
 from kit.models.resolve import ModelInfo
-from kit.paths import kernel_cache_dir
 from kit.engine.status import status_of
 from kit.engine.cache.kv import describe
 from kit.config import EngineConfig
@@ -72,37 +77,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlx_kit.engine")
 
-_COUNTERS = ("requests_served", "swaps", "reloads", "unloads")
 _CALL_TIMEOUT_S = 30.0  # count_tokens: the engine answers from its pipe thread at once
-#: automatic restarts allowed per window: an engine that keeps dying (a model that crashes
-#: every decode, the OOM killer on every load) is left failed instead of restarted forever
-_RESTART_LIMIT = 3
-_RESTART_WINDOW_S = 300.0
-
-
-class _Link:
-    """One engine process and what waits on it: the pipe, open requests (event sinks) and
-    calls (swap, count, memory). A restart makes a new link; the old one fails what it held."""
-
-    def __init__(self, conn: Any, process: Any) -> None:
-        self.conn, self.process = conn, process
-        self.sinks: dict[int, LoopSink] = {}
-        self.calls: dict[int, concurrent.futures.Future] = {}
-        self.lock = threading.Lock()
-        self.closed = threading.Event()  # the reader saw the end and reaped the process
-
-    def send(self, message: tuple) -> None:
-        """Send one message as a :mod:`kit.engine.proc.wire` frame.
-
-        Raises:
-            WireError: it cannot be encoded (a request past the pipe's bound).
-        """
-        frame = wire.encode(message)  # outside the lock: the sender's own cost
-        with self.lock:
-            try:
-                self.conn.send_bytes(frame)
-            except (OSError, ValueError):  # the engine is gone; the reader reports it
-                pass
 
 
 class EngineProcess:
@@ -110,7 +85,7 @@ class EngineProcess:
     a child process. If that process dies (a crash, the OOM killer), open requests fail
     and a new one starts on the same model: ``state`` is
     ``restarting`` (the reason in ``error``) until it is ready; ``restarts`` counts them.
-    If it died while loading, or too often (:data:`_RESTART_LIMIT`), ``state`` is
+    If it died while loading, or too often (:data:`~kit.engine.proc.restarts.RESTART_LIMIT`), ``state`` is
     ``failed`` instead and the next request starts a new one.
 
     Args:
@@ -152,38 +127,32 @@ class EngineProcess:
         self._exit_hook = False  # atexit.register(self.stop) done (once: restarts reuse it)
         self._link: _Link | None = None
         self._base: dict[str, int] = {}  # counters of engines that ended
-        self._auto_restarts: list[float] = []  # monotonic times of restarts made on our own
+        self._restarts = RestartWindow()  # the automatic ones (restarts.py)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine process (it loads the model) and the thread reading from it."""
-        import atexit
-        import multiprocessing
-        import os
+        """Start the engine process (it loads the model) and the thread reading from it.
 
-        # inherited by the engine process (spawn copies os.environ); read by mlx's CUDA build
-        os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
-        ctx = multiprocessing.get_context("spawn")  # fork would copy the server's threads
-        conn, child = ctx.Pipe()
-        process = ctx.Process(target=serve_engine, name="mlx-kit-engine", daemon=True,
-                              args=(child, self.model_info, self.config,
-                                    logging.getLogger("mlx_kit").getEffectiveLevel()))
+        Raises:
+            WireError: the config does not fit the ``init`` record.
+            OSError: the engine process cannot be started.
+        """
+        import atexit
+
         # Ctrl-C or a group SIGTERM must not reach the engine before serve_engine ignores
         # them (a traceback from its imports, or a death taken for a crash, otherwise):
         # the child inherits this thread's blocked signals
         # (and a stop that arrives meanwhile must find the link to stop it through)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPED_BY_THE_SERVER)
         try:
-            process.start()
-            child.close()  # the child's end lives in the child only: its death is our EOF
+            conn, process = start_child(self.model_info, self.config)
             self._link = link = _Link(conn, process)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if not self._exit_hook:
-            # before multiprocessing's own exit hook (atexit runs the last registered
-            # first), which would SIGTERM the daemon engine, that ignores it, then join it
-            # forever: a server leaving by any path stops its engine through the pipe
+            # a server leaving by any path stops its engine through the pipe (its pipe's
+            # end-of-file would end it too, but only once this process is gone)
             atexit.register(self.stop)
             self._exit_hook = True
         threading.Thread(target=self._read, args=(link,), name="mlx-kit-engine-reader",
@@ -356,8 +325,7 @@ class EngineProcess:
                     sink(END if message[2] == WIRE_END else message[2])
             elif kind == "state":
                 snap = message[1]
-                for key in _COUNTERS:
-                    snap[key] += self._base.get(key, 0)
+                add_counters(snap, self._base)
                 self._memory = snap.pop("memory")
                 self._capabilities = snap.pop("capabilities")
                 loading = snap["state"] == "loading"
@@ -410,20 +378,10 @@ class EngineProcess:
     def _after_death(self, code: int | None, error: EngineError) -> None:
         """The current engine died unexpectedly (called holding ``_start_lock``): restart it,
         or say ``failed`` and why when a restart would not help."""
-        now = time.monotonic()
-        recent = [t for t in self._auto_restarts if now - t < _RESTART_WINDOW_S]
-        if self.state in ("loading", "restarting"):  # died while loading: likely again
-            self.state, self.error = "failed", (
-                f"the engine process exited (exit code {code}) while loading "
-                f"{self.model_info.id}; the next request tries again")
-        elif len(recent) >= _RESTART_LIMIT:
-            self.state, self.error = "failed", (
-                f"the engine process exited unexpectedly (exit code {code}), the "
-                f"{len(recent) + 1}th time in {_RESTART_WINDOW_S:.0f} s; not restarting it "
-                "on its own (the next request tries again)")
-        else:
+        refusal = self._restarts.refusal(self.state, code, self.model_info.id)
+        if refusal is None:
             log.error("%s", error)
-            self._auto_restarts = recent + [now]
             self._restart_locked("restarting", str(error))
             return
+        self.state, self.error = "failed", refusal
         log.error("%s", self.error)
