@@ -438,3 +438,33 @@ def test_a_model_folder_reconverted_after_the_load_keeps_the_identity_taken_at_l
     tier.queue(tokens(300), kv_cache(300))
     tier.write_one()
     assert [p.parent.name for p in (tmp_path / "cache").glob("*/*.safetensors")] == [at_load]
+
+
+def test_a_verified_file_is_not_hashed_again_until_it_changes(tmp_path, monkeypatch, caplog):
+    """Review finding: every hit re-hashed the whole file (1.6 s/GB here). Now a file whose
+    MAC passed is hashed again only once it changed: a byte rewritten in place with its
+    mtime put back still moves its ctime, and the next hit refuses it."""
+    from kit.engine.cache import cache_mac
+
+    checks = []
+    real_check = cache_mac.check
+    monkeypatch.setattr(cache_mac, "check", lambda f, key: (checks.append(1),
+                                                           real_check(f, key))[1])
+    disk = DiskCache(tmp_path, 1 << 30)
+    assert disk.save(IDENT, tokens(300), kv_cache(300, 2.0), trimmable=True)
+    found = disk.find(IDENT, tokens(310), LAYERS, trimmable=True)
+    assert disk.load(IDENT, found.entry, LAYERS) is not None
+    assert disk.load(IDENT, found.entry, LAYERS) is not None
+    assert len(checks) == 1  # the second hit trusted the unchanged file
+
+    (path,) = (tmp_path / IDENT).glob("*.safetensors")
+    st = path.stat()
+    with open(path, "r+b") as f:  # a tensor byte changed, the size and mtime kept
+        f.seek(st.st_size - 8)
+        byte = f.read(1)
+        f.seek(st.st_size - 8)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert disk.load(IDENT, found.entry, LAYERS) is None
+    assert len(checks) == 2 and not path.exists()
+    assert "not proven ours" in caplog.text
