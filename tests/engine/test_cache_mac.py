@@ -133,7 +133,9 @@ def test_the_key_is_made_once_0600_and_read_back_the_same(tmp_path):
     assert len(key) == 32 and path.stat().st_mode & 0o777 == 0o600
     assert state.stat().st_mode & 0o777 == 0o700  # created private
     assert cache_mac.user_key(state) == key
-    assert sorted(p.name for p in state.iterdir()) == [cache_mac.KEY_FILE]  # no tmp left
+    # no tmp left (the lock that creating the key took may stay: an empty file)
+    assert {p.name for p in state.iterdir()} - {cache_mac.KEY_FILE + ".lock"} == {
+        cache_mac.KEY_FILE}
 
 
 @pytest.mark.parametrize("bad", ["mode 0644", "malformed", "a symlink"])
@@ -157,6 +159,42 @@ def test_a_key_file_others_could_have_read_or_chosen_is_replaced(tmp_path, bad, 
     assert outside.read_text() == "ab" * 32 + "\n"  # a link's target is never written
     assert "replacing the prompt cache key" in caplog.text
     assert cache_mac.user_key(state) == key
+
+
+def test_two_servers_that_find_a_bad_key_at_once_settle_on_one(tmp_path, monkeypatch):
+    """Review finding: both replaced the key, each with its own, so the files the first
+    one sealed failed the second one's MAC and were deleted as not ours. Replacing is
+    done under a lock: the second finds the first one's key good. The write is slowed so
+    both have read the bad key before either writes (without the lock, they differ)."""
+    import threading
+    import time
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    path = state / cache_mac.KEY_FILE
+    path.write_text("cd" * 32 + "\n")
+    path.chmod(0o644)  # bad: others could have read it
+    write = cache_mac._write_key
+
+    def slow_write(*args, **kw):
+        time.sleep(0.3)
+        return write(*args, **kw)
+
+    monkeypatch.setattr(cache_mac, "_write_key", slow_write)
+    keys: list[bytes] = []
+    start = threading.Barrier(2)
+
+    def server() -> None:
+        start.wait()
+        keys.append(cache_mac.user_key(state))
+
+    threads = [threading.Thread(target=server) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(keys) == 2 and keys[0] == keys[1] == cache_mac.user_key(state)
+    assert keys[0] != bytes.fromhex("cd" * 32)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's needs root")

@@ -63,16 +63,28 @@ def user_key(folder: Path | None = None) -> bytes:
     if problem:
         raise OSError(f"the prompt cache key's folder is not private: {problem}")
     path = folder / KEY_FILE
-    for _ in range(3):  # another server may be creating or replacing it meanwhile
-        try:
-            key, why = _read_key(path)
-        except FileNotFoundError:
-            _write_key(path, replace=False)
-            continue
-        if key is not None:
-            return key
-        log.warning("replacing the prompt cache key %s: %s", path, why)
-        _write_key(path, replace=True)
+    try:
+        key, _ = _read_key(path)
+    except FileNotFoundError:
+        key = None
+    if key is not None:  # the common case: no lock taken
+        return key
+    from filelock import FileLock
+
+    # Creating or replacing the key under a lock: two servers that both found it bad
+    # would otherwise each write one, and the first one's files would fail the second
+    # one's MAC and be deleted as not ours
+    with FileLock(str(folder / (KEY_FILE + ".lock")), timeout=30):
+        for _ in range(3):
+            try:
+                key, why = _read_key(path)
+            except FileNotFoundError:
+                _write_key(path, replace=False)
+                continue
+            if key is not None:
+                return key
+            log.warning("replacing the prompt cache key %s: %s", path, why)
+            _write_key(path, replace=True)
     raise OSError(f"cannot settle the prompt cache key {path}")
 
 
