@@ -67,7 +67,7 @@ from kit.engine.proc.restarts import RESTART_LIMIT as _RESTART_LIMIT  # noqa: F4
 from kit.engine.proc.restarts import RestartWindow, add_counters
 from kit.engine.interface import SwapResult
 from kit.engine.types import ChatRequest, EngineError, EngineUnavailable, Event
-from kit.models.resolve import ModelInfo
+from kit.models.resolve import ModelInfo, check_spec
 from kit.engine.status import status_of
 from kit.engine.cache.kv import describe
 from kit.config import EngineConfig
@@ -259,7 +259,10 @@ class EngineProcess:
                 from None
 
     async def swap(self, spec: str) -> SwapResult:
-        """See :meth:`Engine.swap`."""
+        """See :meth:`Engine.swap`. A spec no model can have is refused here, as the
+        engine would (:func:`kit.models.resolve.check_spec`: InvalidModelSpec, a 400),
+        before it meets the pipe's record bounds (a 500 would name the record)."""
+        check_spec(spec)
         return await asyncio.wrap_future(self._call("swap", spec))
 
     # -- pipe ------------------------------------------------------------------------------
