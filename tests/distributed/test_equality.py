@@ -13,6 +13,7 @@ log): where a test says "on every rank", it reads those lines.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -162,6 +163,11 @@ def test_health_names_three_live_ranks_each_holding_a_share_of_the_weights(
         assert mem["active_bytes"] > 0
         # a third of each layer, plus the (unsharded) tied embedding: ~255 MB measured
         assert 0 < mem["weights_bytes"] < whole, r
+    # the ranks share this host's cores instead of each running a pool of all of them
+    threads = max(1, len(os.sched_getaffinity(0)) // RANKS)
+    for r in range(RANKS):
+        assert re.search(rf"rank {r} .*{RANKS} ranks on this host: {threads} BLAS thread",
+                         ranks_server.log_text()), f"rank {r} named no BLAS thread count"
 
 
 # --- the same answers --------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kit import __version__, mlx_lm_api
-from kit.blas import preload_blas
+from kit.blas import preload_blas, share_cores
 from kit.engine.decode.engine import Engine
 from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.distributed.ring_guard import KeyMissing, check_ring_peers, read_world_key
@@ -123,6 +123,16 @@ def _pause_watchdog_while_loading(world: Any, slot: Any) -> None:
     slot.load = paused_load
 
 
+def _ranks_on_this_host() -> int:
+    """How many ranks of this world run on this rank's host: ``MLX_KIT_RANK_HOSTS`` names
+    every rank's host, in rank order (``MLX_RANK``, set by mlx.launch)."""
+    hosts = (env("MLX_KIT_RANK_HOSTS") or "").split(",")
+    try:
+        return hosts.count(hosts[int(os.environ.get("MLX_RANK", "0") or 0)])
+    except (ValueError, IndexError):
+        return 1
+
+
 def _connect(control: Path) -> Any:
     from multiprocessing.connection import Client
 
@@ -150,6 +160,8 @@ def main() -> None:
     # (a log line quoting its output) can pose as one.
     os.dup2(1, 2)
 
+    ranks_here = _ranks_on_this_host()
+    threads = share_cores(ranks_here)
     preload_blas()  # before mlx is imported
     from kit.engine.distributed.world import EXIT_PEER_LOST, EXIT_TAMPERED, World, WorldLost, WorldTampered
 
@@ -163,6 +175,8 @@ def main() -> None:
         _logging(int(os.environ.get("MLX_RANK", "0") or 0))
         _fatal(f"cannot join the {backend} group: {e}", 1)
     _logging(world.rank)
+    if threads is not None:
+        log.info("%d ranks on this host: %d BLAS thread(s) each", ranks_here, threads)
     conn = None
     try:
         # before anything crosses the ring, and before rank 0 tells the server the world
