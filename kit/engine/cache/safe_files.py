@@ -5,13 +5,14 @@ is one only this user can write (:func:`not_private`)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import stat
 import struct
 from pathlib import Path
 from typing import Any
+
+from kit.owners import other_writers, users_own_group  # noqa: F401 (its old home)
 
 HEADER_MAX = 64 << 20  #: a safetensors header over this is not ours (128k tokens: ~1 MiB)
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  #: POSIX; without it open_file checks islink
@@ -95,7 +96,7 @@ def not_private(folder: Path) -> str | None:
     writable by no one else unless it is sticky (as /tmp is: there others cannot rename
     or delete what is ours). A folder that does not exist yet is ours to create (0700).
     Group write is harmless when the group is this user's private one (as Debian's ssh
-    allows it: :func:`users_own_group`), so a umask of 002 does not refuse a folder.
+    allows it: :func:`kit.owners.users_own_group`), so a umask of 002 does not refuse a folder.
     """
     uid = os.geteuid()
     given = Path(os.path.abspath(folder))
@@ -113,33 +114,10 @@ def not_private(folder: Path) -> str | None:
             return f"{d} is not a folder"
         if st.st_uid != uid and (itself or st.st_uid != 0):
             return f"{d} belongs to another user (uid {st.st_uid})"
-        writable = st.st_mode & 0o022
-        if writable & 0o020 and users_own_group(st.st_gid):
-            writable &= ~0o020  # a user-private group (umask 002): only this user is in it
-        if writable and (itself or not st.st_mode & stat.S_ISVTX):
-            who = "group and others" if writable == 0o022 else (
-                "its group" if writable & 0o020 else "others")
+        who = other_writers(st)  # a user-private group (umask 002) is no one else
+        if who and (itself or not st.st_mode & stat.S_ISVTX):
             return f"{d} is writable by {who} (mode {st.st_mode & 0o7777:04o})"
     return None
-
-
-@functools.lru_cache(maxsize=16)
-def users_own_group(gid: int) -> bool:
-    """Whether the group ``gid`` is this user's private group: the user's primary group,
-    named as the user, no other member and no other user's primary group. Cached per gid
-    (``pwd.getpwall`` lists every user, which takes seconds on a large directory)."""
-    try:
-        import grp
-        import pwd
-
-        me = pwd.getpwuid(os.geteuid())
-        group = grp.getgrgid(gid)
-    except (ImportError, KeyError):
-        return False
-    if gid != me.pw_gid or group.gr_name != me.pw_name or \
-            any(m != me.pw_name for m in group.gr_mem):
-        return False
-    return not any(p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
 
 
 def fsync_dir(folder: Path) -> None:
