@@ -30,6 +30,7 @@ LAYERS: tuple[str, ...] = (
     "kit.urls",
     "kit.blas",
     "kit.mlx_lm_api",  # the one boundary to mlx-lm (imports none of it at import time)
+    "kit.logpaths",  # which log files are ours, the --log-file checks
     "kit.logfile",
     "kit.logread",
     "kit.formats",
