@@ -2,7 +2,8 @@
 them): every open takes only a regular file of this user's, never through a link at the
 path, never waiting on a FIFO; a file counts as one of our logs by its lines; and the
 ``--log-file`` checks made before the server logs a line (:func:`check_log_path`,
-:func:`check_rotation_targets`).
+:func:`check_rotation_targets`), including whether the file is rotated at all
+(:func:`rotates`: not in a folder another user may write).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import stat
 from pathlib import Path
 
 from kit.errors import ConfigError
+from kit.owners import other_writers, shared_folder
 
 #: How many rotated files are kept (``PATH.1`` .. ``PATH.3``).
 BACKUPS = 3
@@ -101,16 +103,31 @@ def looks_like_our_log(path: Path) -> bool:
     return not head or _OUR_LINE.search(head) is not None
 
 
+def rotates(path: Path) -> str | None:
+    """None when the log at ``path`` is rotated by renaming, else why not: its folder
+    (resolved) is another user's or others may write it (:func:`kit.owners.shared_folder`),
+    so a rotation name (``path.1``...) could be theirs by the time we rename onto it."""
+    return shared_folder(os.path.realpath(path.parent))
+
+
+def _rotation_names(path: Path) -> list[Path]:
+    """``path`` and, when it is rotated (:func:`rotates`), ``path.1`` .. ``path.N``."""
+    if rotates(path):
+        return [path]
+    return [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
+
+
 def check_rotation_targets(path: Path) -> None:
     """Refuse a log file whose rotation would overwrite or delete files that are not
     ours: rotating renames ``path`` to ``path.1``, ``path.1`` to ``path.2``, ... and
     deletes the last (:data:`BACKUPS`), so each of ``path`` and ``path.1`` ..
     ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`).
+    A log that is not rotated (:func:`rotates`) has only ``path`` to check.
 
     Raises:
         ConfigError: naming the files that are not our logs.
     """
-    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
+    names = _rotation_names(path)
     foreign = [str(p) for p in names if os.path.lexists(p) and not looks_like_our_log(p)]
     if foreign:
         raise ConfigError(
@@ -121,27 +138,29 @@ def check_rotation_targets(path: Path) -> None:
 
 def check_log_path(path: Path) -> None:
     """Refuse a ``--log-file`` (as the user spelt it, before links are resolved) that
-    another user can put something at: its folder writable by every user without the
-    sticky bit (they could rename our file away and put theirs in its place), or the
-    path, or one of its rotation names, already someone else's (their file, or their
-    link to a file of ours, in a shared ``/tmp``). What follows a check of the user's own
-    paths is :func:`check_rotation_targets` on the resolved path.
+    another user can put something at: its folder writable by its group or every user
+    without the sticky bit (they could rename our file away and put theirs in its
+    place), or the path already someone else's (their file, or their link to a file of
+    ours, in a shared ``/tmp``), or, where the log is rotated (:func:`rotates`), one of
+    its rotation names. What follows a check of the user's own paths is
+    :func:`check_rotation_targets` on the resolved path.
 
     Raises:
         ConfigError: naming the folder or the files.
     """
     folder = os.path.realpath(path.parent)
     try:
-        mode = os.stat(folder).st_mode
+        st = os.stat(folder)
     except OSError:
         return  # missing: created 0700 by us (private_dir)
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        raise ConfigError(f"refusing the log file {path}: every user may write in "
+    who = other_writers(st)
+    if who and not st.st_mode & stat.S_ISVTX:
+        whom = "every user" if st.st_mode & stat.S_IWOTH else "every member of its group"
+        raise ConfigError(f"refusing the log file {path}: {whom} may write in "
                           f"{folder} (and replace the log with a file of theirs)",
                           hint="pass a --log-file in a folder of yours")
-    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
     others = []
-    for p in names:
+    for p in _rotation_names(path):
         try:
             if os.lstat(p).st_uid != os.geteuid():
                 others.append(str(p))

@@ -1,6 +1,6 @@
 """Who besides this user may change a file or a folder: the mode and owner rules that the
-prompt cache's folder (:mod:`kit.engine.cache.safe_files`) uses, in a layer low enough
-that the log file and the harness can judge "only mine" the same way.
+log file (:mod:`kit.logpaths`) and the prompt cache's folder
+(:mod:`kit.engine.cache.safe_files`) share, so they judge "only mine" the same way.
 
 Group write is harmless when the group is this user's private one (the user's primary
 group, named as the user, with no other member: umask 002 on Debian and Ubuntu), as
@@ -45,3 +45,21 @@ def other_writers(st: os.stat_result) -> str | None:
         return None
     return "group and others" if writable == 0o022 else (
         "its group" if writable & 0o020 else "others")
+
+
+def shared_folder(folder: str | os.PathLike) -> str | None:
+    """Why another user (not root) may create, rename or delete names in ``folder``, or
+    None: it belongs to another user, or its group or others may write it (sticky or not:
+    the sticky bit keeps our names ours, not the names we have not made yet). A folder
+    that does not exist or cannot be looked at is None: the caller's own open fails.
+    """
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{folder} belongs to another user (uid {st.st_uid})"
+    who = other_writers(st)
+    if who:
+        return f"{folder} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
