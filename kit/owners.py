@@ -1,6 +1,7 @@
 """Who besides this user may change a file or a folder: the mode and owner rules that the
-log file (:mod:`kit.logpaths`) and the prompt cache's folder
-(:mod:`kit.engine.cache.safe_files`) share, so they judge "only mine" the same way.
+log file (:mod:`kit.logpaths`), the prompt cache's folder
+(:mod:`kit.engine.cache.safe_files`) and the files the user's specs link to
+(:mod:`kit.harness.files`) share, so they judge "only mine" the same way.
 
 Group write is harmless when the group is this user's private one (the user's primary
 group, named as the user, with no other member: umask 002 on Debian and Ubuntu), as
