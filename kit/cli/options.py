@@ -13,9 +13,9 @@ def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
     """Refuse a ``--prompt-cache-dir`` that another user could have put a file in (not
     this user's, or writable by group or others, it or a folder above it; as ssh's
     StrictModes). On a filesystem that keeps no modes (an exFAT or FAT drive) only the
-    owner counts: the engine then trusts each file by its MAC alone
-    (:class:`kit.engine.cache.disk_cache.DiskCache`). The default folder is not refused here: the engine then runs without
-    the disk tier, with a warning (:class:`kit.engine.cache.disk_cache.DiskCache`).
+    owner counts: the engine then trusts each file by its MAC alone. The default folder
+    is not refused here: the engine then runs without the disk tier, with a warning
+    (:class:`kit.engine.cache.disk_cache.DiskCache`, for both).
 
     Raises:
         ConfigError: naming the folder and why.
