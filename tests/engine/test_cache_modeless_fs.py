@@ -124,7 +124,7 @@ def test_a_folder_of_this_user_on_an_exfat_drive_is_used_and_says_so(drive, capl
     with caplog.at_level(logging.WARNING, "mlx_kit.engine"):
         disk = DiskCache(cache, 1 << 30)
     assert disk.key is not None and disk.modeless == "exfat"
-    assert f"the prompt cache folder {cache} is on a exfat filesystem, which keeps no " \
+    assert f"the prompt cache folder {cache} is on a filesystem (exfat) that keeps no " \
            "owners or modes" in caplog.text
 
 

@@ -124,7 +124,7 @@ class DiskCache(DiskFolder):
             return
         self.modeless = modeless_fs(self.root)
         if self.modeless:  # the user's own drive, but its modes say nothing: say so once
-            log.warning("the prompt cache folder %s is on a %s filesystem, which keeps no "
+            log.warning("the prompt cache folder %s is on a filesystem (%s) that keeps no "
                         "owners or modes: other local users may be able to write in it, so "
                         "each file is used only when its MAC verifies, checked on a copy "
                         "in memory at every hit", self.root, self.modeless)
