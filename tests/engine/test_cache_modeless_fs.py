@@ -22,20 +22,26 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from kit import mlx_lm_api  # noqa: E402
-from kit.engine.cache import cache_mac, safe_files  # noqa: E402
-from kit.engine.cache.disk_cache import DiskCache  # noqa: E402
-from kit.engine.cache.safe_files import (  # noqa: E402
+from kit import mlx_lm_api
+from kit.engine.cache import cache_mac, safe_files
+from kit.engine.cache.disk_cache import DiskCache
+from kit.engine.cache.safe_files import (
     MODELESS,
     filesystem_type,
     modeless_fs,
     mount_type,
     not_private,
 )
-from kit.errors import ConfigError  # noqa: E402
-from tests.engine.test_disk_cache import IDENT, LAYERS, kv_cache, mint, tokens  # noqa: E402
-from tests.engine.test_disk_cache import user_state  # noqa: E402, F401 (autouse fixture)
-from tests.helpers import flat, free_port, needs_proc, run_kit  # noqa: E402
+from kit.errors import ConfigError
+from tests.engine.test_disk_cache import (
+    IDENT,
+    LAYERS,
+    kv_cache,
+    mint,
+    tokens,
+    user_state,  # noqa: F401 (autouse fixture)
+)
+from tests.helpers import flat, free_port, needs_proc, run_kit
 
 NOBODY = 65534
 
