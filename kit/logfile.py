@@ -4,6 +4,12 @@
 logs through one :class:`ServerLogFile`: before a record would take the file past
 :data:`MAX_BYTES` (10 MiB), PATH becomes PATH.1, PATH.1 becomes PATH.2, ... and the oldest
 of :data:`BACKUPS` (3) is deleted, so a server never keeps more than about 40 MiB of log.
+Renaming is safe only where nobody else can make names: in a folder another user may
+write (a sticky ``/tmp`` included: a name we have not made yet, ``PATH.1``, is theirs to
+take), PATH is never renamed, and is emptied in place when it reaches 4 x MAX_BYTES
+(:func:`rotates`), as logrotate refuses a parent with "insecure permissions". A rotation
+that finds a name it must not touch, or fails, is one logged line and the same in-place
+emptying from then on: it never deletes, renames over or writes another user's file.
 The engine process (a ``python -c`` child: it inherits the environment) appends to the
 same file through an :class:`EngineLogFile`, which follows the server's rotation; only the
 server rotates, so the two never rename the file under each other.
@@ -15,7 +21,9 @@ lands in the current log and not in a rotated or deleted one. Else (``--log-file
 terminal) the records also go to stderr, as without ``--log-file``.
 
 No library does the "follow the other process's rotation and move fds 1/2 along" part;
-the rotation and the reopening themselves are the standard library's handlers.
+the handlers are the standard library's, with the rotation itself our own
+(:meth:`ServerLogFile.doRollover`: the stdlib's deletes whatever is at ``PATH.N``). Which
+files are ours, and the ``--log-file`` checks, are :mod:`kit.logpaths`.
 
 Also here: :class:`HealthPolls`, the access-log filter that drops ``/health`` polls. The
 readers behind ``mlx-kit logs`` (:func:`~kit.logread.last_lines`,
@@ -24,40 +32,38 @@ readers behind ``mlx-kit logs`` (:func:`~kit.logread.last_lines`,
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import logging.handlers
 import os
-import re
 import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kit.errors import ConfigError
+from kit.knobs import env
+from kit.logpaths import (  # noqa: F401 (re-exported: callers import them from here)
+    BACKUPS,
+    FILE_MODE,
+    RUN_SEPARATOR,
+    check_log_path,
+    check_rotation_targets,
+    looks_like_our_log,
+    open_ours,
+    open_private,
+    rotates,
+    same_file,
+)
 from kit.paths import private_dir
 
-from kit.knobs import env
-
-#: Bytes of one log file before it is rotated, and how many rotated files are kept.
+#: Bytes of one log file before it is rotated (BACKUPS: how many rotated files are kept).
 MAX_BYTES = 10 * 2**20
-BACKUPS = 3
 #: Hidden override of MAX_BYTES (bytes), for tests that rotate at a few KiB.
 MAX_BYTES_ENV = "MLX_KIT_LOG_MAX_BYTES"
 #: Set by ``serve --log-file`` for its engine process: the file it appends to.
 LOG_FILE_ENV = "MLX_KIT_SERVER_LOG"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-#: The mode a log file is created with: only its user reads it (it holds prompts, tokens
-#: in command lines, paths).
-FILE_MODE = 0o600
-#: ``start_detached`` writes this before each start, so a tail can show the current run only.
-RUN_SEPARATOR = "\n--- "
-#: A line :data:`FORMAT` writes ("2026-12-01 21:58:44,123 INFO mlx_kit.serve: ..."), or
-#: the run separator: how a file shows it is one of our logs (:func:`check_rotation_targets`).
-_OUR_LINE = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(,\d{3})? [A-Z]+ \S+: |--- )",
-                       re.MULTILINE)
-#: Bytes read from the start of a file to decide whether it is ours.
-_SNIFF_BYTES = 64 * 1024
 
 
 def max_bytes() -> int:
@@ -68,20 +74,11 @@ def max_bytes() -> int:
         return MAX_BYTES
 
 
-def _is_file(fd: int, path: Path) -> bool:
-    """Whether the open descriptor ``fd`` is the file at ``path``."""
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 class _StdStreams:
     """Points fds 1 and 2 (those that were the log file) at a handler's current stream."""
 
     def __init__(self, path: Path) -> None:
-        self.fds = [fd for fd in (1, 2) if _is_file(fd, path)]
+        self.fds = [fd for fd in (1, 2) if same_file(fd, path)]
 
     def follow(self, stream) -> None:
         for f in (sys.stdout, sys.stderr):
@@ -93,50 +90,6 @@ class _StdStreams:
             os.dup2(stream.fileno(), fd)
 
 
-#: open(2) flags of every log file open: never through a link at the path itself (one
-#: planted in a shared folder since the path was checked), never waiting on a FIFO
-_SAFE_OPEN = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
-
-
-def _ours(fd: int, path: Path | str) -> int:
-    """``fd`` if it is a regular file of this user's, else closed and an OSError: a file
-    another user put at the path (their own, which they can read) gets none of our log."""
-    st = os.fstat(fd)
-    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-        return fd
-    os.close(fd)
-    raise OSError(errno.EPERM, "not a regular file of this user's", str(path))
-
-
-def open_ours(path: Path | str):
-    """``path`` opened for reading (binary) when it is a regular file of this user's,
-    not through a link at the path, without waiting on a FIFO (``mlx-kit logs``).
-
-    Raises:
-        OSError: it cannot be opened, or is not such a file (EPERM, ELOOP).
-    """
-    fd = _ours(os.open(path, os.O_RDONLY | _SAFE_OPEN), path)
-    os.set_blocking(fd, True)
-    return open(fd, "rb")
-
-
-def open_private(path: Path | str, mode: str = "a", encoding: str | None = "utf-8",
-                 errors: str | None = None):
-    """Open ``path`` for appending (``mode`` "a" or "ab"), creating it with
-    :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode. Only a regular
-    file of this user's, not through a link at the path (:func:`_ours`).
-
-    Raises:
-        OSError: it cannot be opened, or is not such a file (EPERM, ELOOP).
-    """
-    fd = _ours(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _SAFE_OPEN,
-                       FILE_MODE), path)
-    os.set_blocking(fd, True)
-    if "b" in mode:
-        return open(fd, mode)
-    return open(fd, mode, encoding=encoding, errors=errors)
-
-
 class _PrivateOpen:
     """Mixin for the stdlib file handlers: ``_open`` (used at start and by every
     rotation/reopen) creates the file 0600 instead of with the umask."""
@@ -145,93 +98,135 @@ class _PrivateOpen:
         return open_private(self.baseFilename, self.mode, self.encoding, self.errors)
 
 
-def looks_like_our_log(path: Path) -> bool:
-    """Whether the file at ``path`` is empty or has, in its first 64 KiB, a line our
-    :data:`FORMAT` or :data:`RUN_SEPARATOR` writes, or is this process's stdout/stderr
-    (what started us opened it for us to log into). A missing file counts as ours (there
-    is nothing to lose); an unreadable one does not.
-    """
-    if any(_is_file(fd, path) for fd in (1, 2)):
-        return True
-    try:
-        with open_ours(path) as f:
-            head = f.read(_SNIFF_BYTES)
-    except FileNotFoundError:
-        return True
-    except OSError:  # unreadable, a link, a FIFO, another user's
-        return False
-    return not head or _OUR_LINE.search(head) is not None
-
-
-def check_rotation_targets(path: Path) -> None:
-    """Refuse a log file whose rotation would overwrite or delete files that are not
-    ours: rotating renames ``path`` to ``path.1``, ``path.1`` to ``path.2``, ... and
-    deletes the last (:data:`BACKUPS`), so each of ``path`` and ``path.1`` ..
-    ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`).
-
-    Raises:
-        ConfigError: naming the files that are not our logs.
-    """
-    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
-    foreign = [str(p) for p in names if os.path.lexists(p) and not looks_like_our_log(p)]
-    if foreign:
-        raise ConfigError(
-            f"the log file's rotation would overwrite or delete files that are not mlx-kit "
-            f"logs: {', '.join(foreign)}",
-            hint="pass another --log-file, or move those files away")
-
-
-def check_log_path(path: Path) -> None:
-    """Refuse a ``--log-file`` (as the user spelt it, before links are resolved) that
-    another user can put something at: its folder writable by every user without the
-    sticky bit (they could rename our file away and put theirs in its place), or the
-    path, or one of its rotation names, already someone else's (their file, or their
-    link to a file of ours, in a shared ``/tmp``). What follows a check of the user's own
-    paths is :func:`check_rotation_targets` on the resolved path.
-
-    Raises:
-        ConfigError: naming the folder or the files.
-    """
-    folder = os.path.realpath(path.parent)
-    try:
-        mode = os.stat(folder).st_mode
-    except OSError:
-        return  # missing: created 0700 by us (private_dir)
-    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-        raise ConfigError(f"refusing the log file {path}: every user may write in "
-                          f"{folder} (and replace the log with a file of theirs)",
-                          hint="pass a --log-file in a folder of yours")
-    names = [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
-    others = []
-    for p in names:
-        try:
-            if os.lstat(p).st_uid != os.geteuid():
-                others.append(str(p))
-        except OSError:
-            pass
-    if others:
-        raise ConfigError(f"refusing the log file {path}: another user owns "
-                          f"{', '.join(others)}; mlx-kit's log (prompts, paths) would be "
-                          "theirs to read, or go where their link points",
-                          hint="pass another --log-file, in a folder of yours")
-
-
 class ServerLogFile(_PrivateOpen, logging.handlers.RotatingFileHandler):
     """The server's handler: a RotatingFileHandler (:func:`max_bytes`, :data:`BACKUPS`)
     that also moves fds 1/2 to the new file after a rotation (when they were the file).
 
     Its size check counts the engine's lines too (it measures the file, not its own
     writes), so the file passes the limit only by what the engine writes between two of
-    the server's records."""
+    the server's records.
+
+    Its rotation is its own (:meth:`doRollover`): the stdlib's removes and renames
+    whatever is at ``PATH.N`` and raises on the first failure, once per record after
+    that. Here each name is checked first (missing, or a regular file of ours that this
+    handler wrote or that holds our log), the open file is kept until the new one is open, and a rotation
+    that cannot be done safely, or where it is never done (:func:`rotates`), empties the
+    file in place at 4 x the size instead (:attr:`no_rotation` says why).
+
+    Attributes:
+        no_rotation: None while the file is rotated by renaming, else why it is not.
+    """
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, maxBytes=max_bytes(), backupCount=BACKUPS, encoding="utf-8")
         self.std = _StdStreams(path)
         self.std.follow(self.stream)  # O_APPEND from now on, whatever the parent opened
+        self.no_rotation: str | None = None
+        #: (st_dev, st_ino) of the last files this handler wrote: backups known ours
+        #: whatever their lines look like (older ones have been deleted by rotation)
+        self._written = collections.deque([self._identity(self.stream)], maxlen=BACKUPS + 2)
+        if why := rotates(path):
+            self._stop_rotating(why)
+
+    def _stop_rotating(self, why: str) -> None:
+        # the same disk bound as PATH plus its backups: one file of 4 x the size
+        self.no_rotation = why
+        self.maxBytes = max_bytes() * (BACKUPS + 1)
+
+    def _note(self, text: str) -> None:
+        """A WARNING line written straight to the file (FileHandler.emit: no size check,
+        so no rotation from inside a rotation), as the server's logger would."""
+        record = logging.LogRecord("mlx_kit.serve", logging.WARNING, __file__, 0, text,
+                                   None, None)
+        logging.FileHandler.emit(self, record)
+
+    @staticmethod
+    def _identity(stream) -> tuple[int, int]:
+        st = os.fstat(stream.fileno())
+        return st.st_dev, st.st_ino
+
+    def _backup(self, name: Path) -> bool:
+        """Whether ``name`` exists, when it is missing or a backup of ours: a regular file
+        of this user's that this handler wrote, or that holds our log (one from before).
+
+        Raises:
+            OSError: something else is at ``name``: renaming onto it would replace it, and
+                renaming it along would push it to where the oldest backup is deleted.
+        """
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or (
+                (st.st_dev, st.st_ino) not in self._written and not looks_like_our_log(name)):
+            raise OSError(errno.EEXIST, "in the way of the rotation, and not a log of ours",
+                          str(name))
+        return True
+
+    def _rotate(self) -> None:
+        """Rename PATH.N-1 onto PATH.N ... PATH onto PATH.1, each name checked first.
+
+        Raises:
+            OSError: a name in the way is not ours (nothing renamed onto it or away), PATH
+                is no longer our open file, or a rename fails.
+        """
+        base = self.baseFilename
+        for i in range(self.backupCount - 1, 0, -1):
+            src, dst = Path(f"{base}.{i}"), Path(f"{base}.{i + 1}")
+            if self._backup(src):
+                self._backup(dst)  # raises when what is in the way is not ours
+                os.rename(src, dst)
+        if not same_file(self.stream.fileno(), Path(base)):
+            raise OSError(errno.ENOENT, "no longer the file this server writes", base)
+        self._backup(Path(f"{base}.1"))  # likewise
+        os.rename(base, f"{base}.1")
 
     def doRollover(self) -> None:
-        super().doRollover()
+        """Rotate (see the class docstring), or empty the file where it is not rotated.
+        Never raises: a rotation that fails is one line in the log, and the end of
+        rotating for this server."""
+        if self.no_rotation is not None:
+            self._empty()
+            return
+        old = self.stream
+        try:
+            old.flush()  # the old file is complete before it is renamed
+            self._rotate()
+            self.stream = self._open()
+        except OSError as e:
+            self.stream = old  # still ours, wherever its name is now
+            moved = Path(f"{self.baseFilename}.1")
+            if same_file(old.fileno(), moved) and not os.path.lexists(self.baseFilename):
+                try:  # renamed, then no new file: give it its name back
+                    os.rename(moved, self.baseFilename)
+                except OSError:
+                    pass
+            self._stop_rotating(f"cannot rotate it: {e.filename or self.baseFilename}: "
+                                f"{e.strerror}")
+            self._note(f"the log file {self.baseFilename} is no longer rotated "
+                       f"({self.no_rotation}); it is emptied in place at "
+                       f"{_size(self.maxBytes)} instead")
+            return
+        old.close()
+        self._written.append(self._identity(self.stream))
         self.std.follow(self.stream)
+
+    def _empty(self) -> None:
+        """Empty the file through our own open descriptor (no name is touched): the
+        engine's and fds 1/2's appends (O_APPEND) go on at its new end."""
+        try:
+            self.stream.flush()
+            os.ftruncate(self.stream.fileno(), 0)
+        except OSError as e:
+            self._note(f"cannot empty the log file: {e.strerror}")
+            return
+        self._note(f"the log file was emptied at {_size(self.maxBytes)}: it is not rotated "
+                   f"({self.no_rotation}); pass a --log-file in a folder only you can "
+                   f"write to keep {BACKUPS} rotated files")
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n} bytes"
 
 
 class EngineLogFile(_PrivateOpen, logging.handlers.WatchedFileHandler):
@@ -291,12 +286,19 @@ def setup_server(level: str, log_file: Path | None) -> None:
     """
     if log_file is not None:
         check_rotation_targets(log_file)
-    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
-                        handlers=_handlers(log_file, ServerLogFile))
+    handlers = _handlers(log_file, ServerLogFile)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True, handlers=handlers)
     logging.getLogger("mlx_kit").setLevel(level.upper())
     logging.getLogger("uvicorn.access").addFilter(HealthPolls())
     if log_file is not None:
         os.environ[LOG_FILE_ENV] = str(log_file)
+        why = getattr(handlers[0], "no_rotation", None)
+        if why:  # said once at start: the user chose the folder, and can choose another
+            logging.getLogger("mlx_kit.serve").warning(
+                "the log file %s is not rotated: %s, so another user could take the "
+                "names its rotation renames onto; it is emptied in place when it reaches "
+                "%s. Pass a --log-file in a folder only you can write to keep %d rotated "
+                "files", log_file, why, _size(handlers[0].maxBytes), BACKUPS)
     else:  # not one inherited from whatever started us
         os.environ.pop(LOG_FILE_ENV, None)
 

@@ -26,9 +26,11 @@ LAYERS: tuple[str, ...] = (
     "kit.knobs",  # every knob and MLX_KIT_* variable (stdlib only)
     "kit.errors",
     "kit.paths",
+    "kit.owners",  # who besides this user may write a file or folder (stdlib only)
     "kit.urls",
     "kit.blas",
     "kit.mlx_lm_api",  # the one boundary to mlx-lm (imports none of it at import time)
+    "kit.logpaths",  # which log files are ours, the --log-file checks
     "kit.logfile",
     "kit.logread",
     "kit.formats",

@@ -12,8 +12,10 @@ URL = typer.Option(None, "--url", envvar=URL_ENV, show_default=DEFAULT_URL,
 def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
     """Refuse a ``--prompt-cache-dir`` that another user could have put a file in (not
     this user's, or writable by group or others, it or a folder above it; as ssh's
-    StrictModes). The default folder is not refused here: the engine then runs without
-    the disk tier, with a warning (:class:`kit.engine.cache.disk_cache.DiskCache`).
+    StrictModes). On a filesystem that keeps no modes (an exFAT or FAT drive) only the
+    owner counts: the engine then trusts each file by its MAC alone. The default folder
+    is not refused here: the engine then runs without the disk tier, with a warning
+    (:class:`kit.engine.cache.disk_cache.DiskCache`, for both).
 
     Raises:
         ConfigError: naming the folder and why.
@@ -25,7 +27,7 @@ def check_cache_dir(folder: str | None, disk_bytes: int) -> None:
 
     if folder is None or disk_bytes <= 0:
         return
-    problem = not_private(Path(folder).expanduser())
+    problem = not_private(Path(folder).expanduser(), modeless_ok=True)
     if problem:
         raise ConfigError(
             f"refusing --prompt-cache-dir {folder}: {problem}; another user could plant a "

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kit.errors import HarnessError
+from kit.harness.places import forbidden
+from kit.owners import other_writers
 
 
 @contextmanager
@@ -154,39 +156,97 @@ def atomic_write(path: Path, text: str, mode: int | None = None,
 
 
 #: what to do about an :class:`UnsafeFile` of the user's config folder
-UNSAFE_HINT = ("copy the file into the folder (or link the whole folder): mlx-kit follows no "
-               "link out of it, reads no FIFO or device, and nothing that large")
+UNSAFE_HINT = ("copy the file into the folder (or link the whole folder), or link to a file of "
+               "yours that only you can change and every user may read (a dotfile or "
+               "/nix/store file): mlx-kit reads no FIFO or device, nothing that large, and "
+               "no link to another user's file, a file others can change, a private file or "
+               "a place that holds keys")
+
+#: Nix's store: its files belong to root, read-only (home-manager links ~/.config into it)
+NIX_STORE = "/nix/store"
 
 
 class UnsafeFile(Exception):
     """A file refused before any of it is read: outside its folder (through a symbolic
-    link), not a regular file (a FIFO would block the read forever, a device never end),
-    or larger than the bound. The message says which."""
+    link) to a file that is not proven the user's choice, not a regular file (a FIFO
+    would block the read forever, a device never end), or larger than the bound. The
+    message says which."""
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _linked_problem(real: str, st: os.stat_result) -> str | None:
+    """Why the file at ``real`` (``st``: its fstat), reached through a link out of its
+    folder, is not one the user put there by choice (GNU stow links each file into
+    ~/.dotfiles, home-manager into /nix/store), or None. It must be this user's (or
+    root's, inside :data:`NIX_STORE`), changed by no one else, it and every folder above
+    it (:func:`kit.owners.other_writers`; a sticky folder keeps our names ours); readable
+    by every user, so that it is no secret (keys, ``~/.aws/credentials``, ``.netrc`` are
+    kept 0600); and not in a place that holds keys or startup code
+    (:func:`kit.harness.places.forbidden`: ``~/.ssh``, ``~/.bashrc``, mlx-kit's state)."""
+    uid = os.geteuid()
+    if st.st_uid != uid and not (st.st_uid == 0 and _inside(real, NIX_STORE)):
+        return (f"which belongs to another user (uid {st.st_uid})" if st.st_uid != 0
+                else f"which belongs to root, outside {NIX_STORE}")
+    if who := other_writers(st):
+        return f"which {who} may change (mode {stat.S_IMODE(st.st_mode):04o})"
+    if not st.st_mode & stat.S_IROTH:
+        return (f"which only its owner may read (mode {stat.S_IMODE(st.st_mode):04o}): "
+                "mlx-kit copies no private file into an agent's config")
+    if why := forbidden(Path(real)):
+        return f"where no agent's file may come from: {why}"
+    for folder in Path(real).parents:
+        try:
+            fst = os.stat(folder)
+        except OSError as e:
+            return f"in {folder}, which cannot be checked ({e.strerror})"
+        if fst.st_uid not in (uid, 0):
+            return f"in {folder}, which belongs to another user (uid {fst.st_uid})"
+        if (who := other_writers(fst)) and not fst.st_mode & stat.S_ISVTX:
+            return f"in {folder}, which {who} may write (they could swap the file)"
+    return None
 
 
 def read_inside(root: Path, path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, a file that must stay inside the folder ``root``: symbolic
-    links are followed only while they stay in ``root`` (``root`` itself may be a link,
-    as GNU stow makes one), and at most ``limit`` bytes are read. :class:`UnsafeFile`'s
-    message does not name ``path``: the caller says which file it was.
+    """The bytes of ``path``, a file of the folder ``root`` (``root`` itself may be a
+    link, as GNU stow makes one), at most ``limit`` bytes. A symbolic link that leaves
+    ``root`` is followed only to a file the user chose (:func:`_linked_problem`: theirs
+    or a /nix/store file, changed by no one else, readable by all, not in a place that
+    holds keys), as stow and home-manager link each file of ~/.config.
+    :class:`UnsafeFile`'s message does not name ``path``: the caller says which file it
+    was.
 
     A user's spec or template may come from anywhere (a repository cloned into the config
-    folder); a link in it to ``~/.ssh/id_ed25519`` must not copy that key into an agent's
-    config file.
+    folder); a link in it to ``~/.ssh/id_ed25519`` or another user's file must not copy
+    that into an agent's config file.
 
     Raises:
         FileNotFoundError: no such file.
-        UnsafeFile: outside ``root``, not a regular file, or over ``limit`` bytes.
+        UnsafeFile: a link out of ``root`` to a file not proven the user's choice, not a
+            regular file, or over ``limit`` bytes.
         OSError: it cannot be read.
     """
     real, home = os.path.realpath(path), os.path.realpath(root)
-    if os.path.commonpath([real, home]) != home:
-        raise UnsafeFile(f"links to {real}, outside {root}")
+    linked = None
+    if not _inside(real, home):
+        # judged before it is opened (no device is opened, no secret touched), then again
+        # on the open file: what is read is what was judged
+        linked = os.lstat(real)
+        if not stat.S_ISREG(linked.st_mode):
+            raise UnsafeFile(f"links to {real}, outside {root}, which is not a regular file")
+        if why := _linked_problem(real, linked):
+            raise UnsafeFile(f"links to {real}, outside {root}, {why}")
     # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
     # since realpath looked is refused (ELOOP)
     fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if linked is not None and ((st.st_dev, st.st_ino) != (linked.st_dev, linked.st_ino)
+                                   or _linked_problem(real, st)):
+            raise UnsafeFile(f"links to {real}, outside {root}, which changed as it was read")
+        if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile("not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:

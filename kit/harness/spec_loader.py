@@ -3,7 +3,8 @@ through one function, :func:`load_all` — the bundled agents, then the user's o
 (``<user config dir>/harnesses/*.toml``, templates in ``<user config dir>/templates/``).
 
 A user's spec file is bounded before it is parsed (:data:`MAX_SPEC_BYTES`, TOML nesting)
-and read only when it stays in its folder (:func:`kit.harness.files.read_inside`),
+and read only from its folder, or through a link out of it to a file the user chose
+(:func:`kit.harness.files.read_inside`: stow's and home-manager's per-file links),
 and a broken one is reported, never fatal to the other agents; validation itself is
 :func:`kit.harness.spec.parse_spec`'s.
 """

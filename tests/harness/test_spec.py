@@ -395,10 +395,12 @@ def test_a_user_spec_that_is_a_fifo_or_links_out_is_a_problem_not_a_hang(home, k
     if kind == "fifo":
         os.mkfifo(folder / "toy.toml")
         expected = "not a regular file"
-    else:
+    else:  # a file of the user's is followed (stow), unless others may change it
         (home / "elsewhere.toml").write_text(TOY)
+        (home / "elsewhere.toml").chmod(0o646)
         os.symlink(home / "elsewhere.toml", folder / "toy.toml")
-        expected = f"links to {home / 'elsewhere.toml'}, outside {folder}"
+        expected = f"links to {home / 'elsewhere.toml'}, outside {folder}, which others " \
+                   "may change (mode 0646)"
     agents = load_all()
     assert [p.message for p in agents.problems.values()] == [
         f"{folder / 'toy.toml'}: {expected}"]

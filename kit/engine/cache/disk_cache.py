@@ -20,6 +20,11 @@ Proven ours: a file is used only when it is this user's, nobody else can write i
 its MAC verifies (over the whole file, before its tensors load). Another user's file is
 never read or deleted (one warning); one of ours that fails goes, as any that does not
 load. A root that fails :func:`kit.engine.cache.safe_files.not_private` keeps the tier off.
+On a filesystem that keeps no owners or modes (exFAT, FAT, NTFS drives:
+:func:`kit.engine.cache.safe_files.modeless_fs`) the folder is judged by its owner (the
+mount's) alone and every file by its MAC alone: each hit reads the file into memory and
+checks the MAC on that copy, which is what loads (others may be able to write the file
+meanwhile), and no hit skips the check.
 
 The model identity (:func:`kit.engine.cache.cache_identity.model_identity`) hashes the model
 folder, config.json's bytes, every file's name, size and mtime, the KV settings and
@@ -32,6 +37,7 @@ hit) are deleted until all of them fit ``max_bytes``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -53,6 +59,7 @@ from kit.engine.cache.cache_identity import (
 from kit.engine.cache.safe_files import (
     NOFOLLOW as _NOFOLLOW,
     fsync_dir as _fsync_dir,
+    modeless_fs,
     not_private,
     open_file as _open_file,
     real_dir as _real_dir,
@@ -103,8 +110,11 @@ class DiskCache(DiskFolder):
         self._identity_for: tuple[Any, str, str] | None = None  # (model ref, path, id)
         self._refused: set[tuple[str, int, int]] = set()  # (path, inode, mtime): logged
         self.key = key
+        #: the filesystem's type when it keeps no owners or modes (then the MAC alone,
+        #: on a copy in memory, proves a file ours), else None
+        self.modeless: str | None = None
         try:
-            problem = not_private(self.root)
+            problem = not_private(self.root, modeless_ok=True)
             if problem:
                 raise OSError(f"not a private folder: {problem}")
             self.key = key or cache_mac.user_key()
@@ -112,6 +122,12 @@ class DiskCache(DiskFolder):
             self.key = None
             log.warning("the prompt cache's disk tier is off: %s", e)
             return
+        self.modeless = modeless_fs(self.root)
+        if self.modeless:  # the user's own drive, but its modes say nothing: say so once
+            log.warning("the prompt cache folder %s is on a filesystem (%s) that keeps no "
+                        "owners or modes: other local users may be able to write in it, so "
+                        "each file is used only when its MAC verifies, checked on a copy "
+                        "in memory at every hit", self.root, self.modeless)
         try:
             self._remove_stale_tmp()
             self._scan()
@@ -180,10 +196,16 @@ class DiskCache(DiskFolder):
                 # file that passed here before and has not changed since (same inode,
                 # size, mtime and ctime: any write moves ctime, which no one but root
                 # can set back) is not hashed again
-                if self._verified.get(entry.path.name) != _unchanged(st):
+                if self.modeless:  # others may write it: check and load one copy
+                    src = self._copy(f, st)
+                    cache_mac.check(src, self.key)
+                elif self._verified.get(entry.path.name) != _unchanged(st):
+                    src = f
                     cache_mac.check(f, self.key)
-                f.seek(0)
-                cache, meta = mlx_lm_api.load_prompt_cache(f, return_metadata=True)
+                else:
+                    src = f
+                src.seek(0)
+                cache, meta = mlx_lm_api.load_prompt_cache(src, return_metadata=True)
             mx.eval([c.state for c in cache])  # a bad tensor fails here, not mid-request
             names = tuple(type(c).__name__ for c in cache)
             if meta.get("tokens") != json.dumps(entry.tokens.tolist()) or \
@@ -205,10 +227,28 @@ class DiskCache(DiskFolder):
             return None
         try:
             os.utime(entry.path)  # least recently used goes first
-            self._verified[entry.path.name] = _unchanged(entry.path.lstat())
+            if not self.modeless:
+                self._verified[entry.path.name] = _unchanged(entry.path.lstat())
         except OSError:
             self._verified.pop(entry.path.name, None)
         return cache
+
+    def _copy(self, f: Any, st: os.stat_result) -> io.BytesIO:
+        """The whole file open in ``f`` (``st``: its fstat) in memory, named as the file
+        (mx.load picks the format from the name).
+
+        Raises:
+            ValueError: it is larger than the folder's bound, or changed as it was read.
+        """
+        if st.st_size > self.max_bytes:
+            raise ValueError(f"it is larger than the folder's bound ({self.max_bytes} bytes)")
+        f.seek(0)
+        data = f.read(st.st_size + 1)
+        if len(data) != st.st_size:
+            raise ValueError("it changed as it was read")
+        copy = io.BytesIO(data)
+        copy.name = f.name
+        return copy
 
     # -- write / evict ---------------------------------------------------------------------
 
@@ -231,16 +271,17 @@ class DiskCache(DiskFolder):
                 cache_mac.TAG_FIELD: cache_mac.UNSEALED}
         made = False
         try:
-            private_dir(self.root)  # 0700 when we create them: files hold prompts' tokens
-            private_dir(folder)
+            self._make_folder(self.root)  # 0700: files hold prompts' tokens
+            self._make_folder(folder)
             # another user may have made it first (a folder in /tmp): then it is theirs
-            problem = not_private(folder)
+            problem = not_private(folder, modeless_ok=self.modeless is not None)
             if problem or not _real_dir(folder):  # a link in our folder is never followed
                 raise OSError(problem or f"{folder} is not a folder of ours (a symlink?)")
             # O_EXCL|O_NOFOLLOW: never write through a link; 0600 whatever the umask
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
             made = True
-            os.fchmod(fd, 0o600)
+            if not self.modeless:  # where there are no modes, chmod fails (EPERM)
+                os.fchmod(fd, 0o600)
             with os.fdopen(fd, "w+b") as f:
                 mlx_lm_api.save_prompt_cache(f, cache, meta)
                 f.flush()
@@ -267,6 +308,14 @@ class DiskCache(DiskFolder):
                     self._delete(identity, other.path)
         self.evict()
         return True
+
+    def _make_folder(self, path: Path) -> None:
+        """Create ``path`` 0700 if missing (:func:`kit.paths.private_dir`); on a
+        filesystem without modes, without the chmod (it fails with EPERM there)."""
+        if self.modeless:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            private_dir(path)
 
     def evict(self) -> None:
         """Delete the least recently used files (any identity) until the rest fit

@@ -56,6 +56,7 @@ class DiskFolder:
     entries: int
     _index: dict[str, dict[str, Entry]]  # identity -> file name -> Entry
     _refused: set[tuple[str, int, int]]  # (path, inode, mtime): warned about once
+    modeless: str | None  # a filesystem without modes: a file is judged by its owner only
 
     def _ours(self) -> list[Path]:
         """Our identity folders under root."""
@@ -141,8 +142,10 @@ class DiskFolder:
 
     def _foreign(self, path: Path, st: os.stat_result) -> bool:
         """Whether ``path`` (``st``: its fstat) is another user's or others can write it
-        (never read or deleted; one warning per file version)."""
-        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+        (never read or deleted; one warning per file version). On a filesystem without
+        modes (:attr:`modeless`) every file shows the same mode: only its owner (the
+        mount's) counts, and the MAC decides."""
+        if st.st_uid == os.geteuid() and (self.modeless or not st.st_mode & 0o022):
             return False
         seen = (str(path), st.st_ino, st.st_mtime_ns)
         if seen not in self._refused:

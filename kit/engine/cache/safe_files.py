@@ -1,18 +1,30 @@
 """Files in a folder of ours opened without following symlinks, for the prompt cache's
 disk tier (:mod:`kit.engine.cache.disk_cache`): a symlink planted in the cache folder must
-never make us read, write or delete a file outside it; and the test of whether a folder
-is one only this user can write (:func:`not_private`)."""
+never make us read, write or delete a file outside it; the test of whether a folder is
+one only this user can write (:func:`not_private`); and whether a folder is on a
+filesystem that keeps no owners or modes (:func:`modeless_fs`: exFAT, FAT, NTFS drives),
+where that test cannot be passed and the MAC alone proves a file ours."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+import re
 import stat
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
+from kit.owners import other_writers, users_own_group  # noqa: F401 (its old home)
+
+#: Filesystems that store no POSIX owner or mode: every file shows the mount's owner and
+#: one fixed mode (often 0777), and chmod fails or does nothing. Linux's vfat, msdos,
+#: exfat and ntfs3 drivers, FUSE's exFAT and NTFS drivers (both "fuseblk"; ntfs-3g's
+#: "permissions" option keeps modes, which only makes us trust less than we could), and
+#: macOS's msdos, exfat and ntfs.
+MODELESS = frozenset({"vfat", "msdos", "exfat", "ntfs", "ntfs3", "fuseblk"})
+_MOUNTINFO_MAX = 4 << 20  #: bytes of /proc/self/mountinfo read (thousands of mounts)
 HEADER_MAX = 64 << 20  #: a safetensors header over this is not ours (128k tokens: ~1 MiB)
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  #: POSIX; without it open_file checks islink
 
@@ -87,7 +99,77 @@ def header_metadata(f: Any) -> dict[str, str]:
     return meta
 
 
-def not_private(folder: Path) -> str | None:
+def _unescape(field: str) -> str:
+    """A mountinfo path field: the kernel writes space, tab, newline and backslash as
+    octal escapes (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_type(mountinfo: str, path: str) -> str | None:
+    """The filesystem type of the mount that holds ``path`` (absolute, no links) in
+    ``mountinfo`` (the text of ``/proc/self/mountinfo``): the longest mount point above
+    it, the last one listed when several share it (a later mount hides an earlier)."""
+    best, kind = -1, None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split(" ")
+        if not sep or len(fields) < 5 or not right:
+            continue
+        point = _unescape(fields[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), right.split(" ", 1)[0]
+    return kind
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem that holds ``path`` (or, when it does not exist yet,
+    its nearest folder that does): Linux's ``/proc/self/mountinfo``, macOS's
+    ``statfs`` (through ctypes; not exercised on Linux's CI); None where it cannot be
+    told, which keeps every check as strict as on a POSIX filesystem."""
+    real = Path(os.path.realpath(path))
+    while not real.exists() and real != real.parent:
+        real = real.parent
+    try:
+        if sys.platform == "darwin":
+            return _darwin_fs_type(str(real))
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return mount_type(f.read(_MOUNTINFO_MAX), str(real))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _darwin_fs_type(path: str) -> str | None:
+    """``f_fstypename`` of macOS's ``statfs(2)`` (64-bit-inode layout: ``statfs$INODE64``
+    on x86_64, ``statfs`` on arm64), read from a buffer larger than the struct."""
+    import ctypes
+
+    class StatFs(ctypes.Structure):
+        _fields_ = [("f_bsize", ctypes.c_uint32), ("f_iosize", ctypes.c_int32),
+                    ("f_counts", ctypes.c_uint64 * 5), ("f_fsid", ctypes.c_int32 * 2),
+                    ("f_owner", ctypes.c_uint32), ("f_type", ctypes.c_uint32),
+                    ("f_flags", ctypes.c_uint32), ("f_fssubtype", ctypes.c_uint32),
+                    ("f_fstypename", ctypes.c_char * 16)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        call = getattr(libc, "statfs$INODE64")
+    except AttributeError:
+        call = libc.statfs
+    buf = ctypes.create_string_buffer(8192)  # the struct is 2168 bytes: room to spare
+    if call(os.fsencode(path), buf) != 0:
+        return None
+    return StatFs.from_buffer(buf).f_fstypename.decode("ascii", "replace") or None
+
+
+def modeless_fs(path: Path) -> str | None:
+    """The type of the filesystem ``path`` is on when it is one of :data:`MODELESS`
+    (no owners or modes to check), else None (:func:`filesystem_type`)."""
+    kind = filesystem_type(path)
+    return kind if kind in MODELESS else None
+
+
+def not_private(folder: Path, modeless_ok: bool = False) -> str | None:
     """Why files in ``folder`` could have been written by another user, as ssh's
     StrictModes judges it; None when they cannot. ``folder`` (if it exists) must be a
     folder of this user that neither group nor others may write; every folder above it,
@@ -95,7 +177,12 @@ def not_private(folder: Path) -> str | None:
     writable by no one else unless it is sticky (as /tmp is: there others cannot rename
     or delete what is ours). A folder that does not exist yet is ours to create (0700).
     Group write is harmless when the group is this user's private one (as Debian's ssh
-    allows it: :func:`users_own_group`), so a umask of 002 does not refuse a folder.
+    allows it: :func:`kit.owners.users_own_group`), so a umask of 002 does not refuse a folder.
+
+    With ``modeless_ok``, a folder on a filesystem that keeps no modes
+    (:func:`modeless_fs`) is judged by its owner alone (the mount's: this user's, or
+    root's above ``folder``); its mode bits say nothing. For the prompt cache's folder,
+    whose files must then pass the MAC on a private copy, never for the key's.
     """
     uid = os.geteuid()
     given = Path(os.path.abspath(folder))
@@ -113,33 +200,11 @@ def not_private(folder: Path) -> str | None:
             return f"{d} is not a folder"
         if st.st_uid != uid and (itself or st.st_uid != 0):
             return f"{d} belongs to another user (uid {st.st_uid})"
-        writable = st.st_mode & 0o022
-        if writable & 0o020 and users_own_group(st.st_gid):
-            writable &= ~0o020  # a user-private group (umask 002): only this user is in it
-        if writable and (itself or not st.st_mode & stat.S_ISVTX):
-            who = "group and others" if writable == 0o022 else (
-                "its group" if writable & 0o020 else "others")
+        who = other_writers(st)  # a user-private group (umask 002) is no one else
+        if who and (itself or not st.st_mode & stat.S_ISVTX) and \
+                not (modeless_ok and modeless_fs(d)):
             return f"{d} is writable by {who} (mode {st.st_mode & 0o7777:04o})"
     return None
-
-
-@functools.lru_cache(maxsize=16)
-def users_own_group(gid: int) -> bool:
-    """Whether the group ``gid`` is this user's private group: the user's primary group,
-    named as the user, no other member and no other user's primary group. Cached per gid
-    (``pwd.getpwall`` lists every user, which takes seconds on a large directory)."""
-    try:
-        import grp
-        import pwd
-
-        me = pwd.getpwuid(os.geteuid())
-        group = grp.getgrgid(gid)
-    except (ImportError, KeyError):
-        return False
-    if gid != me.pw_gid or group.gr_name != me.pw_name or \
-            any(m != me.pw_name for m in group.gr_mem):
-        return False
-    return not any(p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
 
 
 def fsync_dir(folder: Path) -> None:
