@@ -42,6 +42,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kit.errors import ConfigError
 from kit.knobs import env
 from kit.logpaths import (  # noqa: F401 (re-exported: callers import them from here)
     BACKUPS,
@@ -282,11 +283,15 @@ def setup_server(level: str, log_file: Path | None) -> None:
 
     Raises:
         ConfigError: ``log_file``'s rotation would destroy files that are not our logs
-            (:func:`check_rotation_targets`).
+            (:func:`check_rotation_targets`), or it cannot be opened as a file of ours.
     """
     if log_file is not None:
         check_rotation_targets(log_file)
-    handlers = _handlers(log_file, ServerLogFile)
+    try:
+        handlers = _handlers(log_file, ServerLogFile)
+    except OSError as e:  # what the checks saw changed before the open (another user)
+        raise ConfigError(f"cannot open the log file {log_file}: {e.strerror or e}",
+                          hint="pass a --log-file in a folder only you can write") from None
     logging.basicConfig(level=logging.INFO, format=FORMAT, force=True, handlers=handlers)
     logging.getLogger("mlx_kit").setLevel(level.upper())
     logging.getLogger("uvicorn.access").addFilter(HealthPolls())
