@@ -162,11 +162,11 @@ def check_rotation_targets(path: Path) -> None:
 
 def check_log_path(path: Path) -> None:
     """Refuse a ``--log-file`` (as the user spelt it, before links are resolved) that
-    another user can put something at: its folder writable by its group or every user
-    without the sticky bit (they could rename our file away and put theirs in its
-    place), or the path already someone else's (their file, or their link to a file of
-    ours, in a shared ``/tmp``), or, where the log is rotated (:func:`rotates`), one of
-    its rotation names. What follows a check of the user's own paths is
+    another user can put something at: its folder another user's (a sticky bit does not
+    bind a folder's owner) or writable by its group or every user without the sticky bit
+    (they could rename our file away and put theirs in its place), or the path already
+    someone else's (their file, or their link to a file of ours, in a shared ``/tmp``),
+    or, where the log is rotated (:func:`rotates`), one of its rotation names. What follows a check of the user's own paths is
     :func:`check_rotation_targets` on the resolved path.
 
     Raises:
@@ -182,6 +182,11 @@ def check_log_path(path: Path) -> None:
         whom = "every user" if st.st_mode & stat.S_IWOTH else "every member of its group"
         raise ConfigError(f"refusing the log file {path}: {whom} may write in "
                           f"{folder} (and replace the log with a file of theirs)",
+                          hint="pass a --log-file in a folder of yours")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(f"refusing the log file {path}: {folder} belongs to another user "
+                          f"(uid {st.st_uid}), who may rename or delete the log there and put "
+                          "a file of theirs in its place",
                           hint="pass a --log-file in a folder of yours")
     others = []
     for p in _rotation_names(path):
