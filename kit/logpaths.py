@@ -166,12 +166,23 @@ def check_log_path(path: Path) -> None:
     bind a folder's owner) or writable by its group or every user without the sticky bit
     (they could rename our file away and put theirs in its place), or the path already
     someone else's (their file, or their link to a file of ours, in a shared ``/tmp``),
-    or, where the log is rotated (:func:`rotates`), one of its rotation names. What follows a check of the user's own paths is
+    or, where the log is rotated (:func:`rotates`), one of its rotation names, or a
+    folder on the way a link of another user's (as fs.protected_symlinks refuses in a
+    sticky folder, which macOS does not have). What follows a check of the user's own paths is
     :func:`check_rotation_targets` on the resolved path.
 
     Raises:
         ConfigError: naming the folder or the files.
     """
+    for part in path.parents:  # (the path itself: below, with the rotation names)
+        try:
+            link = os.lstat(part)
+        except OSError:
+            continue
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(f"refusing the log file {path}: {part} is a link of another "
+                              f"user's (uid {link.st_uid}): they chose where the log goes",
+                              hint="pass a --log-file in a folder of yours")
     folder = os.path.realpath(path.parent)
     try:
         st = os.stat(folder)

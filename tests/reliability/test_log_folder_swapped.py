@@ -122,3 +122,27 @@ def test_a_server_whose_log_folder_another_user_swaps_keeps_answering(hf_home, t
         proc.wait(30)
     assert path.read_text() == "theirs\n"
     assert "exited unexpectedly" not in (top / "old" / "mlx.log").read_text()
+
+
+@as_nobody
+def test_a_folder_on_the_log_path_that_is_another_users_link_is_refused(tmp_path,
+                                                                        sticky_box):
+    # before: `--log-file /tmp/logs/mlx.log` with /tmp/logs a link of theirs (Linux with
+    # fs.protected_symlinks=0, or macOS) put the log in a folder of ours they chose
+    chosen = tmp_path / "chosen-by-them"
+    chosen.mkdir(mode=0o700)
+    _nobody(f"ln -s {chosen} {sticky_box}/logs")
+    log = sticky_box / "logs" / "mlx.log"
+    r = run_kit(tmp_path, "serve", "--port", str(free_port()), "--log-file", str(log),
+                "--model", "/nonexistent", timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"error: refusing the log file {log}: {sticky_box / 'logs'} is a link of " \
+           f"another user's (uid {NOBODY})" in flat(r.stderr)
+    assert list(chosen.iterdir()) == []
+    # a link of the user's own on the way is followed as before
+    mine = tmp_path / "mine"
+    mine.symlink_to(chosen)
+    r = run_kit(tmp_path, "serve", "--port", str(free_port()), "--log-file",
+                str(mine / "mlx.log"), "--model", "/nonexistent", timeout=60)
+    assert "refusing the log file" not in flat(r.stderr), r.stderr
+    assert [p.name for p in chosen.iterdir()] == ["mlx.log"]
