@@ -188,7 +188,7 @@ def check_log_path(path: Path) -> None:
         st = os.stat(folder)
     except OSError:
         return  # missing: created 0700 by us (private_dir)
-    who = other_writers(st)
+    who = other_writers(st, folder)
     if who and not st.st_mode & stat.S_ISVTX:
         whom = "every user" if st.st_mode & stat.S_IWOTH else "every member of its group"
         raise ConfigError(f"refusing the log file {path}: {whom} may write in "

@@ -200,7 +200,7 @@ def not_private(folder: Path, modeless_ok: bool = False) -> str | None:
             return f"{d} is not a folder"
         if st.st_uid != uid and (itself or st.st_uid != 0):
             return f"{d} belongs to another user (uid {st.st_uid})"
-        who = other_writers(st)  # a user-private group (umask 002) is no one else
+        who = other_writers(st, d)  # a user-private group (umask 002) is no one else
         if who and (itself or not st.st_mode & stat.S_ISVTX) and \
                 not (modeless_ok and modeless_fs(d)):
             return f"{d} is writable by {who} (mode {st.st_mode & 0o7777:04o})"
