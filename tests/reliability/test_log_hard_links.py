@@ -90,3 +90,16 @@ def test_the_users_own_log_in_a_private_folder_still_rotates(tmp_path, monkeypat
     assert sorted(p.name for p in path.parent.iterdir()) == [
         "server.log", "server.log.1", "server.log.2", "server.log.3"]
     assert path.read_text().splitlines()[-1].startswith("record 0199 ")
+
+
+@pytest.mark.parametrize("name", ["afile/x.log", "n" * 300 + ".log"],
+                         ids=["not-a-dir", "too-long"])
+def test_a_log_file_that_cannot_be_opened_is_a_clean_error_not_a_crash(tmp_path, name):
+    # before: "unexpected error: NotADirectoryError" / "OSError: File name too long" and a
+    # crash-*.log (the open was outside every check)
+    (tmp_path / "afile").write_bytes(b"")
+    r = run_kit(tmp_path, "serve", "--port", str(free_port()), "--log-file",
+                str(tmp_path / name), "--model", "/nonexistent", timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"error: cannot open the log file {tmp_path / name}: " in flat(r.stderr)
+    assert "unexpected error" not in r.stderr
