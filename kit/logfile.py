@@ -42,6 +42,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kit.errors import ConfigError
 from kit.knobs import env
 from kit.logpaths import (  # noqa: F401 (re-exported: callers import them from here)
     BACKUPS,
@@ -239,10 +240,33 @@ class EngineLogFile(_PrivateOpen, logging.handlers.WatchedFileHandler):
         self.std = _StdStreams(path)
 
     def reopenIfNeeded(self) -> None:
-        before = self.stream
-        super().reopenIfNeeded()
-        if self.stream is not before and self.stream is not None:
-            self.std.follow(self.stream)
+        """The stdlib's check (the path's inode against the open file's), except that a
+        path that cannot be opened as a file of ours (another user's file put there after
+        they moved our folder away, a link, a FIFO) keeps the file we have: the stdlib's
+        closes it first, then raises out of every logging call, which ended the engine
+        process (and each one restarted after it)."""
+        if self.stream is None:
+            return
+        try:
+            st = os.stat(self.baseFilename)
+            if (st.st_dev, st.st_ino) == (self.dev, self.ino):
+                return
+        except FileNotFoundError:
+            pass  # renamed by the server's rotation: a new one is made (O_CREAT)
+        except OSError:
+            return
+        try:
+            new = self._open()
+        except OSError:
+            return  # not ours to write: the records go on into our own file
+        old, self.stream = self.stream, new
+        try:
+            old.flush()
+            old.close()
+        except OSError:
+            pass
+        self._statstream()
+        self.std.follow(self.stream)
 
 
 #: Paths polled on a timer, left out of the access log: ``/health`` (``launch`` polls it 4
@@ -282,11 +306,15 @@ def setup_server(level: str, log_file: Path | None) -> None:
 
     Raises:
         ConfigError: ``log_file``'s rotation would destroy files that are not our logs
-            (:func:`check_rotation_targets`).
+            (:func:`check_rotation_targets`), or it cannot be opened as a file of ours.
     """
     if log_file is not None:
         check_rotation_targets(log_file)
-    handlers = _handlers(log_file, ServerLogFile)
+    try:
+        handlers = _handlers(log_file, ServerLogFile)
+    except OSError as e:  # what the checks saw changed before the open (another user)
+        raise ConfigError(f"cannot open the log file {log_file}: {e.strerror or e}",
+                          hint="pass a --log-file in a folder only you can write") from None
     logging.basicConfig(level=logging.INFO, format=FORMAT, force=True, handlers=handlers)
     logging.getLogger("mlx_kit").setLevel(level.upper())
     logging.getLogger("uvicorn.access").addFilter(HealthPolls())
@@ -307,6 +335,13 @@ def setup_engine(level: int) -> None:
     """Configure the engine process's logging like its server's: the server's log file
     (from the environment) or stderr; ``mlx_kit`` at ``level``."""
     path = env(LOG_FILE_ENV)
-    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True,
-                        handlers=_handlers(Path(path) if path else None, EngineLogFile))
+    try:
+        handlers = _handlers(Path(path) if path else None, EngineLogFile)
+        why = None
+    except OSError as e:  # no longer a file of ours: stderr (the server's) rather than exit
+        handlers, why = _handlers(None, EngineLogFile), e.strerror or str(e)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, force=True, handlers=handlers)
     logging.getLogger("mlx_kit").setLevel(level)
+    if why:
+        logging.getLogger("mlx_kit.engine").warning(
+            "the engine process logs to stderr: cannot open the log file %s: %s", path, why)

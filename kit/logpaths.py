@@ -46,12 +46,19 @@ def same_file(fd: int, path: Path | str) -> bool:
 _SAFE_OPEN = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
 
 
-def _ours(fd: int, path: Path | str) -> int:
-    """``fd`` if it is a regular file of this user's, else closed and an OSError: a file
-    another user put at the path (their own, which they can read) gets none of our log."""
+def _ours(fd: int, path: Path | str, write: bool = False) -> int:
+    """``fd`` if it is a regular file of this user's (for ``write``: with no other name),
+    else closed and an OSError: a file another user put at the path (their own, which
+    they can read) gets none of our log, and a hard link another user made there to a
+    file of ours (macOS allows one to any file, Linux without fs.protected_hardlinks)
+    is never appended to or emptied: its other name is a file that is not our log."""
     st = os.fstat(fd)
     if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-        return fd
+        if not write or st.st_nlink <= 1:
+            return fd
+        os.close(fd)
+        raise OSError(errno.EPERM, f"a file with {st.st_nlink} names (hard links): its "
+                      "other names are not our log", str(path))
     os.close(fd)
     raise OSError(errno.EPERM, "not a regular file of this user's", str(path))
 
@@ -72,13 +79,14 @@ def open_private(path: Path | str, mode: str = "a", encoding: str | None = "utf-
                  errors: str | None = None):
     """Open ``path`` for appending (``mode`` "a" or "ab"), creating it with
     :data:`FILE_MODE` (0600) if missing; an existing file keeps its mode. Only a regular
-    file of this user's, not through a link at the path (:func:`_ours`).
+    file of this user's with no other name, not through a link at the path
+    (:func:`_ours`).
 
     Raises:
         OSError: it cannot be opened, or is not such a file (EPERM, ELOOP).
     """
     fd = _ours(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _SAFE_OPEN,
-                       FILE_MODE), path)
+                       FILE_MODE), path, write=True)
     os.set_blocking(fd, True)
     if "b" in mode:
         return open(fd, mode)
@@ -117,15 +125,26 @@ def _rotation_names(path: Path) -> list[Path]:
     return [path] + [Path(f"{path}.{i}") for i in range(1, BACKUPS + 1)]
 
 
+def _other_names(path: Path) -> bool:
+    """Whether the regular file at ``path`` (not through a link) has more than one name."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+
+
 def check_rotation_targets(path: Path) -> None:
     """Refuse a log file whose rotation would overwrite or delete files that are not
     ours: rotating renames ``path`` to ``path.1``, ``path.1`` to ``path.2``, ... and
     deletes the last (:data:`BACKUPS`), so each of ``path`` and ``path.1`` ..
-    ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`).
-    A log that is not rotated (:func:`rotates`) has only ``path`` to check.
+    ``path.N`` must be missing, empty or one of our logs (:func:`looks_like_our_log`),
+    and ``path`` must have no other name (a hard link to a file of ours elsewhere is not
+    our log: it is appended to and emptied in place). A log that is not rotated
+    (:func:`rotates`) has only ``path`` to check.
 
     Raises:
-        ConfigError: naming the files that are not our logs.
+        ConfigError: naming the files that are not our logs, or ``path`` with other names.
     """
     names = _rotation_names(path)
     foreign = [str(p) for p in names if os.path.lexists(p) and not looks_like_our_log(p)]
@@ -134,30 +153,51 @@ def check_rotation_targets(path: Path) -> None:
             f"the log file's rotation would overwrite or delete files that are not mlx-kit "
             f"logs: {', '.join(foreign)}",
             hint="pass another --log-file, or move those files away")
+    if _other_names(path):  # (a backup's other name is safe: a rename moves one name)
+        raise ConfigError(
+            f"refusing the log file {path}: it has other names (hard links), which may be "
+            "files that are not mlx-kit logs: appending to it or emptying it would change "
+            "them too", hint="pass another --log-file, or move that file away")
 
 
 def check_log_path(path: Path) -> None:
     """Refuse a ``--log-file`` (as the user spelt it, before links are resolved) that
-    another user can put something at: its folder writable by its group or every user
-    without the sticky bit (they could rename our file away and put theirs in its
-    place), or the path already someone else's (their file, or their link to a file of
-    ours, in a shared ``/tmp``), or, where the log is rotated (:func:`rotates`), one of
-    its rotation names. What follows a check of the user's own paths is
+    another user can put something at: its folder another user's (a sticky bit does not
+    bind a folder's owner) or writable by its group or every user without the sticky bit
+    (they could rename our file away and put theirs in its place), or the path already
+    someone else's (their file, or their link to a file of ours, in a shared ``/tmp``),
+    or, where the log is rotated (:func:`rotates`), one of its rotation names, or a
+    folder on the way a link of another user's (as fs.protected_symlinks refuses in a
+    sticky folder, which macOS does not have). What follows a check of the user's own paths is
     :func:`check_rotation_targets` on the resolved path.
 
     Raises:
         ConfigError: naming the folder or the files.
     """
+    for part in path.parents:  # (the path itself: below, with the rotation names)
+        try:
+            link = os.lstat(part)
+        except OSError:
+            continue
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(f"refusing the log file {path}: {part} is a link of another "
+                              f"user's (uid {link.st_uid}): they chose where the log goes",
+                              hint="pass a --log-file in a folder of yours")
     folder = os.path.realpath(path.parent)
     try:
         st = os.stat(folder)
     except OSError:
         return  # missing: created 0700 by us (private_dir)
-    who = other_writers(st)
+    who = other_writers(st, folder)
     if who and not st.st_mode & stat.S_ISVTX:
         whom = "every user" if st.st_mode & stat.S_IWOTH else "every member of its group"
         raise ConfigError(f"refusing the log file {path}: {whom} may write in "
                           f"{folder} (and replace the log with a file of theirs)",
+                          hint="pass a --log-file in a folder of yours")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise ConfigError(f"refusing the log file {path}: {folder} belongs to another user "
+                          f"(uid {st.st_uid}), who may rename or delete the log there and put "
+                          "a file of theirs in its place",
                           hint="pass a --log-file in a folder of yours")
     others = []
     for p in _rotation_names(path):

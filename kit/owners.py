@@ -10,6 +10,7 @@ Debian's ssh StrictModes allows it; any other group's write bit counts as anothe
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import stat
@@ -34,13 +35,31 @@ def users_own_group(gid: int) -> bool:
     return not any(p.pw_gid == gid and p.pw_uid != me.pw_uid for p in pwd.getpwall())
 
 
-def other_writers(st: os.stat_result) -> str | None:
+def _has_acl(where: str | os.PathLike | int) -> bool:
+    """Whether the file or folder ``where`` (a path, or an open descriptor) has a POSIX
+    access ACL beyond its mode bits (Linux's ``system.posix_acl_access``); "cannot
+    tell" counts as yes, a system or filesystem without them as no."""
+    getxattr = getattr(os, "getxattr", None)
+    if getxattr is None:
+        return False
+    try:
+        getxattr(where, "system.posix_acl_access")
+    except OSError as e:
+        return e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+    return True
+
+
+def other_writers(st: os.stat_result, where: str | os.PathLike | int | None = None
+                  ) -> str | None:
     """Who besides its owner may write the file or folder ``st`` describes (for a folder:
     create, rename and delete names in it): ``"its group"``, ``"others"``, ``"group and
     others"``, or None. Write by this user's private group (:func:`users_own_group`) is
-    no one else's."""
+    no one else's, unless the file has an ACL (``where``: its path or descriptor): then
+    the group bits are the ACL's mask, and a write bit there is what the ACL grants to
+    other users or groups (``setfacl -m u:them:rwx``, or a shared tree's default ACL)."""
     writable = st.st_mode & 0o022
-    if writable & 0o020 and users_own_group(st.st_gid):
+    if writable & 0o020 and users_own_group(st.st_gid) and \
+            (where is None or not _has_acl(where)):
         writable &= ~0o020
     if not writable:
         return None
@@ -60,7 +79,7 @@ def shared_folder(folder: str | os.PathLike) -> str | None:
         return None
     if st.st_uid not in (os.geteuid(), 0):
         return f"{folder} belongs to another user (uid {st.st_uid})"
-    who = other_writers(st)
+    who = other_writers(st, folder)
     if who:
         return f"{folder} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
     return None

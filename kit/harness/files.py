@@ -190,7 +190,7 @@ def _linked_problem(real: str, st: os.stat_result) -> str | None:
     if st.st_uid != uid and not (st.st_uid == 0 and _inside(real, NIX_STORE)):
         return (f"which belongs to another user (uid {st.st_uid})" if st.st_uid != 0
                 else f"which belongs to root, outside {NIX_STORE}")
-    if who := other_writers(st):
+    if who := other_writers(st, real):
         return f"which {who} may change (mode {stat.S_IMODE(st.st_mode):04o})"
     if not st.st_mode & stat.S_IROTH:
         return (f"which only its owner may read (mode {stat.S_IMODE(st.st_mode):04o}): "
@@ -204,7 +204,7 @@ def _linked_problem(real: str, st: os.stat_result) -> str | None:
             return f"in {folder}, which cannot be checked ({e.strerror})"
         if fst.st_uid not in (uid, 0):
             return f"in {folder}, which belongs to another user (uid {fst.st_uid})"
-        if (who := other_writers(fst)) and not fst.st_mode & stat.S_ISVTX:
+        if (who := other_writers(fst, folder)) and not fst.st_mode & stat.S_ISVTX:
             return f"in {folder}, which {who} may write (they could swap the file)"
     return None
 

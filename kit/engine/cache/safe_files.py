@@ -175,7 +175,9 @@ def not_private(folder: Path, modeless_ok: bool = False) -> str | None:
     folder of this user that neither group nor others may write; every folder above it,
     along the path as given and as resolved, must belong to this user or root and be
     writable by no one else unless it is sticky (as /tmp is: there others cannot rename
-    or delete what is ours). A folder that does not exist yet is ours to create (0700).
+    or delete what is ours), and no name on the path as given may be a link of another
+    user's (fs.protected_symlinks is off on some Linux systems and absent on macOS). A
+    folder that does not exist yet is ours to create (0700).
     Group write is harmless when the group is this user's private one (as Debian's ssh
     allows it: :func:`kit.owners.users_own_group`), so a umask of 002 does not refuse a folder.
 
@@ -186,6 +188,14 @@ def not_private(folder: Path, modeless_ok: bool = False) -> str | None:
     """
     uid = os.geteuid()
     given = Path(os.path.abspath(folder))
+    for d in (given, *given.parents):  # as spelt: a link of theirs chose where it leads
+        try:
+            link = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (uid, 0):
+            return f"{d} is a link of another user's (uid {link.st_uid}): they chose " \
+                   "where it leads"
     real = given.resolve()
     chain = list(dict.fromkeys([real, *real.parents, given, *given.parents]))
     for d in chain:
@@ -200,7 +210,7 @@ def not_private(folder: Path, modeless_ok: bool = False) -> str | None:
             return f"{d} is not a folder"
         if st.st_uid != uid and (itself or st.st_uid != 0):
             return f"{d} belongs to another user (uid {st.st_uid})"
-        who = other_writers(st)  # a user-private group (umask 002) is no one else
+        who = other_writers(st, d)  # a user-private group (umask 002) is no one else
         if who and (itself or not st.st_mode & stat.S_ISVTX) and \
                 not (modeless_ok and modeless_fs(d)):
             return f"{d} is writable by {who} (mode {st.st_mode & 0o7777:04o})"
