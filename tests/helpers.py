@@ -66,6 +66,18 @@ def clean_env(home: Path, hf_home: Path | None = None, **extra: str) -> dict[str
     return env
 
 
+def agentless_path() -> str:
+    """``PATH`` without the folders that hold an agent binary (any spec's ``binary``), for
+    tests of ``harness status`` that are not about agents: with the real agents on PATH
+    (as in CI) each status runs every agent's ``--version`` (Node start-ups, ~8 s a
+    status on 2 cores), which a model-free test must not pay."""
+    from kit.harness.spec_loader import all_specs
+
+    names = {s.binary for s in all_specs().values() if s.binary}
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not any(os.path.exists(os.path.join(d, n)) for n in names))
+
+
 def _marked(name: str) -> bool:
     item = SESSION["item"]
     return item is None or item.get_closest_marker(name) is not None

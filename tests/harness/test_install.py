@@ -14,7 +14,7 @@ from kit.harness import manifest
 from kit.harness.render import MARKER
 from kit.harness.spec_loader import load_spec
 from kit.urls import parse_url
-from tests.helpers import clean_env, run_kit, snapshot
+from tests.helpers import agentless_path, clean_env, run_kit, snapshot
 
 USER_EXTENSION = "// the user's own pi extension\nexport default function (pi) {}\n"
 
@@ -290,7 +290,8 @@ def test_an_unwritable_config_dir_is_a_clear_error(pi, home, tmp_path, dead_url,
 
 
 def test_cli_status_show_and_remove_all(home, dead_url):
-    env = clean_env(home, COLUMNS="80")  # the plain table never breaks a cell at 80 columns
+    # the plain table never breaks a cell at 80 columns; no agent's --version is run
+    env = clean_env(home, COLUMNS="80", PATH=agentless_path())
     for agent in ("pi", "llm", "codex"):
         assert run_kit(env, "harness", "install", agent, "--url", dead_url).returncode == 0
     codex_profile = home / ".codex" / "mlx-kit.config.toml"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import clean_env, free_port, run_kit, table_rows
+from tests.helpers import agentless_path, clean_env, free_port, run_kit, table_rows
 
 QWEN_SETTINGS = """{
   "ui": {"theme": "Dracula"},
@@ -46,8 +46,9 @@ USER_FILES = {
 
 
 def kit(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
-    """:func:`run_kit` with an empty HF home and a wide table (one line per agent)."""
-    env = clean_env(home, home / "hf", COLUMNS="250", **({"PATH": path} if path else {}))
+    """:func:`run_kit` with an empty HF home and a wide table (one line per agent); no
+    agent binary on PATH but ``path``'s (:func:`tests.helpers.agentless_path`)."""
+    env = clean_env(home, home / "hf", COLUMNS="250", PATH=path or agentless_path())
     return run_kit(env, *args)
 
 

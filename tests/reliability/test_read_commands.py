@@ -6,14 +6,14 @@ as the real CLI (``python -m kit``) on a throwaway HOME; nothing listens at the 
 
 from __future__ import annotations
 
-from tests.helpers import clean_env, free_port, run_kit, snapshot
+from tests.helpers import agentless_path, clean_env, free_port, run_kit, snapshot
 
 
 def test_read_commands_leave_no_folder_in_a_fresh_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     url = f"http://127.0.0.1:{free_port()}"  # nothing answers: a user without a server
-    env = clean_env(home, COLUMNS="250")
+    env = clean_env(home, COLUMNS="250", PATH=agentless_path())  # no agent --version runs
     # `remove --all` with nothing installed writes nothing either (it took the manifest's
     # lock in a folder made for it, and left ~/.local/share behind)
     expected_rc = {"harness list": 0, "harness status": 0, "models": 0, "status": 3,
