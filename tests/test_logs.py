@@ -95,6 +95,7 @@ def test_the_log_rotates_at_its_size_and_keeps_3_backups(tmp_path, monkeypatch):
             handler.emit(logging.makeLogRecord({"msg": f"record {i:04d} " + "y" * 40}))
     finally:
         handler.close()
+    assert handler.no_rotation is None  # a private folder (pytest's tmp is 0700) rotates
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["server.log", "server.log.1", "server.log.2", "server.log.3"]
     assert BACKUPS == 3

@@ -73,25 +73,6 @@ def test_a_hard_link_made_after_the_check_gets_no_line_and_is_never_emptied(
     assert victim.read_bytes() == MINE
 
 
-def test_the_users_own_log_in_a_private_folder_still_rotates(tmp_path, monkeypatch):
-    # the non-attack side: the ordinary log (one name) rotates as before, and each
-    # rotation's new file is opened through the same check
-    monkeypatch.setenv(logfile.MAX_BYTES_ENV, "1024")
-    path = tmp_path / "state" / "server.log"
-    path.parent.mkdir(mode=0o700)
-    handler = ServerLogFile(path)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    try:
-        for i in range(200):
-            handler.emit(logging.makeLogRecord({"msg": f"record {i:04d} " + "y" * 40}))
-    finally:
-        handler.close()
-    assert handler.no_rotation is None
-    assert sorted(p.name for p in path.parent.iterdir()) == [
-        "server.log", "server.log.1", "server.log.2", "server.log.3"]
-    assert path.read_text().splitlines()[-1].startswith("record 0199 ")
-
-
 @pytest.mark.parametrize("name", ["afile/x.log", "n" * 300 + ".log"],
                          ids=["not-a-dir", "too-long"])
 def test_a_log_file_that_cannot_be_opened_is_a_clean_error_not_a_crash(tmp_path, name):

@@ -196,14 +196,11 @@ class DiskCache(DiskFolder):
                 # file that passed here before and has not changed since (same inode,
                 # size, mtime and ctime: any write moves ctime, which no one but root
                 # can set back) is not hashed again
-                if self.modeless:  # others may write it: check and load one copy
-                    src = self._copy(f, st)
+                # Where others may write it (no modes), one copy in memory is checked
+                # and loaded, and always checked.
+                src = self._copy(f, st) if self.modeless else f
+                if self.modeless or self._verified.get(entry.path.name) != _unchanged(st):
                     cache_mac.check(src, self.key)
-                elif self._verified.get(entry.path.name) != _unchanged(st):
-                    src = f
-                    cache_mac.check(f, self.key)
-                else:
-                    src = f
                 src.seek(0)
                 cache, meta = mlx_lm_api.load_prompt_cache(src, return_metadata=True)
             mx.eval([c.state for c in cache])  # a bad tensor fails here, not mid-request
