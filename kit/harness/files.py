@@ -157,10 +157,12 @@ def atomic_write(path: Path, text: str, mode: int | None = None,
 
 #: what to do about an :class:`UnsafeFile` of the user's config folder
 UNSAFE_HINT = ("copy the file into the folder (or link the whole folder), or link to a file of "
-               "yours that only you can change and every user may read (a dotfile or "
-               "/nix/store file): mlx-kit reads no FIFO or device, nothing that large, and "
-               "no link to another user's file, a file others can change, a private file or "
-               "a place that holds keys")
+               "yours at the same place of a dotfiles tree (as stow links "
+               "~/.config/mlx-kit/harnesses/x.toml to "
+               "~/.dotfiles/mlx-kit/.config/mlx-kit/harnesses/x.toml) that only you can "
+               "change, or to a /nix/store file: mlx-kit reads no FIFO or device, nothing "
+               "that large, and no link to another user's file, a file others can change, "
+               "a file kept elsewhere or a place that holds keys")
 
 #: Nix's store: its files belong to root, read-only (home-manager links ~/.config into it)
 NIX_STORE = "/nix/store"
@@ -177,24 +179,27 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.commonpath([path, folder]) == folder
 
 
-def _linked_problem(real: str, st: os.stat_result) -> str | None:
+def _linked_problem(real: str, st: os.stat_result, place: str) -> str | None:
     """Why the file at ``real`` (``st``: its fstat), reached through a link out of its
-    folder, is not one the user put there by choice (GNU stow links each file into
-    ~/.dotfiles, home-manager into /nix/store), or None. It must be this user's (or
-    root's, inside :data:`NIX_STORE`), changed by no one else, it and every folder above
-    it (:func:`kit.owners.other_writers`; a sticky folder keeps our names ours); readable
-    by every user, so that it is no secret (keys, ``~/.aws/credentials``, ``.netrc`` are
-    kept 0600); and not in a place that holds keys or startup code
+    folder, is not one the user put there by choice, or None. ``place`` is where the link
+    stands, from its folder's name down (``harnesses/toy.toml``).
+
+    GNU stow links each file of ~/.config into a package that mirrors it
+    (``~/.dotfiles/mlx-kit/.config/mlx-kit/harnesses/toy.toml``), home-manager into
+    /nix/store. So the file must be this user's and end in ``place`` (a link to
+    ``~/.kube/config`` from a cloned spec repository does not, whatever its mode: under a
+    home others cannot enter, a 0644 file is as private as a 0600 one), or be root's,
+    inside :data:`NIX_STORE` (whose files every user may read); be changed by no one else,
+    it and every folder above it (:func:`kit.owners.other_writers`; a sticky folder keeps
+    our names ours); and not be in a place that holds keys or startup code
     (:func:`kit.harness.places.forbidden`: ``~/.ssh``, ``~/.bashrc``, mlx-kit's state)."""
     uid = os.geteuid()
-    if st.st_uid != uid and not (st.st_uid == 0 and _inside(real, NIX_STORE)):
+    in_store = st.st_uid == 0 and _inside(real, NIX_STORE)
+    if st.st_uid != uid and not in_store:
         return (f"which belongs to another user (uid {st.st_uid})" if st.st_uid != 0
                 else f"which belongs to root, outside {NIX_STORE}")
     if who := other_writers(st, real):
         return f"which {who} may change (mode {stat.S_IMODE(st.st_mode):04o})"
-    if not st.st_mode & stat.S_IROTH:
-        return (f"which only its owner may read (mode {stat.S_IMODE(st.st_mode):04o}): "
-                "mlx-kit copies no private file into an agent's config")
     if why := forbidden(Path(real)):
         return f"where no agent's file may come from: {why}"
     for folder in Path(real).parents:
@@ -206,6 +211,10 @@ def _linked_problem(real: str, st: os.stat_result) -> str | None:
             return f"in {folder}, which belongs to another user (uid {fst.st_uid})"
         if (who := other_writers(fst, folder)) and not fst.st_mode & stat.S_ISVTX:
             return f"in {folder}, which {who} may write (they could swap the file)"
+    if not in_store and not real.endswith(os.sep + place):
+        return (f"which is not kept at {place} of a dotfiles tree, as a stow or "
+                "home-manager link's file is: mlx-kit copies no other file of yours into "
+                "an agent's config")
     return None
 
 
@@ -213,8 +222,8 @@ def read_inside(root: Path, path: Path, limit: int) -> bytes:
     """The bytes of ``path``, a file of the folder ``root`` (``root`` itself may be a
     link, as GNU stow makes one), at most ``limit`` bytes. A symbolic link that leaves
     ``root`` is followed only to a file the user chose (:func:`_linked_problem`: theirs
-    or a /nix/store file, changed by no one else, readable by all, not in a place that
-    holds keys), as stow and home-manager link each file of ~/.config.
+    at the same place of a mirror tree, or a /nix/store file; changed by no one else, not
+    in a place that holds keys), as stow and home-manager link each file of ~/.config.
     :class:`UnsafeFile`'s message does not name ``path``: the caller says which file it
     was.
 
@@ -229,6 +238,9 @@ def read_inside(root: Path, path: Path, limit: int) -> bytes:
         OSError: it cannot be read.
     """
     real, home = os.path.realpath(path), os.path.realpath(root)
+    # where the link stands, spelt from the folder's own name: what a mirror tree repeats
+    place = os.path.join(os.path.basename(os.path.abspath(root)),
+                         os.path.relpath(os.path.abspath(path), os.path.abspath(root)))
     linked = None
     if not _inside(real, home):
         # judged before it is opened (no device is opened, no secret touched), then again
@@ -236,7 +248,7 @@ def read_inside(root: Path, path: Path, limit: int) -> bytes:
         linked = os.lstat(real)
         if not stat.S_ISREG(linked.st_mode):
             raise UnsafeFile(f"links to {real}, outside {root}, which is not a regular file")
-        if why := _linked_problem(real, linked):
+        if why := _linked_problem(real, linked, place):
             raise UnsafeFile(f"links to {real}, outside {root}, {why}")
     # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
     # since realpath looked is refused (ELOOP)
@@ -244,7 +256,7 @@ def read_inside(root: Path, path: Path, limit: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if linked is not None and ((st.st_dev, st.st_ino) != (linked.st_dev, linked.st_ino)
-                                   or _linked_problem(real, st)):
+                                   or _linked_problem(real, st, place)):
             raise UnsafeFile(f"links to {real}, outside {root}, which changed as it was read")
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile("not a regular file")

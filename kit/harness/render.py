@@ -132,8 +132,9 @@ class _RefusedFile(jinja2.TemplateError):
 
 class _FolderLoader(jinja2.BaseLoader):
     """Templates of one folder, each read through :func:`kit.harness.files.read_inside`:
-    through a link out of the folder only to a file the user chose (theirs, changed by no
-    one else, readable by all, not where keys live), never a FIFO or a device, at most
+    through a link out of the folder only to a file the user chose (theirs at the same
+    place of a dotfiles tree or root's in /nix/store, changed by no one else, not where
+    keys live), never a FIFO or a device, at most
     :data:`MAX_TEMPLATE_BYTES`. (jinja2's FileSystemLoader follows any link and reads a
     whole file.) ``..`` is refused by jinja2's ``split_template_path``."""
 

@@ -3,10 +3,12 @@
 GNU stow and Nix home-manager make every file of ~/.config a symbolic link (into
 ~/.dotfiles, or into /nix/store, whose files are root's and read-only). Before, any link
 out of `harnesses/` or `templates/` was refused, so such a user's agents did not load. Now
-a link out is followed to a file the user chose: theirs (or root's, in /nix/store),
-changed by no one else, it and its folders, readable by every user (so no secret), and
-not where keys or startup code live. Real files and links in a throwaway HOME; the root
-and other-user cases need root (and setpriv, to run the reader as `nobody`)."""
+a link out is followed to a file the user chose: theirs at the same place of a mirror
+tree (as stow's package repeats `.config/mlx-kit/harnesses/toy.toml`), or root's in
+/nix/store; changed by no one else, it and its folders; and not where keys or startup code
+live. Mode bits do not prove a file public (a 0644 file under a 0750 home is private), so
+a link to any other file of the user's is refused whatever its mode. Real files and links
+in a throwaway HOME; the root and other-user cases need root (and setpriv, to run the reader as `nobody`)."""
 
 from __future__ import annotations
 
@@ -90,11 +92,19 @@ def _spec_link(home: Path, target: Path) -> Path:
     return link
 
 
+#: where a dotfiles tree keeps the spec the link stands for
+MIRROR = ".config/mlx-kit/harnesses/toy.toml"
+KEPT_ELSEWHERE = ("which is not kept at harnesses/toy.toml of a dotfiles tree, as a stow or "
+                  "home-manager link's file is: mlx-kit copies no other file of yours into "
+                  "an agent's config")
+
+
 def _target(home: Path, case: str) -> tuple[Path, str]:
-    """A file the link out points to, made as ``case`` says, and why it is refused."""
+    """A file the link out points to, made as ``case`` says, and why it is refused. Each
+    is at a mirror place unless the case is that it is not."""
     if case == "others-may-change":
-        target = home / ".dotfiles" / "toy.toml"
-        target.parent.mkdir()
+        target = home / ".dotfiles" / MIRROR
+        target.parent.mkdir(parents=True)
         target.write_text(TOY)
         target.chmod(0o646)
         return target, "which others may change (mode 0646)"
@@ -103,27 +113,32 @@ def _target(home: Path, case: str) -> tuple[Path, str]:
         target.parent.mkdir()
         target.write_text("[default]\naws_secret_access_key = SECRET\n")
         target.chmod(0o600)
-        return target, ("which only its owner may read (mode 0600): mlx-kit copies no "
-                        "private file into an agent's config")
-    if case == "ssh":
-        target = home / ".ssh" / "config"  # readable by all, but where keys live
+        return target, KEPT_ELSEWHERE
+    if case == "world-readable-elsewhere":
+        target = home / ".kube" / "config"  # 0644 after a `cp`, private by its home's mode
         target.parent.mkdir()
-        target.write_text("Host *\n  IdentityFile ~/.ssh/id_ed25519\n")
+        target.write_text("client-key-data: SECRET\n")
+        target.chmod(0o644)
+        return target, KEPT_ELSEWHERE
+    if case == "ssh":
+        target = home / ".ssh" / MIRROR  # at a mirror place, but where keys live
+        target.parent.mkdir(parents=True)
+        target.write_text(TOY)
         target.chmod(0o644)
         return target, ("where no agent's file may come from: files in ~/.ssh hold keys or "
                         "start programs")
     if case == "kit-state":
         state = home / ".local/state/mlx-kit"
-        state.mkdir(parents=True)
-        target = state / "prompt-cache.key"
-        target.write_text("ab" * 32 + "\n")
+        target = state / "harnesses/toy.toml"
+        target.parent.mkdir(parents=True)
+        target.write_text(TOY)
         target.chmod(0o644)
         return target, f"where no agent's file may come from: {state} is mlx-kit's own"
     if case == "folder-others-may-write":
         folder = home / "drop"
-        folder.mkdir()
+        target = folder / "harnesses/toy.toml"
+        target.parent.mkdir(parents=True)
         folder.chmod(0o757)
-        target = folder / "toy.toml"
         target.write_text(TOY)
         target.chmod(0o644)
         return target, f"in {folder}, which others may write (they could swap the file)"
@@ -139,8 +154,8 @@ def _target(home: Path, case: str) -> tuple[Path, str]:
         return target, f"which belongs to another user (uid {NOBODY})"
     assert case == "another-users-folder"
     folder = home / "theirs"
-    folder.mkdir()
-    target = folder / "toy.toml"
+    target = folder / "harnesses/toy.toml"
+    target.parent.mkdir(parents=True)
     target.write_text(TOY)
     target.chmod(0o644)
     os.chown(folder, NOBODY, NOBODY)
@@ -148,7 +163,8 @@ def _target(home: Path, case: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("case", [
-    "others-may-change", "private", "ssh", "kit-state", "folder-others-may-write", "fifo",
+    "others-may-change", "private", "world-readable-elsewhere", "ssh", "kit-state",
+    "folder-others-may-write", "fifo",
     pytest.param("another-users", marks=as_root),
     pytest.param("another-users-folder", marks=as_root)])
 def test_a_link_out_of_the_config_folder_is_refused_unless_the_file_is_the_users_choice(
@@ -168,8 +184,9 @@ def test_a_template_linked_to_a_private_file_renders_nothing_of_it(home):
     (home / ".config/mlx-kit/harnesses").mkdir(parents=True)
     (home / ".config/mlx-kit/harnesses/toy.toml").write_text(TOY)
     (home / ".config/mlx-kit/templates/toy").mkdir(parents=True)
-    secret, why = _target(home, "private")
+    secret, _ = _target(home, "private")
     (home / ".config/mlx-kit/templates/toy/toy.json.j2").symlink_to(secret)
+    why = KEPT_ELSEWHERE.replace("harnesses/toy.toml", "templates/toy/toy.json.j2")
     from kit.errors import HarnessError
 
     with pytest.raises(HarnessError) as exc:
