@@ -8,7 +8,8 @@ tree (as stow's package repeats `.config/mlx-kit/harnesses/toy.toml`), or root's
 /nix/store; changed by no one else, it and its folders; and not where keys or startup code
 live. Mode bits do not prove a file public (a 0644 file under a 0750 home is private), so
 a link to any other file of the user's is refused whatever its mode. Real files and links
-in a throwaway HOME; the root and other-user cases need root (and setpriv, to run the reader as `nobody`)."""
+in a throwaway HOME; the root and other-user cases need root (and setpriv, to run the
+reader as `nobody`)."""
 
 from __future__ import annotations
 
