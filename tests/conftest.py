@@ -18,10 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from tests import helpers
+from kit.blas import preload_blas
+
+# Before any test module imports mlx (several do, at collection): the models this process
+# loads itself (tests/engine's engines, the warm-up's and the disk cache's) get OpenBLAS as
+# the engine process does. Once mlx is imported it is too late, and mlx's bundled BLAS
+# prefilled the warm-up test's 513 tokens in 80 s instead of 4 (MLX_KIT_BLAS=off still
+# turns it off, for the runs without OpenBLAS).
+preload_blas()
+
+from tests import helpers  # noqa: E402
 # Re-exported: test modules (here and on the branches being merged) import these from
 # tests.conftest; new code imports them from tests.helpers.
-from tests.helpers import (REPO, Server, clean_env, free_port, generated_texts,  # noqa: F401
+from tests.helpers import (REPO, Server, clean_env, free_port, generated_texts,  # noqa: F401,E402
                            require_binary, start_server, starter_with_template, stop,
                            wait_health)
 
@@ -197,6 +206,13 @@ def anthropic_client(api_server):
     """The official Anthropic SDK on ``api_server`` (base URL without /v1, as Claude Code
     sets it), no retries, 120 s timeout."""
     return helpers.anthropic_for(api_server)
+
+
+@pytest.fixture(scope="session")
+def tiny_world_model(hf_home, tmp_path_factory) -> Path:
+    """A 19 MB random llama that splits over 3 ranks (:func:`helpers.tiny_world_model`),
+    for tests of a world's processes rather than its text."""
+    return helpers.tiny_world_model(hf_home, tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,24 @@ from kit import blas
 from kit.engine.distributed import rank
 
 
+@pytest.fixture(scope="module", autouse=True)
+def thread_counts_kept():
+    """Regression: this module left OPENBLAS_NUM_THREADS set in the suite's process, so
+    every later server and rank inherited it (and a world's ranks, taking it for the
+    user's, kept a pool of every core each). Fails the module's last test if it does."""
+    before = {name: os.environ.get(name) for name in blas.THREAD_VARIABLES}
+    yield
+    assert {name: os.environ.get(name) for name in blas.THREAD_VARIABLES} == before
+
+
 @pytest.fixture
 def no_thread_vars(monkeypatch):
     for name in blas.THREAD_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        # setenv first, so the undo deletes what share_cores sets: a bare delenv of an
+        # unset variable records nothing, and OPENBLAS_NUM_THREADS leaked into every later
+        # test's servers and ranks (whose share_cores then kept it as the user's)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
 
 
@@ -53,3 +67,4 @@ def test_ranks_on_this_host_counts_the_ranks_sharing_its_host(monkeypatch, hosts
     monkeypatch.setenv("MLX_KIT_RANK_HOSTS", hosts)
     monkeypatch.setenv("MLX_RANK", me)
     assert rank._ranks_on_this_host() == count
+
