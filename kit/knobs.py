@@ -193,6 +193,10 @@ KNOBS: tuple[Knob, ...] = (
          "is written to disk.", unit="s", ge=0.5, hidden=True),
     Knob("log_max_bytes", int, 10 * 2**20, "Size at which the log file rotates.",
          unit="bytes", ge=512, hidden=True),
+    # rank_reap_s: mlx.launch ends the other ranks when one exits; one that hangs (stopped,
+    # stuck where SIGTERM does not reach) is ended by us after this long.
+    Knob("rank_reap_s", float, 15.0, "Seconds after a rank's exit before the ranks still "
+         "running are ended.", unit="s", ge=1, hidden=True),
 )
 
 BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}

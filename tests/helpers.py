@@ -335,6 +335,12 @@ def requests_served(server: Any) -> int:
     return server.health()["requests_served"]
 
 
+def refusals(server: Server) -> int:
+    """How many requests ``server`` answered 401 (its access log's lines): an agent run
+    against the keyed server must add none, or one of its requests went without the key."""
+    return len(re.findall(r'" 401', server.log_text()))
+
+
 def assert_served(server: Any, before: int, answer: str | None = None, *, more: int = 1,
                   at_least: bool = False) -> None:
     """The e2e check that an agent's answer came from our server: /health counts ``more``
@@ -387,6 +393,52 @@ def starter_with_template(hf_home: Path, folder: Path, template: Path, *,
             vocab[new] = vocab.pop(old)
         (folder / "tokenizer.json").write_text(json.dumps(tok))
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def tiny_world_model(hf_home: Path, folder: Path) -> Path:
+    """A llama checkpoint with random float32 weights, the starter's tokenizer and chat
+    template, and shapes that split over 3 ranks (3 query and 3 KV heads of 32, hidden
+    96, 2 layers; 19 MB, mostly the tied embedding): for tests of a world's processes
+    (a killed or hung rank, stop, signals, the ring's guard), where the text is not what
+    is tested and the starter's 538 MB on every rank only costs load time. Written with
+    numpy and safetensors (no mlx in the test process)."""
+    import numpy as np
+    from huggingface_hub import snapshot_download
+    from safetensors.numpy import save_file
+
+    from kit.models.starter import STARTER_ID
+
+    src = Path(snapshot_download(STARTER_ID, cache_dir=hf_home / "hub", local_files_only=True))
+    folder.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation")):
+            shutil.copy(f.resolve(), folder / f.name)
+    config = json.loads((src / "config.json").read_text())
+    config.update(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                  num_key_value_heads=3, head_dim=32, intermediate_size=192)
+    (folder / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    h, inter, heads = 96, 192, 3 * 32
+
+    def w(*shape: int) -> Any:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    weights = {"model.embed_tokens.weight": w(config["vocab_size"], h),
+               "model.norm.weight": np.ones(h, np.float32)}
+    for i in range(2):
+        layer = f"model.layers.{i}."
+        weights.update({
+            layer + "self_attn.q_proj.weight": w(heads, h),
+            layer + "self_attn.k_proj.weight": w(heads, h),
+            layer + "self_attn.v_proj.weight": w(heads, h),
+            layer + "self_attn.o_proj.weight": w(h, heads),
+            layer + "mlp.gate_proj.weight": w(inter, h),
+            layer + "mlp.up_proj.weight": w(inter, h),
+            layer + "mlp.down_proj.weight": w(h, inter),
+            layer + "input_layernorm.weight": np.ones(h, np.float32),
+            layer + "post_attention_layernorm.weight": np.ones(h, np.float32)})
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
     return folder
 
 

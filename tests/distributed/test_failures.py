@@ -31,9 +31,11 @@ from tests.helpers import (Server, clean_env, free_port, openai_for, run_kit, sp
 
 READY_S = 180  # a 3-rank server takes ~15-30 s here (2 cores); slack for a busy machine
 EXIT_S = 30  # how long a server may take to end after it lost a rank
-# short enough to test, long enough that one prefill step on 2 busy cores (~5 s seen while
-# CI ran beside) does not pass for a hung rank
-RANK_TIMEOUT_S = 15
+# short enough to test, long enough that a step of the tiny model on 2 busy cores (ms; the
+# starter's prefill steps took ~5 s while CI ran beside) does not pass for a hung rank
+RANK_TIMEOUT_S = 8
+#: the hidden rank_reap_s knob: a hung rank is ended this long after the others exited
+REAP_S = 3
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -52,12 +54,16 @@ def _world(health: dict) -> dict:
     return world if ranks and all(r.get("pid") for r in ranks) else {}
 
 
-def start_world(home: Path, hf_home: Path, *args: str) -> tuple[Server, list[psutil.Process]]:
-    """``serve --ranks 3 --temperature 0 ARGS`` with its own TMPDIR; wait until /health is
-    200 and names every rank's pid. Returns the server and the processes to check are
-    gone afterwards: mlx.launch (/health's engine_pid) and every rank."""
-    server = spawn_server(home, hf_home, "--ranks", "3", "--temperature", "0", *args,
-                          TMPDIR=str(_tmpdir(home)))
+def start_world(home: Path, hf_home: Path, model: Path,
+                *args: str) -> tuple[Server, list[psutil.Process]]:
+    """``serve --model MODEL --ranks 3 --temperature 0 ARGS`` with its own TMPDIR; wait
+    until /health is 200 and names every rank's pid. Returns the server and the processes
+    to check are gone afterwards: mlx.launch (/health's engine_pid) and every rank.
+    ``model``: the tiny random llama (conftest's ``tiny_world_model``): what these tests
+    check is the world's processes, not its text."""
+    server = spawn_server(home, hf_home, "--model", str(model), "--ranks", "3",
+                          "--temperature", "0", *args, TMPDIR=str(_tmpdir(home)),
+                          MLX_KIT_RANK_REAP_S=str(REAP_S))
     wait_health(server.root, server.proc, timeout=READY_S)
     def reported() -> dict | None:
         health = server.health()
@@ -119,12 +125,12 @@ def assert_world_ended(server: Server, procs: list[psutil.Process], rank: int) -
 # --- a lost rank -----------------------------------------------------------------------------
 
 def test_killed_follower_mid_stream_ends_the_stream_and_the_server_naming_rank_2(
-        hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home)
+        hf_home, tiny_world_model, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model)
     try:
         client = openai_for(server)
         stream = client.chat.completions.create(
-            model="local", stream=True, max_tokens=16,
+            model="local", stream=True, max_tokens=4000,  # the tiny model decodes fast
             messages=[{"role": "user", "content": "Tell me about Paris."}])
         chunks = iter(stream)
         first = next(chunks)  # the request is in flight (prefill or decode) on every rank
@@ -139,8 +145,8 @@ def test_killed_follower_mid_stream_ends_the_stream_and_the_server_naming_rank_2
         kill_leftovers(procs, server)
 
 
-def test_killed_follower_while_idle_ends_the_server_naming_it(hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home)
+def test_killed_follower_while_idle_ends_the_server_naming_it(hf_home, tiny_world_model, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model)
     try:
         os.kill(procs[3].pid, signal.SIGKILL)  # rank 2; no request in flight
         assert_world_ended(server, procs, 2)
@@ -148,8 +154,8 @@ def test_killed_follower_while_idle_ends_the_server_naming_it(hf_home, tmp_path)
         kill_leftovers(procs, server)
 
 
-def test_killed_rank_0_ends_the_server_naming_rank_0(hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home)
+def test_killed_rank_0_ends_the_server_naming_rank_0(hf_home, tiny_world_model, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model)
     try:
         os.kill(procs[1].pid, signal.SIGKILL)  # rank 0, the one the server talks to
         assert_world_ended(server, procs, 0)
@@ -158,8 +164,9 @@ def test_killed_rank_0_ends_the_server_naming_rank_0(hf_home, tmp_path):
 
 
 def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
-        hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", str(RANK_TIMEOUT_S))
+        hf_home, tiny_world_model, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model, "--rank-timeout",
+                                str(RANK_TIMEOUT_S))
     try:
         client = openai_for(server)
 
@@ -174,13 +181,13 @@ def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
         assert server.proc.poll() is None
         assert ask()
         os.kill(procs[3].pid, signal.SIGSTOP)  # rank 2 hangs, its connections open
-        # the others' watchdogs (5 s), then mlx.launch's group is ended (15 s after the
-        # first exit, SIGKILL 5 s later: a stopped rank does not take SIGTERM)
-        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + 25)
+        # the others' watchdogs (every 2 s), then mlx.launch's group is ended (REAP_S
+        # after the first exit, SIGKILL 5 s later: a stopped rank does not take SIGTERM)
+        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + REAP_S + 10)
         log = " ".join(server.log_text().split())
         assert code == 1, log[-3000:]
         assert re.search(r"rank [01] \(\S+\): no answer from the other ranks for \d+ s "
-                         r"\(--rank-timeout\); ending", log)  # (checked every 1.25 s)
+                         r"\(--rank-timeout\); ending", log)  # (checked every timeout / 4)
         assert ("error: the distributed engine stopped: rank 2 on 127.0.0.1 stopped "
                 f"answering: the other ranks waited {RANK_TIMEOUT_S} s (--rank-timeout) and "
                 "gave up") in log
@@ -193,11 +200,12 @@ def test_a_short_rank_timeout_lets_the_world_start_and_idle_and_ends_a_hung_one(
         kill_leftovers(procs, server)
 
 
-def test_a_hung_rank_0_is_ended_and_named(hf_home, tmp_path):
-    server, procs = start_world(tmp_path, hf_home, "--rank-timeout", str(RANK_TIMEOUT_S))
+def test_a_hung_rank_0_is_ended_and_named(hf_home, tiny_world_model, tmp_path):
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model, "--rank-timeout",
+                                str(RANK_TIMEOUT_S))
     try:
         os.kill(procs[1].pid, signal.SIGSTOP)  # rank 0: its connection to us stays open
-        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + 25)
+        code = server.proc.wait(EXIT_S + RANK_TIMEOUT_S + REAP_S + 10)
         log = " ".join(server.log_text().split())
         assert code == 1, log[-3000:]
         assert ("error: the distributed engine stopped: rank 0 on 127.0.0.1 stopped "
@@ -215,7 +223,7 @@ def test_a_hung_rank_0_is_ended_and_named(hf_home, tmp_path):
 
 # --- stop ----------------------------------------------------------------------------------
 
-def start_detached_world(home: Path, hf_home: Path) -> tuple[str, dict]:
+def start_detached_world(home: Path, hf_home: Path, model: Path) -> tuple[str, dict]:
     """A 3-rank server started the way `mlx-kit launch` starts one (ensure_server ->
     start_detached with the serve options), in a subprocess with the throwaway HOME.
     Returns its URL and /health."""
@@ -224,7 +232,8 @@ def start_detached_world(home: Path, hf_home: Path) -> tuple[str, dict]:
     code = ("import json, sys; from kit.daemon import ensure_server; "
             "from kit.urls import parse_url; "
             f"p, started = ensure_server(parse_url({url!r}), None, {READY_S}, "
-            "serve_args=['--ranks', '3']); print(json.dumps(p.health.to_json()))")
+            f"serve_args=['--ranks', '3', '--model', {str(model)!r}]); "
+            "print(json.dumps(p.health.to_json()))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=clean_env(home, hf_home, TMPDIR=str(_tmpdir(home))),
                        timeout=READY_S + 30)
@@ -234,8 +243,8 @@ def start_detached_world(home: Path, hf_home: Path) -> tuple[str, dict]:
     return url, health
 
 
-def test_stop_ends_a_detached_3_rank_server_and_every_rank(hf_home, tmp_path):
-    url, health = start_detached_world(tmp_path, hf_home)
+def test_stop_ends_a_detached_3_rank_server_and_every_rank(hf_home, tiny_world_model, tmp_path):
+    url, health = start_detached_world(tmp_path, hf_home, tiny_world_model)
     server = psutil.Process(health["pid"])
     procs = [server, *processes(health)]
     try:
@@ -256,8 +265,9 @@ def test_stop_ends_a_detached_3_rank_server_and_every_rank(hf_home, tmp_path):
         kill_leftovers(procs)
 
 
-def test_sigkill_of_the_http_server_makes_every_rank_exit_on_its_own(hf_home, tmp_path):
-    url, health = start_detached_world(tmp_path, hf_home)
+def test_sigkill_of_the_http_server_makes_every_rank_exit_on_its_own(
+        hf_home, tiny_world_model, tmp_path):
+    url, health = start_detached_world(tmp_path, hf_home, tiny_world_model)
     server = psutil.Process(health["pid"])
     procs = processes(health)
     try:
@@ -320,10 +330,11 @@ def test_a_world_that_cannot_start_is_refused_before_the_model_or_any_rank(
     assert _no_rank_of(tmp_path) == []
 
 
-def test_a_killed_mlx_launch_ends_its_orphaned_ranks_and_the_server(hf_home, tmp_path):
+def test_a_killed_mlx_launch_ends_its_orphaned_ranks_and_the_server(
+        hf_home, tiny_world_model, tmp_path):
     # kill -9 of mlx.launch itself left every rank running under init and /health saying
     # ok; the server now ends the ranks left in mlx.launch's session and reports it
-    server, procs = start_world(tmp_path, hf_home)
+    server, procs = start_world(tmp_path, hf_home, tiny_world_model)
     try:
         launcher = server.health()["engine_pid"]
         os.kill(launcher, signal.SIGKILL)

@@ -47,12 +47,14 @@ def test_a_signal_to_the_whole_group_stops_server_and_engine_without_an_error_or
 
 
 def test_a_group_sigterm_stops_a_3_rank_world_and_every_rank_without_an_error(
-        hf_home, tmp_path):
+        hf_home, tiny_world_model, tmp_path):
     # mlx.launch runs in a session of its own: the group signal reaches the server (and
-    # nothing of the world), which stops every rank through rank 0
+    # nothing of the world), which stops every rank through rank 0 (the tiny random
+    # llama: the processes, not the text, are checked)
     from tests.distributed.conftest import COMMON, RANK_FLAGS, ready
 
-    server = ready(start_server(tmp_path, hf_home, *COMMON, *RANK_FLAGS, new_session=True))
+    server = ready(start_server(tmp_path, hf_home, *COMMON, *RANK_FLAGS, "--model",
+                                str(tiny_world_model), new_session=True))
     try:
         assert len(server.health()["distributed"]["ranks"]) == 3
         _stopped_cleanly(server, signal.SIGTERM, timeout=90)

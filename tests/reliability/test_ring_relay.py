@@ -69,7 +69,7 @@ def _as_nobody() -> list[str]:
     return []
 
 
-def _attack(hf_home: Path, tmp: Path, mode: str, prefix: list[str],
+def _attack(hf_home: Path, model: Path, tmp: Path, mode: str, prefix: list[str],
             tries: int = 3) -> tuple[str, str, bool]:
     """Start a 3-rank server, relay rank 1's port in ``mode``; the server's log, the
     relay's output and whether /health ever answered. The relay races the ranks for the
@@ -77,18 +77,19 @@ def _attack(hf_home: Path, tmp: Path, mode: str, prefix: list[str],
     and the world serves as it should), and that try is not the attack: up to ``tries``
     worlds are started until the relay gets between two ranks."""
     for attempt in range(tries):
-        result = _attack_once(hf_home, tmp / f"try-{attempt}", mode, prefix)
+        result = _attack_once(hf_home, model, tmp / f"try-{attempt}", mode, prefix)
         if result is not None:
             return result
     pytest.fail(f"the relay never got between the ranks in {tries} worlds")
 
 
-def _attack_once(hf_home: Path, tmp: Path, mode: str,
+def _attack_once(hf_home: Path, model: Path, tmp: Path, mode: str,
                  prefix: list[str]) -> tuple[str, str, bool] | None:
-    """One world and one relay (see :func:`_attack`); None when the relay lost the race."""
+    """One world on ``model`` (the tiny random llama: the ring, not the text, is under
+    attack) and one relay (see :func:`_attack`); None when the relay lost the race."""
     marker = tmp / "pickle-ran"
     (tmp / "home").mkdir(parents=True)
-    server = spawn_server(tmp / "home", hf_home, *RANKS)
+    server = spawn_server(tmp / "home", hf_home, "--model", str(model), *RANKS)
     relay = None
     served = False
     lines: list[str] = []
@@ -127,11 +128,11 @@ def _attack_once(hf_home: Path, tmp: Path, mode: str,
 
 
 def test_another_users_relay_on_a_ring_port_is_refused_before_anything_crosses(
-        hf_home, tmp_path):
+        hf_home, tiny_world_model, tmp_path):
     prefix = _as_nobody()
     if not prefix:
         pytest.skip("needs root and setpriv to run the relay as another user")
-    log, relay, served = _attack(hf_home, tmp_path, "forward", prefix)
+    log, relay, served = _attack(hf_home, tiny_world_model, tmp_path, "forward", prefix)
     assert "won" in relay, f"the relay did not get between the ranks: {relay!r}"
     assert "refused what crossed the ring" in log
     assert "a socket of another user (uid" in log
@@ -140,8 +141,8 @@ def test_another_users_relay_on_a_ring_port_is_refused_before_anything_crosses(
 
 
 def test_a_pickle_put_in_place_of_a_share_never_runs_and_ends_the_world_naming_the_link(
-        hf_home, tmp_path):
-    log, relay, served = _attack(hf_home, tmp_path, "pickle", [])
+        hf_home, tiny_world_model, tmp_path):
+    log, relay, served = _attack(hf_home, tiny_world_model, tmp_path, "pickle", [])
     assert "won" in relay, f"the relay did not get between the ranks: {relay!r}"
     assert "altered" in relay
     assert "refused what crossed the ring" in log

@@ -193,12 +193,15 @@ def test_launch_s_server_its_engine_and_the_agent_carry_the_key_off_their_comman
         run_kit(env, "stop", "--url", f"http://127.0.0.1:{port}", cwd=tmp_path, timeout=60)
 
 
-def test_a_keyed_3_rank_world_has_the_key_on_no_command_line(hf_home, tmp_path):
+def test_a_keyed_3_rank_world_has_the_key_on_no_command_line(hf_home, tiny_world_model,
+                                                            tmp_path):
     path = _key_file(tmp_path)
     # the variable too (the same key): the ranks inherit the server's environment, which
-    # must not turn into arguments (mlx.launch's --env, an ssh command line)
+    # must not turn into arguments (mlx.launch's --env, an ssh command line); the tiny
+    # random llama: the command lines, not the text, are checked
     server = spawn_server(tmp_path, hf_home, "--api-key-file", str(path), "--ranks", "3",
-                          "--rank-timeout", "60", MLX_KIT_API_KEY=KEY)
+                          "--rank-timeout", "60", "--model", str(tiny_world_model),
+                          MLX_KIT_API_KEY=KEY)
     try:
         wait_health(server.root, server.proc, timeout=300)
         world = wait_until(lambda: server.health()["model_state"] == "ready"

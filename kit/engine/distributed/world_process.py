@@ -58,8 +58,6 @@ log = logging.getLogger("mlx_kit.engine")
 ranks_log = logging.getLogger("mlx_kit.ranks")
 
 _CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
-_REAP_S = 15.0  # after a rank's exit, how long mlx.launch may take to end the others
-
 
 
 class _Launched:
@@ -301,15 +299,17 @@ class DistributedEngine(RankExits, EngineProcess):
         """A rank exited while serving, so the world is over: ``mlx.launch`` ends the
         others, but it waits for ever on a rank that hangs (stopped, or stuck where
         SIGTERM does not reach it), and a hung rank 0 never closes the server's
-        connection. After :data:`_REAP_S` seconds, end ``mlx.launch``'s process group
-        (ours: it was started in a session of its own), noting which ranks still ran."""
-        launched.join(_REAP_S)
+        connection. After ``rank_reap_s`` seconds (a knob, 15 s), end ``mlx.launch``'s
+        process group (ours: it was started in a session of its own), noting which ranks
+        still ran."""
+        reap_s = self.config.rank_reap_s
+        launched.join(reap_s)
         if launched.exitcode is not None or self._stopping:
             return
         exited = {r for r, _ in self._exits}
         self._hung = [r for r in range(self.plan.size) if r not in exited]
         log.error("rank(s) %s still running %.0f s after rank %d exited; ending every rank",
-                  ", ".join(map(str, self._hung)), _REAP_S, self._exits[0][0])
+                  ", ".join(map(str, self._hung)), reap_s, self._exits[0][0])
         launched.terminate()
 
     def _join_readers(self) -> None:
@@ -346,8 +346,8 @@ class DistributedEngine(RankExits, EngineProcess):
                 self.state, self.error = "failed", "the distributed engine is stopping: a " \
                     "rank exited (finding out which)"
         # the ranks' exit lines come after rank 0's pipe closed: wait for mlx.launch (and
-        # for _reap, which ends it when a rank hangs: up to _REAP_S, then 5 s for SIGTERM)
-        link.process.join(_REAP_S + 10)
+        # for _reap, which ends it when a rank hangs: up to rank_reap_s, then 5 s for SIGTERM)
+        link.process.join(self.config.rank_reap_s + 10)
         self._join_readers()
         self._cleanup()
         super()._gone(link)
