@@ -1,13 +1,15 @@
 """Claude Code (Anthropic Messages) and Codex (OpenAI Responses), real binaries, through
 `mlx-kit launch`: each answers with text our server generated, and the server saw the
-request on the agent's own wire API."""
+request on the agent's own wire API. Against the keyed server: `launch` hands each the
+key (MLX_KIT_API_KEY), and no request of theirs goes without it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 
-from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
+from tests.helpers import (TEST_KEY, assert_served, clean_env, refusals, require_binary,
+                           requests_served, run_kit)
 from tests.e2e.warnings import assert_no_config_warnings
 
 
@@ -20,13 +22,14 @@ CLAUDE_SLIM = ("--tools", "", "--system-prompt", "You are a helpful assistant. A
 def launch(server, tmp_path, agent: str, *args: str) -> subprocess.CompletedProcess:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    return run_kit(clean_env(tmp_path), "launch", agent, "--url", server.v1, "--", *args,
-                   cwd=project, timeout=500, stdin=subprocess.DEVNULL)
+    return run_kit(clean_env(tmp_path, MLX_KIT_API_KEY=TEST_KEY), "launch", agent, "--url",
+                   server.v1, "--", *args, cwd=project, timeout=500, stdin=subprocess.DEVNULL)
 
 
-def test_claude_code_answers_through_messages(server, tmp_path):
+def test_claude_code_answers_through_messages(keyed_server, tmp_path):
     require_binary("claude")
-    before = requests_served(server)
+    server = keyed_server
+    before, refused = requests_served(server), refusals(server)
     r = launch(server, tmp_path, "claude", *CLAUDE_SLIM, "-p", "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     # Claude Code >= 2.1.3xx warns that it "assumes a context window of 1m tokens" for a
@@ -37,11 +40,13 @@ def test_claude_code_answers_through_messages(server, tmp_path):
     assert "Paris" in r.stdout
     assert_served(server, before, r.stdout, at_least=True)
     assert "POST /v1/messages?beta=true" in server.log_text()
+    assert refusals(server) == refused, "a request of Claude Code's went without the key"
 
 
-def test_codex_answers_through_responses(server, tmp_path):
+def test_codex_answers_through_responses(keyed_server, tmp_path):
     require_binary("codex")
-    before = requests_served(server)
+    server = keyed_server
+    before, refused = requests_served(server), refusals(server)
     r = launch(server, tmp_path, "codex", "exec", "--skip-git-repo-check",
                "What is the capital of France?")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
@@ -49,3 +54,4 @@ def test_codex_answers_through_responses(server, tmp_path):
     assert "Paris" in r.stdout
     assert_served(server, before, at_least=True)
     assert "POST /v1/responses" in server.log_text()
+    assert refusals(server) == refused, "a request of Codex's went without the key"

@@ -1,27 +1,26 @@
 """The real agents against a server that requires a key (MLX_KIT_API_KEY, as a user who
 keeps other local accounts out runs it): with MLX_KIT_API_KEY set, `mlx-kit launch AGENT`
-gets an answer, and the server saw no request without the key (no 401 in its log)."""
+gets an answer, and the server saw no request without the key (no 401 in its log).
+
+Claude Code, Codex, Continue and aider are checked so in their own tests (test_claude_codex,
+test_continue, test_aider run them against this keyed server: each agent runs once), pi in
+test_pi; llm's own test drives `llm` itself after `harness install`, so its `launch` is
+here."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 import httpx
 import pytest
 
 from tests.helpers import TEST_KEY as KEY
-from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
-from tests.e2e.test_claude_codex import CLAUDE_SLIM
+from tests.helpers import (assert_served, clean_env, refusals, require_binary,
+                           requests_served, run_kit)
 
 
 Q = "What is the capital of France?"
 HEADLESS = {
-    "claude": ("claude", [*CLAUDE_SLIM, "-p", Q]),
-    "codex": ("codex", ["exec", "--skip-git-repo-check", Q]),
-    "continue": ("cn", ["-p", Q]),
-    "aider": ("aider", ["--message", Q, "--yes-always", "--no-git", "--no-pretty",
-                        "--no-stream"]),
     "llm": ("llm", ["--no-log", Q]),
 }
 
@@ -42,10 +41,9 @@ def test_launch_passes_the_key_to_the_agent(agent, keyed_server, tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     before = requests_served(keyed_server)
-    refused = len(re.findall(r'" 401', keyed_server.log_text()))
+    refused = refusals(keyed_server)
     r = run_kit(env, "launch", agent, "--url", keyed_server.v1, "--", *args, cwd=project,
                 timeout=500, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     assert_served(keyed_server, before, at_least=True)
-    assert len(re.findall(r'" 401', keyed_server.log_text())) == refused, \
-        "a request of the agent went without the key"
+    assert refusals(keyed_server) == refused, "a request of the agent went without the key"
