@@ -124,10 +124,17 @@ def test_unexpected_error_exits_70_with_a_log_path(home):
     assert str(log).startswith(str(home))  # under the user's log dir, not /tmp
 
 
+def _terminal_sigint() -> None:
+    # A shell's background job (`bash .ci/run &`, nohup) starts with SIGINT ignored, and a
+    # Python started with it ignored installs no KeyboardInterrupt handler: the child gets
+    # Ctrl-C as it would in a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130(home):
     proc = subprocess.Popen([sys.executable, "-c", _WITH_TEST_COMMAND, "_test", "wait"],
                             env=clean_env(home), cwd=home, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint)
     try:
         assert proc.stdout.readline() == "waiting\n"  # the command is running
         proc.send_signal(signal.SIGINT)
