@@ -352,8 +352,9 @@ class DistributedEngine(RankExits, EngineProcess):
         self._cleanup()
         super()._gone(link)
 
-    def _after_death(self, code: int | None, error: Any) -> None:
+    def _after_death(self, link: _Link, code: int | None, error: Any) -> None:
         """The world ended without being asked to: failed, named, and the server told."""
+        link.death_handled = True
         self.lost = f"the distributed engine stopped: {self._why()}"
         self.state, self.error = "failed", self.lost
         log.error("%s", self.lost)

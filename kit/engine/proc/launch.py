@@ -41,6 +41,9 @@ class Link:
         self.calls: dict[int, concurrent.futures.Future] = {}
         self.lock = threading.Lock()
         self.closed = threading.Event()  # the reader saw the end and reaped the process
+        #: its death was decided on (restart or failed), under the owner's start lock: by
+        #: its reader, or by a call that found the process dead first; never twice
+        self.death_handled = False
 
     def send(self, message: tuple) -> None:
         """Send one message as a :mod:`kit.engine.proc.wire` frame.

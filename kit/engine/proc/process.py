@@ -80,6 +80,12 @@ log = logging.getLogger("mlx_kit.engine")
 _CALL_TIMEOUT_S = 30.0  # count_tokens: the engine answers from its pipe thread at once
 
 
+def _died(code: int | None) -> EngineUnavailable:
+    """What waiters on an engine that exited with ``code`` unasked are told."""
+    return EngineUnavailable(f"the engine process exited unexpectedly (exit code {code}); "
+                             "a new one is starting")
+
+
 class EngineProcess:
     """:class:`kit.engine.interface.EngineLike`, as :class:`Engine` is, with the engine in
     a child process. If that process dies (a crash, the OOM killer), open requests fail
@@ -276,8 +282,18 @@ class EngineProcess:
         with self._start_lock:
             if self._stopping:
                 raise EngineUnavailable("the server is shutting down")
-            assert self._link is not None, "start() first"
-            if self._link.process.exitcode is not None:
+            link = self._link
+            assert link is not None, "start() first"
+            code = link.process.exitcode
+            if code is None:
+                return link
+            if not link.death_handled:
+                # died, and its reader has not said so yet: the same decision it would take
+                # (a restart counted in the window, or failed), not an uncounted restart
+                self._after_death(link, code, _died(code))
+                if self.state == "failed":
+                    raise EngineUnavailable(self.error)
+            else:  # failed earlier: this is the next request, which tries again
                 self._restart_locked("loading", None)
             return self._link
 
@@ -353,18 +369,16 @@ class EngineProcess:
         link.process.join(5)
         link.conn.close()
         code = link.process.exitcode
-        if self._stopping:
-            error = EngineUnavailable("the server is shutting down")
-        else:
-            error = EngineUnavailable(f"the engine process exited unexpectedly (exit code "
-                                      f"{code}); a new one is starting")
+        error = EngineUnavailable("the server is shutting down") if self._stopping \
+            else _died(code)
         with self._start_lock:
             if self._link is link:
                 self.phase = None  # no engine runs a load now (a restart sets it again)
             if self._link is link and self._stopping:
                 self.state, self.error = "stopped", None
             elif self._link is link:  # not yet replaced by a new engine process
-                self._after_death(code, error)
+                if not link.death_handled:
+                    self._after_death(link, code, error)
                 if self.state == "failed":  # not restarted: tell open requests why
                     error = EngineUnavailable(self.error)
         for sink in list(link.sinks.values()):
@@ -378,9 +392,11 @@ class EngineProcess:
             self._ready.set()
         link.closed.set()
 
-    def _after_death(self, code: int | None, error: EngineError) -> None:
-        """The current engine died unexpectedly (called holding ``_start_lock``): restart it,
-        or say ``failed`` and why when a restart would not help."""
+    def _after_death(self, link: _Link, code: int | None, error: EngineError) -> None:
+        """The current engine (``link``'s) died unexpectedly (called holding
+        ``_start_lock``, once per link): restart it, or say ``failed`` and why when a
+        restart would not help."""
+        link.death_handled = True
         refusal = self._restarts.refusal(self.state, code, self.model_info.id)
         if refusal is None:
             log.error("%s", error)
