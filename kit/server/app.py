@@ -1,4 +1,5 @@
-"""The FastAPI application: service routes (/, /health, /v1/models) + protocol routers."""
+"""The FastAPI application: service routes (/, /health, /v1/models and one model of it) +
+protocol routers."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from kit import __version__
+from kit.errors import ModelNotFoundError
 from kit.health import HealthBody
 from kit.server import admin
 from kit.server.adapter import MAX_TOKENS_HEADER
 from kit.server.auth import AuthMiddleware
 from kit.server.docs_ui import add_docs
-from kit.server.errors import ERROR_RESPONSES, UnexpectedErrors, install_error_handlers
+from kit.server.errors import (
+    ERROR_RESPONSES,
+    UnexpectedErrors,
+    api_error,
+    install_error_handlers,
+)
 from kit.server.guard import EdgeGuard, EdgePolicy
 from kit.server.live import Activity
 from kit.server.metrics import Metrics, RequestCounter
@@ -36,7 +43,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
         docs: serve ``/openapi.json`` and ``/docs``.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),
-    ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
+    ``GET /v1/models`` (+ ``/{id}``), ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``POST /v1/messages`` (+ ``/count_tokens``), ``POST /v1/responses`` (API key if set),
     ``POST /admin/swap`` (admin token), ``GET /ui`` (the status page; ``GET /`` from a
     browser redirects there) and ``GET /metrics`` (:mod:`kit.server.ui`: loopback only
@@ -98,6 +105,16 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
     async def models() -> dict:
         # the catalog's last snapshot: rescans run in a background thread, never here
         return {"object": "list", "data": state.model_entries(await state.load_catalog())}
+
+    @app.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> dict:
+        """One entry of ``/v1/models`` by id (OpenAI's retrieve-model: ``local`` or any
+        listed id); 404 ``model_not_found`` for any other."""
+        entries = state.model_entries(await state.load_catalog())
+        entry = next((e for e in entries if e["id"] == model_id), None)
+        if entry is None:
+            raise api_error(ModelNotFoundError(model_id[:200], [e["id"] for e in entries]))
+        return entry
 
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
