@@ -1,5 +1,6 @@
-"""The model families the end-to-end table runs: each one is the starter's weights behind
-our own chat template of the family (tests/data/families/<name>.jinja, written after the
+"""The model families the end-to-end table runs: each one is a small random llama with the
+starter's tokenizer (:func:`tests.helpers.tiny_world_model`) behind our own chat template of
+the family (tests/data/families/<name>.jinja, written after the
 family's published format), with unused special tokens of the starter's vocab renamed to
 the family's control tokens, so that the family's markers are single special tokens as in
 the real checkpoints (a forced call's grammar then writes them as those tokens:
@@ -108,14 +109,21 @@ FAMILIES = (
 BY_NAME = {f.name: f for f in FAMILIES}
 
 
-def family_model(hf_home: Path, folder: Path, family: Family) -> Path:
-    """The starter's weights behind ``family``'s template and control tokens (a folder of
-    links; tokenizer files written). Renaming keeps every id, so the EOS id stays the
-    starter's and only its text changes; the tokenizer config's named tokens follow."""
+def family_model(hf_home: Path, folder: Path, family: Family,
+                 weights: Path | None = None) -> Path:
+    """The starter's weights, or ``weights``' (a folder with config.json and
+    model.safetensors over the starter's vocabulary), behind ``family``'s template and
+    control tokens (a folder of links; tokenizer files written). Renaming keeps every id,
+    so the EOS id stays the starter's and only its text changes; the tokenizer config's
+    named tokens follow."""
     from tests.helpers import starter_with_template
 
     renames = family.renames()
     starter_with_template(hf_home, folder, family.template, rename_tokens=renames)
+    if weights is not None:
+        for name in ("config.json", "model.safetensors"):
+            (folder / name).unlink()
+            (folder / name).symlink_to((weights / name).resolve())
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
