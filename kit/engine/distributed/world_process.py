@@ -48,6 +48,7 @@ from kit.engine.distributed.hosts import (
 )
 from kit.engine.distributed.world_codec import KEY_BYTES, KEY_ENV
 from kit.engine.distributed.world_exits import _ANSI, RankExits
+from kit.engine.proc.launch import Child
 from kit.engine.proc.process import EngineProcess, _Link
 from kit.engine.types import EngineUnavailable
 from kit.errors import ConfigError, ServerError
@@ -60,26 +61,9 @@ ranks_log = logging.getLogger("mlx_kit.ranks")
 _CONNECT_TIMEOUT_S = 120.0  # every rank imports mlx and joins the group before rank 0 calls
 
 
-class _Launched:
-    """``mlx.launch``'s process, with the part of ``multiprocessing.Process``'s interface
-    :class:`kit.engine.proc.process.EngineProcess` uses (pid, exitcode, join, terminate, kill)."""
-
-    def __init__(self, popen: subprocess.Popen) -> None:
-        self.popen = popen
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.popen.poll()
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+class _Launched(Child):
+    """``mlx.launch``'s process: :class:`kit.engine.proc.launch.Child`'s interface (pid,
+    exitcode, join, kill), where ending it ends its whole process group."""
 
     def terminate(self) -> None:
         """SIGTERM to the process group ``mlx.launch`` leads (its local ranks and ssh
