@@ -1,10 +1,11 @@
 """Reading the server's log (:mod:`kit.logfile`) as ``mlx-kit logs`` does: the last lines
-of a run (:func:`last_lines`) and following it across rotations (:class:`Follower`,
-:func:`follow`)."""
+of a run (:func:`last_lines`), following it across rotations (:class:`Follower`,
+:func:`follow`), and a line as a record (:func:`record`, for ``--json``)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,21 @@ from kit.logfile import open_ours
 
 
 _BLOCK = 64 * 1024
+#: a line :data:`kit.logfile.FORMAT` wrote: time (milliseconds optional), level, logger
+_RECORD = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d{3})?) ([A-Z]+) ([^\s:]+): (.*)",
+                     re.S)
+
+
+def record(line: str) -> dict[str, str | None]:
+    """One log line as ``{"time", "level", "logger", "message"}`` (the line without its
+    newline). A line not in the log's format (a start marker, a line of a multi-line
+    message) is all message, its other fields None: one record a line, so ``-f`` prints
+    each as it comes."""
+    line = line.rstrip("\n")
+    m = _RECORD.fullmatch(line)
+    if m is None:
+        return {"time": None, "level": None, "logger": None, "message": line}
+    return dict(zip(("time", "level", "logger", "message"), m.groups()))
 
 
 def last_lines(path: Path, n: int, limit: int = 16 * 2**20, end: int | None = None,

@@ -485,3 +485,51 @@ def test_logs_of_a_foreground_server_without_a_log_file_says_where_it_logs(hf_ho
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_logs_json_prints_each_line_as_a_record(tmp_path):
+    port = free_port()
+    log = log_dir(tmp_path) / f"server-{port}.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n--- 2026-12-01 10:00:00 python -m kit serve\n"
+                   "2026-12-01 10:00:01,250 INFO mlx_kit.serve: ready: http://127.0.0.1 (1.2 s)\n"
+                   "2026-12-01 10:00:02,003 WARNING uvicorn.access: \"GET /v1/models\" 401\n")
+    r = run_kit(tmp_path, "logs", "--json", "--port", str(port), "-n", "3")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [
+        {"time": None, "level": None, "logger": None,
+         "message": "--- 2026-12-01 10:00:00 python -m kit serve"},
+        {"time": "2026-12-01 10:00:01,250", "level": "INFO", "logger": "mlx_kit.serve",
+         "message": "ready: http://127.0.0.1 (1.2 s)"},
+        {"time": "2026-12-01 10:00:02,003", "level": "WARNING", "logger": "uvicorn.access",
+         "message": "\"GET /v1/models\" 401"}]
+
+
+def test_logs_json_with_no_server_and_no_log_is_a_json_error_exit_3(tmp_path):
+    port = free_port()
+    r = run_kit(tmp_path, "logs", "--json", "--port", str(port))
+    assert r.returncode == 3, r.stderr
+    error = json.loads(r.stdout)["error"]
+    assert error["exit_code"] == 3 and error["type"] == "ServerNotRunningError"
+    assert f"no mlx-kit server is running on port {port}" in error["message"]
+
+
+def test_logs_follow_json_prints_a_record_for_a_line_written_after_it_started(tmp_path):
+    port = free_port()
+    log = log_dir(tmp_path) / f"server-{port}.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("2026-12-01 10:00:00,000 INFO mlx_kit.serve: before\n")
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "logs", "-f", "--json", "-n", "5",
+                             "--port", str(port)], env=clean_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = Reader(proc)
+    try:
+        wait_until(lambda: "before" in reader.text(), timeout=30, what="the first record")
+        with log.open("a") as f:
+            f.write("2026-12-01 10:00:05,500 ERROR mlx_kit.engine: after\n")
+        wait_until(lambda: "after" in reader.text(), timeout=30, what="the new record")
+        records = [json.loads(line) for line in reader.text().splitlines()]
+        assert [(r["level"], r["message"]) for r in records] == [
+            ("INFO", "before"), ("ERROR", "after")]
+    finally:
+        reader.end()

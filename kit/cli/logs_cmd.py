@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -10,8 +11,8 @@ from typing import Optional
 import typer
 
 from kit.cli.console import err_console
-from kit.cli.server_cmds import EXIT_NO_SERVER
-from kit.errors import ServerError
+from kit.cli.output import json_option
+from kit.errors import ServerError, ServerNotRunningError
 
 #: The most lines ``-n`` prints (a log file is rotated at 10 MiB: far fewer lines).
 MAX_LINES = 1_000_000
@@ -26,7 +27,7 @@ def _log_of(port: int) -> tuple[Path, bool]:
 
     Raises:
         ServerError: the server runs in the foreground without a log file.
-        typer.Exit: (3) no server runs and no log exists.
+        ServerNotRunningError: (3) no server runs and no log exists.
     """
     from kit.daemon import log_file, read_pid_file, running_server_info
     from kit.urls import parse_url
@@ -44,9 +45,19 @@ def _log_of(port: int) -> tuple[Path, bool]:
     for path in ([Path(stale)] if stale else []) + [log_file(url)]:
         if path.is_file():
             return path, False
-    err_console.print(f"no mlx-kit server is running on port {port}, and none has left a "
-                      f"log ({log_file(url)})", markup=False)
-    raise typer.Exit(EXIT_NO_SERVER)
+    raise ServerNotRunningError(f"no mlx-kit server is running on port {port}, and none "
+                                f"has left a log ({log_file(url)})")
+
+
+def _as_json(text: str) -> str:
+    """Whole log lines (each ending in a newline) as JSON Lines, a record each
+    (:func:`kit.logread.record`)."""
+    from kit.logread import record
+
+    lines = text.split("\n")
+    if lines[-1] == "":  # the newline ending the last line
+        lines.pop()
+    return "".join(json.dumps(record(line), ensure_ascii=False) + "\n" for line in lines)
 
 
 def _after_last_newline(f, size: int) -> int:
@@ -66,8 +77,12 @@ def logs(
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
                                        help="The server's port (default: MLX_KIT_URL's, "
                                             "else 8090)."),
+    json_out: bool = json_option("Print each log line as one JSON object on a line of its "
+                                 "own (JSON Lines: time, level, logger, message), with -f "
+                                 'too; an error as {"error": {...}}.'),
 ) -> None:
-    """Print the last lines of the mlx-kit server's log (-f: keep following it).
+    """Print the last lines of the mlx-kit server's log (-f: keep following it;
+    --json: each line as a JSON object).
 
     The log of a detached server (`mlx-kit launch`, `serve --log-file`),
     by default <log dir>/server-<port>.log: rotated at 10 MiB, with 3
@@ -103,18 +118,19 @@ def logs(
         log.close()
         raise ServerError(f"cannot read {path}: {e.strerror}") from None
     out = sys.stdout
+    shown = _as_json if json_out else (lambda chunk: chunk)
     follower = Follower(path, start=start, file=log)
     try:
         if text:
-            out.write(text + "\n")
+            out.write(shown(text + "\n"))
         out.flush()
         if follow:
             for chunk in follower:
-                out.write(chunk)
+                out.write(shown(chunk))
                 out.flush()
     except KeyboardInterrupt:  # Ctrl-C is how -f ends: not an error
         if follower.pending:
-            out.write(follower.pending + "\n")
+            out.write(shown(follower.pending + "\n"))
             out.flush()
     except BrokenPipeError:  # `mlx-kit logs -f | head`: the reader is done, so are we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

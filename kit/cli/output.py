@@ -27,6 +27,12 @@ JSON = typer.Option(False, "--json", callback=_record_json,
                          '{"error": {...}}).')
 
 
+def json_option(help: str) -> Any:
+    """A ``--json`` option with its own ``help`` (a command whose JSON is not one object,
+    e.g. ``logs``' JSON Lines), recorded as :data:`JSON` is."""
+    return typer.Option(False, "--json", callback=_record_json, help=help)
+
+
 def json_mode() -> bool:
     """Whether the running command was given ``--json``."""
     return _state["json"]
