@@ -11,6 +11,7 @@ ranks and tests/reliability/ring_relay.py (as `nobody` where root can drop to it
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,10 +134,14 @@ def test_another_users_relay_on_a_ring_port_is_refused_before_anything_crosses(
     if not prefix:
         pytest.skip("needs root and setpriv to run the relay as another user")
     log, relay, served = _attack(hf_home, tiny_world_model, tmp_path, "forward", prefix)
-    assert "won" in relay, f"the relay did not get between the ranks: {relay!r}"
+    # The relay sat on a ring link: it says so, or a rank found its socket there first (a
+    # rank checks its peer as soon as it connects, so the world can end before the
+    # relay's own accept returns: seen once in a full run)
+    assert "won" in relay or "ends in a socket of another user" in log, \
+        f"the relay did not get between the ranks: {relay!r}"
     assert "refused what crossed the ring" in log
     assert "a socket of another user (uid" in log
-    assert "someone is on the ring link of rank 0 to rank 1" in log
+    assert re.search(r"someone is on the ring links? of rank \d", log), log[-2000:]
     assert "MKWS" not in relay and not served
 
 
