@@ -20,6 +20,10 @@ from pathlib import Path
 from kit.knobs import env
 
 ENV = "MLX_KIT_BLAS"
+#: What OpenBLAS buys, as ``doctor`` tells a user without it (the measurement above)
+SPEEDUP = "prefill's float32 matmuls ~34x faster (512x576x1536: 150 ms bundled, 4.4 ms)"
+#: The Debian/Ubuntu package of the OpenBLAS this module looks for first
+PACKAGE = "libopenblas0-pthread"
 _CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",

@@ -22,7 +22,7 @@ import traceback
 import typer
 
 from kit import __version__
-from kit.cli import harness, launch, logs_cmd, models_cmds, serve, server_cmds
+from kit.cli import doctor, harness, launch, logs_cmd, models_cmds, serve, server_cmds
 from kit.cli.console import err_console
 from kit.errors import EXIT_CODE_MEANINGS, ExitCode, KitError
 
@@ -51,6 +51,7 @@ app.command("models")(models_cmds.models)
 app.command("swap")(models_cmds.swap)
 app.command("fit")(models_cmds.fit)
 app.command("pull")(models_cmds.pull)
+app.command("doctor")(doctor.doctor)
 app.add_typer(harness.app, name="harness")
 
 
