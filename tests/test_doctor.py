@@ -318,3 +318,21 @@ def test_a_running_server_is_reported_with_its_model(server, home):
     assert line(text.stdout, "api key") == "ok api key not required"
     assert line(text.stdout, "port") == f"ok port {server.port} is mlx-kit's (pid {health['pid']})"
     assert checks["server"]["data"]["running"] is True and report["ok"] is True
+
+
+@pytest.mark.model
+def test_a_server_that_wants_a_key_fails_until_the_key_is_exported(keyed_server, home):
+    from tests.helpers import TEST_KEY
+
+    js, report, checks = doctor_json(home, keyed_server.root)
+    assert js.returncode == 1 and report["ok"] is False
+    assert checks["api key"]["status"] == "fail"
+    assert checks["api key"]["detail"] == (f"the server at {keyed_server.root} requires an "
+                                           "API key and MLX_KIT_API_KEY is not set")
+    assert checks["api key"]["fix"] == "export MLX_KIT_API_KEY=<the server's --api-key>"
+    js, report, checks = doctor_json(home, keyed_server.root, MLX_KIT_API_KEY=TEST_KEY)
+    assert js.returncode == 0, checks["api key"]
+    assert checks["api key"]["detail"] == "required; MLX_KIT_API_KEY is accepted"
+    js, _, checks = doctor_json(home, keyed_server.root, MLX_KIT_API_KEY="wrong")
+    assert js.returncode == 1
+    assert checks["api key"]["detail"] == "required, and MLX_KIT_API_KEY is not the server's key"
