@@ -336,3 +336,32 @@ def test_a_server_that_wants_a_key_fails_until_the_key_is_exported(keyed_server,
     js, _, checks = doctor_json(home, keyed_server.root, MLX_KIT_API_KEY="wrong")
     assert js.returncode == 1
     assert checks["api key"]["detail"] == "required, and MLX_KIT_API_KEY is not the server's key"
+
+
+def test_a_macos_system_proxy_fails_unless_no_proxy_is_set(monkeypatch):
+    """macOS's network settings cannot exist here: sys.platform and urllib's reading of
+    them (what httpx asks) are stood in for."""
+    import urllib.request
+
+    from kit.doctor.proxy import proxy_check
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(urllib.request, "getproxies",
+                        lambda: {"http": "http://proxy.corp:8080", "https": "http://proxy.corp:8080"})
+    for name in [k for k in os.environ if k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
+    url = parse_url("http://127.0.0.1:8090")
+    check = proxy_check(url)
+    assert (check.status, check.fix) == ("fail", NO_PROXY_FIX)
+    assert check.detail == ("the macOS network settings set a proxy (http, https): httpx "
+                            "sends requests to http://127.0.0.1:8090 there")
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")  # alone, it turns the fallback off
+    assert proxy_check(url).status == "ok"
+
+
+def test_an_https_url_with_nothing_there_fails_as_launch_would():
+    from kit.doctor.server import server_checks
+
+    checks, _ = server_checks(parse_url(f"https://127.0.0.1:{free_port()}"), timeout=1)
+    assert [(c.name, c.status, c.fix) for c in checks] == [
+        ("server", "fail", "use an http:// URL to start a local server")]

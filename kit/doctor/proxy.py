@@ -9,6 +9,10 @@ that IP only, a name matches itself and its subdomains, ``*`` matches all). Node
 ``--use-env-proxy``; Node 22.21+/24), but agents that install a proxy agent themselves
 honour them, so a variable that does not route the server's scheme still gets a warning.
 
+On macOS, with no proxy variable set at all, httpx falls back on the system's proxy
+settings (``urllib.request.getproxies``) and ignores their exception list: that is a
+failure too.
+
 The matching is our own code (a few lines): httpx's matcher is private, and urllib's
 ``proxy_bypass_environment`` differs from httpx for IPs and ports.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 
 from kit.doctor.check import Check
 from kit.urls import ServerURL
@@ -59,15 +64,39 @@ def bypassed(host: str, no_proxy: str) -> bool:
     return False
 
 
+def _system_proxies() -> list[str]:
+    """The schemes (``http``, ``https``) that macOS's network settings send through a
+    proxy, when no proxy variable is set: httpx reads ``urllib.request.getproxies()``,
+    which falls back on them there, and takes no exceptions from them (only
+    ``NO_PROXY``'s). Empty off macOS."""
+    if sys.platform != "darwin" or any(
+            k.lower().endswith("_proxy") and v.strip() for k, v in os.environ.items()):
+        return []
+    import urllib.request
+
+    try:
+        found = urllib.request.getproxies()
+    except Exception:  # the system configuration could not be read: nothing to report
+        return []
+    return sorted(k for k in ("http", "https") if found.get(k))
+
+
 def proxy_check(url: ServerURL, environ: dict[str, str] | None = None) -> Check:
     """The ``proxy`` line: fail when a variable sends ``url`` through a proxy in httpx
     (launch's own requests go there: the server looks absent or foreign), warn when one
     is set without loopback in ``NO_PROXY`` but does not route ``url``'s scheme (agents
     that proxy every request still would)."""
+    system = environ is None and _system_proxies()
     environ = dict(os.environ) if environ is None else environ
     set_ = {v: _get(v, environ) for v in _VARS if _get(v, environ)}
     no_proxy = _get("NO_PROXY", environ) or ""
     data = {"set": sorted(set_), "no_proxy": no_proxy or None}
+    if system:
+        # no proxy variable at all (not even NO_PROXY, which alone turns this off)
+        return Check("network", "proxy", "fail", f"the macOS network settings set a proxy "
+                     f"({', '.join(sorted(system))}): httpx sends requests to {url.root} "
+                     "there", f"export NO_PROXY={NO_PROXY_VALUE} no_proxy={NO_PROXY_VALUE}",
+                     {**data, "system": system})
     if not set_:
         return Check("network", "proxy", "ok", "no proxy variables set", data=data)
     if bypassed(url.host, no_proxy):

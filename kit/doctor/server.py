@@ -22,6 +22,10 @@ def server_checks(url: ServerURL, timeout: float = TIMEOUT_S) -> tuple[list[Chec
 
     p = probe(url, timeout=timeout)
     data = {"url": url.v1, "kind": p.kind}
+    if p.kind == "none" and url.root.startswith("https:"):  # launch's own refusal
+        return [Check("server", "server", "fail", f"nothing answers at {url.root}, and "
+                      "mlx-kit serves plain HTTP", "use an http:// URL to start a local "
+                      "server", {**data, "running": False})], p
     if p.kind == "none":
         return [Check("server", "server", "ok", f"no server at {url.root} (`mlx-kit launch` "
                       "starts one)", data={**data, "running": False}),
