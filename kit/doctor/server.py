@@ -54,14 +54,14 @@ def server_checks(url: ServerURL, timeout: float = TIMEOUT_S) -> tuple[list[Chec
     else:
         checks.append(Check("server", "server", "ok", f"mlx-kit {h.version} at {url.root} "
                             f"(pid {h.pid})", data=data))
-    checks.append(_model(h, data))
+    checks.append(_model(h))
     checks.append(Check("server", "port", "ok", f"{url.port} is mlx-kit's (pid {h.pid})",
                         data={"port": url.port, "holder": f"mlx-kit (pid {h.pid})"}))
     checks.append(_api_key(url, h.pid, timeout))
     return checks, p
 
 
-def _model(h, data: dict) -> Check:
+def _model(h) -> Check:
     """``local -> MODEL (state)``: ok when the server answers (loaded or unloaded), warn
     while it loads or restarts, fail when the model failed."""
     phase = f", {h.phase}" if h.phase else ""
