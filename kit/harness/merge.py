@@ -27,6 +27,7 @@ the comments ruamel.yaml would drop are kept by :mod:`kit.harness.keep_comments`
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -46,6 +47,9 @@ class MergeSpec:
     strategy: str
     key: str | None = None
     owns: tuple[str, ...] = ()
+    #: Dotted paths inside our owned values that the agent itself rewrites on every run
+    #: (Cline stamps providers.<id>.updatedAt): left out of the edit check.
+    stamped: tuple[str, ...] = ()
 
 
 def plain(value: Any) -> Any:
@@ -64,6 +68,24 @@ def fingerprint(value: Any) -> str:
     """A hash of a value's content, independent of formatting and comments."""
     text = json.dumps(plain(value), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def owned_fingerprint(spec: MergeSpec | None, dotted: str, value: Any) -> str:
+    """The fingerprint of our value at the owned path ``dotted``, less the keys under it
+    that ``spec.stamped`` names: an agent that stamps them on every run (a timestamp) has
+    not edited our entry."""
+    drop = [s[len(dotted) + 1:].split(".") for s in (spec.stamped if spec else ())
+            if s.startswith(dotted + ".")]
+    if not drop:
+        return fingerprint(value)
+    value = copy.deepcopy(plain(value))
+    for path in drop:
+        node = value
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return fingerprint(value)
 
 
 def _kind(spec: MergeSpec) -> str:
@@ -249,14 +271,14 @@ def merge(spec: MergeSpec, current: str | None, ours: str, where: str) -> tuple[
             if path[-1] in node:
                 previous.setdefault(dotted, plain(node[path[-1]]))
             node[path[-1]] = value
-            owned[dotted] = fingerprint(value)
+            owned[dotted] = owned_fingerprint(spec, dotted, value)
     # (a file of comments only is kept whole above)
     text = kept + dumps(spec.format, doc) if kept else \
         dumps_keeping_end(spec.format, current or "", doc)
     return text, {"entries": owned, "created": created, "previous": previous}
 
 
-def merged_again(first: dict | None, again: dict) -> dict:
+def merged_again(first: dict | None, again: dict, spec: MergeSpec | None = None) -> dict:
     """The record of an install over our own earlier one (``launch`` installs every time).
 
     ``merge`` on a file that already holds our entries sees them as values to replace and
@@ -270,6 +292,7 @@ def merged_again(first: dict | None, again: dict) -> dict:
     Args:
         first: the record in the manifest (None: nothing of ours was merged yet).
         again: the record ``merge`` just returned.
+        spec: the file's merge spec (its ``stamped`` keys are not an edit of ours).
     """
     if not first:
         return again
@@ -277,7 +300,7 @@ def merged_again(first: dict | None, again: dict) -> dict:
     replaced = again.get("previous", {})
     previous: dict[str, Any] = {}
     for key in again.get("entries", {}):
-        if key in replaced and fingerprint(replaced[key]) != ours.get(key):
+        if key in replaced and owned_fingerprint(spec, key, replaced[key]) != ours.get(key):
             previous[key] = replaced[key]  # the user's value, written after our install
         elif key in replaced and key in first.get("previous", {}):
             previous[key] = first["previous"][key]  # still ours: what we replaced first
@@ -328,7 +351,7 @@ def unmerge(spec: MergeSpec, current: str, record: dict, where: str,
                 label, container = dotted, path[:-1]
             if name is None:
                 continue
-            if fingerprint(parent[name]) != fp:
+            if owned_fingerprint(spec, dotted, parent[name]) != fp:
                 # A plain value set again since (e.g. by the agent's model picker) is the
                 # user's choice now: kept as it is, with or without --force.
                 if entry is None and not isinstance(parent[name], (dict, list)):
@@ -361,5 +384,5 @@ def owned_fingerprints(spec: MergeSpec, doc: Any, record: dict) -> dict[str, str
         else:
             found = get_at(doc, path_of(ident))
         if found is not None:
-            current[ident] = fingerprint(found)
+            current[ident] = owned_fingerprint(spec if entry is None else None, ident, found)
     return current

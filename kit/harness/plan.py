@@ -83,7 +83,7 @@ def _install_step(spec: HarnessSpec, fspec: FileSpec, path: Path, old: str | Non
             new, owned = merge(fspec.merge, old, rendered, str(path))
         except HarnessError as e:  # not parseable, or not the shape the agent uses
             return refuse_step(path, old, e, merged=True)
-        record = {"mode": "merge", "owned": merged_again(prev.get("owned"), owned),
+        record = {"mode": "merge", "owned": merged_again(prev.get("owned"), owned, fspec.merge),
                   "created_file": prev.get("created_file", old is None),
                   "original_fp": prev.get("original_fp")}
         save = not prev and old is not None  # the user's original, kept once

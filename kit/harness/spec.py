@@ -83,6 +83,10 @@ class FileSpec(_Table):
     owns: tuple[Owned, ...] = Field(default=(), max_length=32, description=(
         "keys only: the dotted key paths we own, e.g. \"provider.mlx-kit\"; "
         "\"a.b[id]\" owns our entries of the list at a.b, by their id."))
+    stamped: tuple[Owned, ...] = Field(default=(), max_length=32, description=(
+        "keys only: dotted paths inside an owned key that the agent itself rewrites on "
+        "every run (a timestamp, e.g. \"providers.x.updatedAt\"): a changed value there "
+        "is not an edit of ours, so removal still takes our entry out."))
 
     @field_validator("template")
     @classmethod
@@ -95,8 +99,9 @@ class FileSpec(_Table):
     @model_validator(mode="after")
     def _merge_rules(self) -> FileSpec:
         if self.mode == "drop-in":
-            if self.format or self.strategy or self.key or self.owns:
-                raise ValueError('format, strategy, key and owns are for mode = "merge"')
+            if self.format or self.strategy or self.key or self.owns or self.stamped:
+                raise ValueError('format, strategy, key, owns and stamped are for '
+                                 'mode = "merge"')
             return self
         if self.format is None or self.strategy is None:
             raise ValueError(f"merge needs format in {FORMATS} and strategy in {STRATEGIES}")
@@ -104,6 +109,10 @@ class FileSpec(_Table):
             raise ValueError("strategy list-by-key needs key (and takes no owns)")
         if self.strategy == "keys" and (not self.owns or self.key is not None):
             raise ValueError("strategy keys needs owns (dotted key paths) and takes no key")
+        for path in self.stamped:
+            if "[" in path or not any(path.startswith(o + ".") for o in self.owns):
+                raise ValueError(f"stamped {path!r} is not a plain dotted path inside one "
+                                 "of owns")
         return self
 
     @property
@@ -111,7 +120,8 @@ class FileSpec(_Table):
         """How our fragment goes into the user's file (None for a drop-in)."""
         if self.mode != "merge":
             return None
-        return MergeSpec(self.format, self.strategy, self.key, tuple(self.owns))
+        return MergeSpec(self.format, self.strategy, self.key, tuple(self.owns),
+                         tuple(self.stamped))
 
 
 class LaunchSpec(_Table):

@@ -2,9 +2,9 @@
 keeps other local accounts out runs it): with MLX_KIT_API_KEY set, `mlx-kit launch AGENT`
 gets an answer, and the server saw no request without the key (no 401 in its log).
 
-Claude Code, Codex, Continue and aider are checked so in their own tests (test_claude_codex,
-test_continue, test_aider run them against this keyed server: each agent runs once), pi in
-test_pi; llm's own test drives `llm` itself after `harness install`, so its `launch` is
+Claude Code, Codex, Continue, aider, Cline and Droid are checked so in their own tests
+(test_claude_codex, test_continue, test_aider, test_cline, test_droid run them against this
+keyed server: each agent runs once), pi in test_pi; llm's own test drives `llm` itself after `harness install`, so its `launch` is
 here."""
 
 from __future__ import annotations

@@ -36,6 +36,15 @@ KNOWN: dict[str, list[tuple[str, str]]] = {
         (r"^Warning: Input is not a terminal \(fd=0\)\.$", "the test runs aider with stdin "
          "from /dev/null"),
     ],
+    "cline": [
+        # Cline 3.0.65's request code passes the AI SDK its provider options under the old
+        # key; any OpenAI-compatible provider prints these two lines (not our config).
+        (r"^Warning: AI SDK Warning System: To turn off warning logging, set the "
+         r"AI_SDK_LOG_WARNINGS global to false\.$", "the AI SDK's banner before its notice"),
+        (r"^DeprecationWarning: AI SDK Warning \(openai-compatible\.chat / local\): "
+         r"Deprecated: \"providerOptions key 'openai-compatible'\"",
+         "Cline's own providerOptions key, whatever the provider's settings"),
+    ],
     "claude": [
         # A telemetry line Claude Code 2.1.332 prints for any id outside its catalog
         # (CLAUDE_CODE_MAX_CONTEXT_TOKENS silences the user-facing warning, not this).

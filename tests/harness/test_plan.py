@@ -146,7 +146,7 @@ def test_dry_run_install_and_remove_of_a_drop_in_agent(tmp_path, dead_url):
     assert not (home / ".pi").exists()
 
 
-@pytest.mark.parametrize("agent", ["qwen", "llm", "zed", "crush"])
+@pytest.mark.parametrize("agent", ["qwen", "llm", "zed", "crush", "cline", "droid"])
 def test_dry_run_install_and_remove_of_a_users_shared_file(tmp_path, dead_url, agent):
     home = tmp_path
     path = user_file(home, agent)

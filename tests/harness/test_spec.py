@@ -102,7 +102,7 @@ def test_each_api_is_a_route_the_server_serves():
     (lambda d: d["files"][0].update(path="../../.bashrc"),
      "pi.toml: files[0].path: must be a relative path inside its folder", "Where the file"),
     (lambda d: d["files"][0].update(format="json"),
-     'pi.toml: files[0]: format, strategy, key and owns are for mode = "merge"', None),
+     'pi.toml: files[0]: format, strategy, key, owns and stamped are for mode = "merge"', None),
     (lambda d: d["config_dir"].update(default="{home}/.pi"),
      "pi.toml: config_dir.default: '{home}/.pi' must start with ~, / or {kit_config_dir}",
      "The folder when no env variable is set"),

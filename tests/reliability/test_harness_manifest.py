@@ -34,6 +34,51 @@ ZED_SETTINGS = """// Zed settings
 }
 """
 CRUSH_SETTINGS = '{\n  "options": {"debug": true},\n  "providers": {\n    "openrouter": {"api_key": "$OR_KEY"}\n  }\n}\n'
+#: Cline's providers.json as Cline 3.0.65 writes it (JSON, 2 spaces, a newline at the end):
+#: the user's own Anthropic key and their own OpenAI-compatible provider, which ours
+#: replaces (Cline keeps one entry per provider id) and removal puts back.
+CLINE_PROVIDERS = """{
+  "version": 1,
+  "lastUsedProvider": "anthropic",
+  "modes": {},
+  "providers": {
+    "anthropic": {
+      "settings": {
+        "provider": "anthropic",
+        "apiKey": "sk-ant-the-users-own",
+        "model": "claude-sonnet-4-6"
+      },
+      "updatedAt": "2026-11-30T09:12:44.118Z",
+      "tokenSource": "manual"
+    },
+    "openai-compatible": {
+      "settings": {
+        "provider": "openai-compatible",
+        "model": "qwen3-coder",
+        "baseUrl": "http://gpu-box:1234/v1"
+      },
+      "updatedAt": "2026-11-29T17:02:10.004Z",
+      "tokenSource": "manual"
+    }
+  }
+}
+"""
+#: Droid's settings.json with the user's own custom model and preferences.
+DROID_SETTINGS = """{
+  "diffMode": "unified",
+  "cloudSessionSync": false,
+  "customModels": [
+    {
+      "model": "qwen3-coder:30b",
+      "displayName": "Ollama Qwen3 Coder",
+      "baseUrl": "http://localhost:11434/v1",
+      "apiKey": "${OLLAMA_KEY}",
+      "provider": "generic-chat-completion-api",
+      "maxOutputTokens": 16384
+    }
+  ]
+}
+"""
 LLM_MODELS = "# my models\n- model_id: gpt-local\n  model_name: gpt-4o-mini\n  api_base: http://mine:8000/v1\n"
 
 #: agent -> (its shared file below HOME, the user's own content)
@@ -42,6 +87,8 @@ USER_FILES = {
     "zed": (".config/zed/settings.json", ZED_SETTINGS),
     "crush": (".config/crush/crush.json", CRUSH_SETTINGS),
     "llm": (".config/io.datasette.llm/extra-openai-models.yaml", LLM_MODELS),
+    "cline": (".cline/data/settings/providers.json", CLINE_PROVIDERS),
+    "droid": (".factory/settings.json", DROID_SETTINGS),
 }
 
 
@@ -102,7 +149,7 @@ def test_remove_with_a_broken_manifest_restores_the_users_qwen_settings(tmp_path
     assert "nothing of mlx-kit's" not in r.stdout
 
 
-@pytest.mark.parametrize("agent", ["crush", "zed", "llm"])
+@pytest.mark.parametrize("agent", ["crush", "zed", "llm", "cline", "droid"])
 def test_remove_with_a_corrupt_manifest_takes_our_entries_out_of_the_users_file(
         tmp_path, dead_url, agent):
     home = tmp_path
