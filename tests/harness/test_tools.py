@@ -166,3 +166,42 @@ def test_install_agent_refuses_a_version_that_is_not_one(home):
     r = run_kit(home, "harness", "install-agent", "llm", "--version", "latest; rm -rf ~")
     assert r.returncode == 1 and "is not a version number" in r.stderr
     assert not (tools_dir() / "llm").exists() or not any((tools_dir() / "llm").iterdir())
+
+
+def test_launch_on_a_terminal_asks_first_and_a_no_installs_nothing(home, tmp_path):
+    """The question a user sees on a terminal names what would be installed and where;
+    answering n leaves no tools folder and exits 1 with the ways to install it."""
+    import pty
+    import select
+    import sys
+
+    from tests.helpers import clean_env
+
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "launch", "pi"], stdin=secondary,
+                            stdout=subprocess.PIPE, stderr=secondary, cwd=home,
+                            env=clean_env(home, PATH=str(empty)))
+    os.close(secondary)
+    seen = b""
+    try:
+        while b"?" not in seen.split(b"tools folder")[-1]:
+            ready, _, _ = select.select([primary], [], [], 60)
+            assert ready, f"no question on the terminal: {seen!r}"
+            seen += os.read(primary, 4096)
+        os.write(primary, b"n\n")
+        assert proc.wait(timeout=60) == 1
+        while select.select([primary], [], [], 0.5)[0]:
+            try:
+                seen += os.read(primary, 4096)
+            except OSError:  # the child closed its end
+                break
+    finally:
+        proc.kill()
+        os.close(primary)
+    text = " ".join(seen.decode(errors="replace").split())
+    assert "pi (pi coding agent) is not installed. Install @earendil-works/pi-coding-agent " \
+           f"1.6.0 (npm) into mlx-kit's tools folder ({tools_dir()})? [Y/n]" in text
+    assert "mlx-kit launch pi --install" in text
+    assert not tools_dir().exists()
