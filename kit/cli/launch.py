@@ -50,12 +50,14 @@ def launch(
     from kit.urls import parse_url
 
     spec = load_spec(agent)
-    found = find_agent(spec) or _install_missing(spec, install)
-    binary = found.path
-    # checked here, as serve checks them, so bad flags fail before a server starts
+    found = find_agent(spec)
+    # checked here, as serve checks them, so bad flags fail before a server starts (and
+    # before an agent is installed)
     c, model = config, config.model
     world = plan_world(c.ranks, c.hosts, c.hostfile, c.backend, c.pipeline, c.rank_timeout)
     check_startable(c, world)
+    found = found or _install_missing(spec, install)
+    binary = found.path
     serve_args = c.to_argv("launch", exclude=frozenset({"model"}))
     trust_remote_code, kv_bits = c.trust_remote_code, c.kv_bits
     u = parse_url(url)
