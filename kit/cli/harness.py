@@ -282,9 +282,9 @@ def status_(
             else "not found"
         copy = {"tools": f"tools: {st.binary}", "path": f"PATH: {st.binary}"}.get(
             st.binary_source or "", "-")
-        rows.append((spec.name, binary, copy, verified, "yes" if st.installed else "no",
-                     ", ".join(map(str, st.drift)) or "-", server))
-    print_table(("agent", "binary", "runs", "verified", "configured", "drift", "server"),
+        rows.append((spec.name, binary, verified, "yes" if st.installed else "no",
+                     ", ".join(map(str, st.drift)) or "-", server, copy))
+    print_table(("agent", "binary", "verified", "configured", "drift", "server", "runs"),
                 rows)
 
 
