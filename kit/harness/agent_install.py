@@ -219,12 +219,16 @@ def install_agent(spec: HarnessSpec, version: str | None = None,
                 shutil.rmtree(root)
             root.mkdir()
             node_bin = None
-            if spec.package.registry == "npm":
-                binary, node_bin = _install_npm(spec, version, root, progress)
-            else:
-                binary = _install_pypi(spec, version, root, progress)
-            if not (root / binary).is_file():
-                raise HarnessError(f"{spec.package.name}@{version} installed no {binary}")
+            try:
+                if spec.package.registry == "npm":
+                    binary, node_bin = _install_npm(spec, version, root, progress)
+                else:
+                    binary = _install_pypi(spec, version, root, progress)
+                if not (root / binary).is_file():
+                    raise HarnessError(f"{spec.package.name}@{version} installed no {binary}")
+            except BaseException:  # a failed or interrupted install leaves no half copy
+                shutil.rmtree(root, ignore_errors=True)
+                raise
             _write_atomic(root / RECEIPT, json.dumps({
                 "agent": spec.name, "version": version, "registry": spec.package.registry,
                 "package": spec.package.name, "binary": binary,

@@ -29,6 +29,12 @@ def test_install_agent_puts_llm_and_pi_in_the_tools_folder_and_they_run(server, 
                                                 _no_node_path()]))
     tools = home / ".local" / "share" / "mlx-kit" / "tools"
 
+    # a version the registry does not have: the package manager's words, no half copy left
+    r = run_kit(env, "harness", "install-agent", "llm", "--version", "9999.0", timeout=300,
+                cwd=home)
+    assert r.returncode == 1 and "pip install llm==9999.0 failed" in r.stderr, r.stderr
+    assert list((tools / "llm").iterdir()) == []
+
     r = run_kit(env, "harness", "install-agent", "llm", "--json", timeout=900, cwd=home)
     assert r.returncode == 0, r.stderr
     llm = json.loads(r.stdout)
