@@ -6,12 +6,14 @@ from typing import Optional
 
 import typer
 
+from kit.cli import agent_cmds
 from kit.cli.console import console
 from kit.cli.options import URL
 from kit.cli.output import JSON, emit_json, print_table
 from kit.urls import URL_ENV
 
-app = typer.Typer(help="Configure coding agents to use the mlx-kit server.", no_args_is_help=True)
+app = typer.Typer(help="Configure coding agents to use the mlx-kit server, and install them "
+                  "into mlx-kit's own tools folder.", no_args_is_help=True)
 
 
 @app.command("install")
@@ -230,11 +232,11 @@ def status_(
     as_json: bool = JSON,
 ) -> None:
     """Per agent: binary and version (flagged when newer than the newest version mlx-kit
-    verified), configured?, drift since written, server reachable (each agent's own
-    recorded URL is probed).
+    verified), which copy runs (mlx-kit's tools folder's, else one on PATH), configured?,
+    drift since written, server reachable (each agent's own recorded URL is probed).
 
     \b
-    --json: {"agents": [{"name", "binary", "version", "version_line", "verified":
+    --json: {"agents": [{"name", "binary", "source": "tools"|"path"|null, "version", "version_line", "verified":
     [oldest, newest] or null, "newer", "installed", "drift": [paths], "base_url",
     "server": null or {"kind": "ours"|"other"|"none", "status": /health's status,
     "model", "elsewhere": points at another server than --url}}]}.
@@ -278,9 +280,12 @@ def status_(
             verified += f" (installed {v.version} is newer: untested)"
         binary = (v.line if v is not None and v.line else st.binary) if st.binary \
             else "not found"
+        copy = {"tools": f"tools: {st.binary}", "path": f"PATH: {st.binary}"}.get(
+            st.binary_source or "", "-")
         rows.append((spec.name, binary, verified, "yes" if st.installed else "no",
-                     ", ".join(map(str, st.drift)) or "-", server))
-    print_table(("agent", "binary", "verified", "configured", "drift", "server"), rows)
+                     ", ".join(map(str, st.drift)) or "-", server, copy))
+    print_table(("agent", "binary", "verified", "configured", "drift", "server", "runs"),
+                rows)
 
 
 def _status_json(spec, st, v, reachable: dict, here) -> dict:
@@ -295,12 +300,20 @@ def _status_json(spec, st, v, reachable: dict, here) -> dict:
         server = {"kind": p.kind, "status": health.status if health else None,
                   "model": health.model if health else None,
                   "elsewhere": here is not None and parse_url(st.base_url).root != here.root}
-    return {"name": spec.name, "binary": st.binary,
+    return {"name": spec.name, "binary": st.binary, "source": st.binary_source,
             "version": v.version if v is not None else None,
             "version_line": v.line if v is not None else None,
             "verified": list(spec.verified) if spec.verified is not None else None,
             "newer": bool(v is not None and v.newer), "installed": st.installed,
             "drift": [str(p) for p in st.drift], "base_url": st.base_url, "server": server}
+
+
+def install_hint(spec) -> str:
+    """How to install a missing agent: mlx-kit's own command for a registry package (into
+    its tools folder), else the agent's official install command."""
+    if spec.package is None:
+        return spec.install
+    return f"mlx-kit harness install-agent {spec.name}, or: {spec.install}"
 
 
 @app.command("list")
@@ -337,7 +350,7 @@ def list_(as_json: bool = JSON) -> None:
     print_table(("agent", "configured", "api", "config", "binary"), [
         (spec.name, "yes" if states[name].installed else "no", APIS[spec.api],
          ", ".join(map(str, states[name].paths)),
-         states[name].binary or f"not found ({spec.install})")
+         states[name].binary or f"not found ({install_hint(spec)})")
         for name, spec in agents.specs.items()])
     user = [s for s in agents.specs.values() if not s.builtin]
     if user:
@@ -349,3 +362,6 @@ def list_(as_json: bool = JSON) -> None:
             err_console.print(f"[bold]hint:[/] {escape(problem.hint)}", highlight=False)
     if agents.problems:
         raise typer.Exit(1)
+
+
+agent_cmds.register(app)  # install-agent, upgrade

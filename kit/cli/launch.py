@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -17,6 +17,8 @@ from kit.errors import AgentNotInstalledError, ConfigError
 if TYPE_CHECKING:
     from kit.config import EngineConfig
     from kit.engine.status import DistributedStatus
+    from kit.harness.spec import HarnessSpec
+    from kit.harness.tools import AgentBinary
 
 
 @takes_config("launch")
@@ -26,6 +28,10 @@ def launch(
     url: Optional[str] = URL,
     timeout: float = typer.Option(600.0, "--timeout", min=1,
                                   help="Seconds to wait for the server."),
+    install: bool = typer.Option(False, "--install", help="If AGENT is missing, install "
+                                 "it into mlx-kit's own tools folder without asking (also "
+                                 "MLX_KIT_INSTALL=1); on a terminal launch asks, else it "
+                                 "says how to install it."),
     *,
     config: EngineConfig,
 ) -> None:
@@ -40,17 +46,18 @@ def launch(
     from kit.engine.distributed.hosts import plan_world
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
+    from kit.harness.tools import find_agent
     from kit.urls import parse_url
 
     spec = load_spec(agent)
-    binary = shutil.which(spec.binary)
-    if binary is None:
-        raise AgentNotInstalledError(f"{spec.binary} ({spec.description}) is not installed",
-                                     hint=spec.install)
-    # checked here, as serve checks them, so bad flags fail before a server starts
+    found = find_agent(spec)
+    # checked here, as serve checks them, so bad flags fail before a server starts (and
+    # before an agent is installed)
     c, model = config, config.model
     world = plan_world(c.ranks, c.hosts, c.hostfile, c.backend, c.pipeline, c.rank_timeout)
     check_startable(c, world)
+    found = found or _install_missing(spec, install)
+    binary = found.path
     serve_args = c.to_argv("launch", exclude=frozenset({"model"}))
     trust_remote_code, kv_bits = c.trust_remote_code, c.kv_bits
     u = parse_url(url)
@@ -114,7 +121,39 @@ def launch(
         models, _ = hi.baked_models(u)
         local = models[0] if models else None
     argv, extra_env = spec.launch_command(binary, ctx.args, local=local, root_url=u.root)
-    os.execvpe(binary, argv, {**os.environ, **extra_env})
+    os.execvpe(binary, argv, {**found.environ(os.environ), **extra_env})
+
+
+def _install_missing(spec: HarnessSpec, flag: bool) -> AgentBinary:
+    """Install a missing agent into mlx-kit's tools folder when ``--install`` /
+    ``MLX_KIT_INSTALL=1`` say so or the user says yes on a terminal; else refuse, naming
+    the commands that install it.
+
+    Raises:
+        AgentNotInstalledError: no registry package, not asked to install, or declined.
+        HarnessError: the install failed.
+    """
+    from kit.cli.agent_cmds import install_copy
+    from kit.harness.tools import AgentBinary, install_decision, tools_dir
+
+    missing = f"{spec.binary} ({spec.description}) is not installed"
+    if spec.package is None:
+        raise AgentNotInstalledError(missing, hint=spec.install)
+    assert spec.verified is not None  # a [package] needs verified
+    what = f"{spec.package.name} {spec.verified[1]} ({spec.package.registry})"
+    decision = install_decision(flag, os.environ,
+                                sys.stdin.isatty() and sys.stderr.isatty())
+    if decision == "ask" and not typer.confirm(
+            f"{missing}. Install {what} into mlx-kit's tools folder ({tools_dir()})?",
+            default=True, err=True):
+        decision = "refuse"
+    if decision == "refuse":
+        raise AgentNotInstalledError(missing, hint=(
+            f"`mlx-kit launch {spec.name} --install` installs {what} into mlx-kit's own "
+            f"tools folder (or `mlx-kit harness install-agent {spec.name}`); by hand: "
+            f"{spec.install}"))
+    copy, _ = install_copy(spec)
+    return AgentBinary(str(copy.binary), "tools", copy)
 
 
 def _world_differs(world: Any, running: DistributedStatus | None) -> str | None:

@@ -10,7 +10,6 @@ that allows it (:mod:`kit.harness.proof`), and :mod:`kit.harness.apply` writes i
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from kit.harness.render import context, render
 from kit.harness.spec import FileSpec, HarnessSpec
 from kit.knobs import env
 from kit.harness.spec_loader import all_specs
+from kit.harness.tools import find_agent
 from kit.models.catalog import scan, served_entries
 from kit.key_guard import why_not_send_key
 from kit.probe import fetch_models, probe
@@ -181,6 +181,8 @@ class AgentStatus:
     binary: str | None
     drift: tuple[Path, ...] = ()
     base_url: str | None = None
+    #: where ``binary`` comes from: "tools" (mlx-kit's tools folder) or "path"; None: none
+    binary_source: str | None = None
 
 
 def _drifted(fspec: FileSpec, path: Path, recorded: dict) -> bool:
@@ -203,7 +205,8 @@ def installed_agents() -> list[str]:
 
 
 def status(spec: HarnessSpec) -> AgentStatus:
-    """Is the agent configured (our files present), where, and is its binary on PATH?"""
+    """Is the agent configured (our files present), where, and which binary runs (mlx-kit's
+    tools folder's copy, else one on PATH: :func:`kit.harness.tools.find_agent`)?"""
     files = spec.file_paths()
     paths = tuple(p for _, p in files)
     entry = manifest.read()["agents"].get(spec.name) or {}
@@ -219,5 +222,6 @@ def status(spec: HarnessSpec) -> AgentStatus:
 
     installed = all(configured(fs, p) for fs, p in files)
     drift = tuple(p for fs, p in files if str(p) in recorded and _drifted(fs, p, recorded[str(p)]))
-    return AgentStatus(spec.name, installed, paths, shutil.which(spec.binary), drift,
-                       entry.get("base_url"))
+    found = find_agent(spec)
+    return AgentStatus(spec.name, installed, paths, found.path if found else None, drift,
+                       entry.get("base_url"), found.source if found else None)

@@ -140,6 +140,37 @@ class LaunchSpec(_Table):
             "Environment set only where the user has not set it."))
 
 
+#: How a package agent's install line reads, for users who install it themselves.
+_INSTALL_LINES = {"npm": "npm install -g {name}@{version}", "pypi": "pipx install {name}=={version}"}
+
+
+class PackageSpec(_Table):
+    """[package]: the agent's package in a registry, from which mlx-kit installs it into its
+    own tools folder (`mlx-kit harness install-agent`, `launch --install`) at the newest
+    `verified` version, and from which the `install` line people read is derived."""
+
+    registry: Literal["npm", "pypi"] = Field(description=(
+        "npm (installed with npm into <tools>/<agent>/<version>/node_modules) or pypi "
+        "(a venv of its own, <tools>/<agent>/<version>/venv)."))
+    name: Annotated[StrictStr, Field(
+        pattern=r"^(@[a-z0-9][a-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=214)] = \
+        Field(description="The package's name in that registry, e.g. "
+                          "\"@earendil-works/pi-coding-agent\" or \"aider-chat\".")
+    node: Optional[Version] = Field(default=None, description=(
+        "npm only: the oldest Node the package runs on (its engines.node), e.g. \"22.19\"; "
+        "an older or missing system node makes mlx-kit use its own pinned Node."))
+    postinstall: Optional[RelPath] = Field(default=None, description=(
+        "npm only: the package's install script, relative to its folder, that must run "
+        "for the agent to work (npm runs with --ignore-scripts; mlx-kit then runs this one "
+        "with node and a throwaway HOME), e.g. \"postinstall.mjs\"."))
+
+    @model_validator(mode="after")
+    def _npm_only(self) -> PackageSpec:
+        if self.registry != "npm" and (self.node or self.postinstall):
+            raise ValueError("node and postinstall are for registry = \"npm\"")
+        return self
+
+
 class HarnessSpec(_Table):
     """An agent, as data: one harnesses/<agent>.toml."""
 
@@ -148,7 +179,12 @@ class HarnessSpec(_Table):
     description: Annotated[StrictStr, Field(max_length=200)] = Field(
         default="", description="One line for `harness list`.")
     binary: Text = Field(description="The executable, looked up on PATH.")
-    install: Text = Field(description="The exact command that installs the agent.")
+    install_line: Optional[Text] = Field(default=None, alias="install", description=(
+        "For an agent with no [package]: the official command that installs it, printed "
+        "when it is missing. Left out with [package] (derived from it)."))
+    package: Optional[PackageSpec] = Field(default=None, description=(
+        "The agent's registry package: mlx-kit installs it on demand at the newest "
+        "verified version (needs verified)."))
     api: Literal[tuple(APIS)] = Field(description=(
         "The wire API the agent speaks to our server: openai-completions (Chat "
         "Completions, /v1/chat/completions), openai-responses (/v1/responses), "
@@ -166,6 +202,30 @@ class HarnessSpec(_Table):
     vars: dict[VarName, VarValue] = Field(default_factory=dict, max_length=64, description=(
         "This agent's own template variables (strings, integers, numbers, booleans): its "
         "templates read them as {{ vars.<name> }}; no other agent sees them."))
+
+    @model_validator(mode="after")
+    def _one_install(self) -> HarnessSpec:
+        if self.package is None and self.install_line is None:
+            raise SpecValueError("an agent needs [package] (a registry package) or install "
+                                 "(the official install command)", key=("package",))
+        if self.package is not None and self.install_line is not None:
+            raise SpecValueError("install is derived from [package]; leave it out",
+                                 key=("install",))
+        if self.package is not None and self.verified is None:
+            raise SpecValueError("[package] installs the newest verified version: add "
+                                 "verified = [oldest, newest]", key=("package",))
+        return self
+
+    @property
+    def install(self) -> str:
+        """The command that installs the agent by hand: the spec's own, or the one its
+        package implies (``npm install -g NAME@NEWEST`` / ``pipx install NAME==NEWEST``)."""
+        if self.package is None:
+            assert self.install_line is not None  # _one_install
+            return self.install_line
+        assert self.verified is not None
+        return _INSTALL_LINES[self.package.registry].format(name=self.package.name,
+                                                            version=self.verified[1])
 
     _source: Optional[Path] = PrivateAttr(default=None)
     _templates: Optional[Path] = PrivateAttr(default=None)

