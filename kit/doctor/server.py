@@ -5,7 +5,6 @@ whether it wants an API key that this shell does not have. One probe (kit.probe,
 
 from __future__ import annotations
 
-import os
 
 from kit.doctor.check import Check
 from kit.probe import Probe, fetch_status, probe
@@ -83,11 +82,12 @@ def _api_key(url: ServerURL, pid: int | None, timeout: float) -> Check:
     is one it takes. The key goes only where launch would send it (kit.key_guard)."""
     from kit.cli.api_key import API_KEY_ENV
     from kit.key_guard import why_not_send_key
+    from kit.knobs import env
 
     status = fetch_status(url, None, timeout=timeout)
     if status != 401:
         return Check("server", "api key", "ok", "not required", data={"required": False})
-    key = os.environ.get(API_KEY_ENV)
+    key = env(API_KEY_ENV)
     data = {"required": True, "env_set": bool(key)}
     if not key:
         return Check("server", "api key", "fail", f"the server at {url.root} requires an "
