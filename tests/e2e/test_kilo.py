@@ -1,0 +1,79 @@
+"""Kilo Code CLI (real binary) through `mlx-kit launch kilo -- run --auto "..."`: the
+drop-in config reaches Kilo through KILO_CONFIG, Kilo answers with our server's text, it
+found nothing to complain about in our file (`kilo debug config` resolves it with every key
+of ours kept), and removal leaves the user's own Kilo config untouched.
+
+Kilo is an opencode fork and sends opencode's shape of request: a ~3,100-token first
+request (system prompt; the starter's template does not render its tool schemas), inside
+the starter's 8,192-token window, so nothing is slimmed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import json5
+
+from tests.e2e.warnings import assert_no_config_warnings
+from tests.helpers import assert_served, clean_env, require_binary, requests_served, run_kit
+
+
+USER_CONFIG = '{\n  // my own kilo settings\n  "theme": "tokyonight",\n  "autoupdate": false\n}\n'
+
+
+def kilo_env(home: Path) -> dict[str, str]:
+    """A throwaway HOME, and none of the caller's Kilo or opencode settings."""
+    env = clean_env(home, MLX_KIT_LOG_LEVEL="debug")
+    for key in list(env):
+        if key.startswith(("KILO_", "KILOCODE_", "OPENCODE_")):
+            del env[key]
+    return env
+
+
+def test_kilo_answers_through_our_server(server, tmp_path):
+    kilo = require_binary("kilo")
+    env = kilo_env(tmp_path)
+    user_config = tmp_path / ".config" / "kilo" / "kilo.jsonc"
+    user_config.parent.mkdir(parents=True)
+    user_config.write_text(USER_CONFIG)
+    project = tmp_path / "project"
+    project.mkdir()
+    before = requests_served(server)
+
+    r = run_kit(env, "launch", "kilo", "--url", server.v1, "--", "run", "--auto",
+                "What is the capital of France?", cwd=project, timeout=500,
+                stdin=subprocess.DEVNULL)
+
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert_no_config_warnings("kilo", r.stdout, r.stderr)
+    assert "Paris" in r.stdout
+    # Kilo sent its main request (and, as opencode does, a title request) to our server
+    assert_served(server, before, at_least=True)
+    ours = tmp_path / ".config" / "kilo" / "mlx-kit.jsonc"
+    config = json5.loads(ours.read_text())
+    assert config["model"] == "mlx-kit/local"
+    assert config["provider"]["mlx-kit"]["options"]["baseURL"] == server.v1
+    assert config["provider"]["mlx-kit"]["models"]["local"]["limit"] == {"context": 8192,
+                                                                         "output": 2048}
+
+    # Kilo's own view of the file (its validator; no model call): loaded, every key kept
+    shown = subprocess.run([kilo, "debug", "config"], env={**env, "KILO_CONFIG": str(ours)},
+                           cwd=project, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    resolved = json.loads(shown.stdout[shown.stdout.index("{"):])
+    # Kilo drops keys it does not know without a word: ours must all be there, as written
+    # (the key's {env:MLX_KIT_API_KEY} resolved: unset here, so empty)
+    config["provider"]["mlx-kit"]["options"]["apiKey"] = ""
+    assert resolved["provider"] == config["provider"]
+    assert (resolved["model"], resolved["small_model"]) == ("mlx-kit/local",) * 2
+    assert resolved["autoupdate"] is False  # the user's own config still applies
+
+    before_remove = user_config.read_text()
+    assert "// my own kilo settings" in before_remove and '"tokyonight"' in before_remove
+    r = run_kit(env, "harness", "remove", "kilo", timeout=60)
+    assert r.returncode == 0 and re.search(r"removed .*mlx-kit\.jsonc", r.stdout)
+    assert not ours.exists()
+    assert user_config.read_text() == before_remove
