@@ -57,6 +57,9 @@ def test_kilo_answers_through_our_server(server, tmp_path):
     (project / ".kilo" / "agent" / "answer.md").write_text(ANSWER_AGENT)
     before = requests_served(server)
 
+    # Kilo takes the project folder (where it finds .kilo/) from $PWD, as a shell sets it,
+    # not from its working directory: with pytest's PWD it found no "answer" agent
+    env["PWD"] = str(project)
     r = run_kit(env, "launch", "kilo", "--url", server.v1, "--", "run", "--auto",
                 "--agent", "answer", "What is the capital of France?", cwd=project,
                 timeout=500, stdin=subprocess.DEVNULL)
