@@ -147,12 +147,17 @@ def test_cli_bad_url_is_a_clean_error(home):
 
 # --- launch / harness / status errors --------------------------------------------------
 
-def test_launch_without_pi_says_how_to_install_it(home, tmp_path):
+@pytest.mark.parametrize("agent, install", [
+    ("pi", "npm install -g @earendil-works/pi-coding-agent"),
+    ("copilot", "npm install -g @github/copilot@1.0.102"),  # configured by launch's env only
+    ("kilo", "npm install -g @kilocode/cli@7.7.7"),
+])
+def test_launch_without_the_agent_says_how_to_install_it(home, tmp_path, agent, install):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    r = run_kit(home, "launch", "pi", PATH=str(empty))
+    r = run_kit(home, "launch", agent, PATH=str(empty))
     assert r.returncode == 1
-    assert "npm install -g @earendil-works/pi-coding-agent" in r.stderr
+    assert install in r.stderr
     assert "not installed" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 

@@ -62,6 +62,10 @@ def install(
     if result.recovered is not None:
         print_removal(result.recovered, prefix="an earlier install the manifest did not "
                       "record: ")
+    if not spec.files:  # an agent configured only through the environment (Copilot CLI)
+        console.print(f"{spec.name} has no config file for mlx-kit to write: "
+                      f"`mlx-kit launch {spec.name}` sets its environment", markup=False)
+        return
     for ch in result.changes:
         verb = "wrote" if ch.path in result.written else "unchanged"
         console.print(f"{verb} {ch.path}", markup=False)
@@ -282,10 +286,16 @@ def status_(
             else "not found"
         copy = {"tools": f"tools: {st.binary}", "path": f"PATH: {st.binary}"}.get(
             st.binary_source or "", "-")
-        rows.append((spec.name, binary, verified, "yes" if st.installed else "no",
+        rows.append((spec.name, binary, verified, configured(spec, st.installed),
                      ", ".join(map(str, st.drift)) or "-", server, copy))
     print_table(("agent", "binary", "verified", "configured", "drift", "server", "runs"),
                 rows)
+
+
+def configured(spec, installed: bool) -> str:
+    """The "configured" cell of `harness list` / `status`: yes, no, or "-" for an agent
+    whose spec writes no file (launch sets its environment, there is nothing to install)."""
+    return "-" if not spec.files else "yes" if installed else "no"
 
 
 def _status_json(spec, st, v, reachable: dict, here) -> dict:
@@ -348,8 +358,8 @@ def list_(as_json: bool = JSON) -> None:
             raise typer.Exit(1)
         return
     print_table(("agent", "configured", "api", "config", "binary"), [
-        (spec.name, "yes" if states[name].installed else "no", APIS[spec.api],
-         ", ".join(map(str, states[name].paths)),
+        (spec.name, configured(spec, states[name].installed), APIS[spec.api],
+         ", ".join(map(str, states[name].paths)) or "(environment, set by launch)",
          states[name].binary or f"not found ({install_hint(spec)})")
         for name, spec in agents.specs.items()])
     user = [s for s in agents.specs.values() if not s.builtin]

@@ -689,8 +689,9 @@ def parse_rendered(fmt: str, text: str) -> Any:
 
 
 #: Patterns an agent substitutes in its config's raw text before parsing it: a model name
-#: must not add any (opencode: ``{env:VAR}`` and ``{file:path}``).
-RAW_SUBSTITUTIONS = {"opencode": re.compile(r"\{(?:env|file):")}
+#: must not add any (opencode and its fork Kilo: ``{env:VAR}`` and ``{file:path}``).
+RAW_SUBSTITUTIONS = {"opencode": re.compile(r"\{(?:env|file):"),
+                     "kilo": re.compile(r"\{(?:env|file):")}
 
 
 def file_format(fspec: FileSpec) -> str:

@@ -219,14 +219,16 @@ def test_real_codex_reads_the_installed_catalog(home, dead_url, monkeypatch):
     (entry,) = json.loads(r.stdout)["models"]
     assert (entry["slug"], entry["context_window"]) == ("local", 32768)
 
-def test_opencode_does_not_expand_env_or_file_references_in_a_model_name():
-    """opencode replaces {env:VAR} and {file:path} in its config's raw text before parsing
-    it: a model named "{file:x}" stopped it from loading the file ("bad file reference"),
-    "{env:VAR}" put the variable's value in (unescaped: a quote broke the JSON). Values
-    from the server are written with "{" escaped; our own {env:MLX_KIT_API_KEY} stays."""
+@pytest.mark.parametrize("agent", ["opencode", "kilo"])
+def test_opencode_does_not_expand_env_or_file_references_in_a_model_name(agent):
+    """opencode (and Kilo, its fork: the same code in its binary) replaces {env:VAR} and
+    {file:path} in its config's raw text before parsing it: a model named "{file:x}"
+    stopped it from loading the file ("bad file reference"), "{env:VAR}" put the
+    variable's value in (unescaped: a quote broke the JSON). Values from the server are
+    written with "{" escaped; our own {env:MLX_KIT_API_KEY} stays."""
     name = "m {env:HOME} {file:/nonexistent} ${x}"
     url = "http://127.0.0.1:1/{env:PATH}/v1"
-    [text] = render(load_spec("opencode"), context(url, _models(name), "t")).values()
+    [text] = render(load_spec(agent), context(url, _models(name), "t")).values()
     assert re.findall(r"\{(?:env|file):[^}]*\}", text) == ["{env:MLX_KIT_API_KEY}"]
     provider = json5.loads(text)["provider"]["mlx-kit"]
     assert provider["models"]["local"]["name"] == f"local ({name})"
