@@ -8,8 +8,10 @@ the server's log (one line per generation: ``prompt N tokens (C cached) ... ttft
 the requests the turn sent, the prompt tokens and cached tokens of its largest request
 (the conversation; side requests such as titles are counted, not shown), cached %, and
 TTFT. ``reuse`` is the cached tokens over the previous turn's prompt (turns 2 and 3) or
-over this turn's prompt (a new session shares only the system prompt and tools). Goal:
-reuse >= 95 % on turns 2, 3 and the new session.
+over this turn's prompt (a new session shares only the system prompt and tools); over
+100 % when the previous answer was cached too. Goal: reuse >= 95 % on turns 2, 3 and the
+new session. A turn's requests are the generations the server logged while the agent ran
+(a cancelled one left over from an earlier client counts where it ends).
 
 Usage: python bench/agent_turns.py [--agents claude,pi,...] [--url URL --log FILE]
   (agents on PATH; without --url a server is started here and stopped at the end)
