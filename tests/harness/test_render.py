@@ -242,3 +242,26 @@ def test_js_literal_escapes_extra_characters_only_inside_strings():
     assert literal.count("{") == 1 and literal.startswith("{")  # the object's own brace
     assert js_literal("{x}", "{") == '"\\u007bx}"'
     assert js_literal(value) == json.dumps(value)
+
+
+@pytest.mark.parametrize("window, max_tokens, small", [(8192, 2048, True), (32768, 4096, False),
+                                                         (131072, 32768, False)])
+def test_claude_settings_fit_claude_codes_thresholds_to_the_window(window, max_tokens, small):
+    """Claude Code 2.1.332 auto-compacts at window - min(output, 20000) - 13000 tokens and
+    refuses to send at window - min(output, 20000) - 3000: on the starter's 8,192 it would
+    compact before every answer and refuse the second turn. A small window turns
+    auto-compaction off and moves the refusal to window - output (what the server accepts);
+    every window drops the billing-header block that defeats the prompt cache."""
+    caps = {"tools": True, "reasoning": False, "vision": False}
+    models = [{"id": "local", "name": "m", "model": "m", "context_window": window,
+               "max_tokens": max_tokens, "capabilities": caps}]
+    env = json.loads(render(load_spec("claude"), context("http://127.0.0.1:1/v1", models, "t"))[
+        "mlx-kit.settings.json"])["env"]
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(window)
+    if small:
+        assert env["DISABLE_AUTO_COMPACT"] == "1"
+        assert env["CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE"] == str(window - max_tokens)
+    else:
+        assert "DISABLE_AUTO_COMPACT" not in env
+        assert "CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE" not in env
