@@ -90,8 +90,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The model-free lane's guard: under a ``-m`` that deselects ``model``, fail the
     session if the starter fixture was built or any model's weights were written anywhere
     under this session's temp dirs (a subprocess that built the starter in its throwaway
-    HOME included)."""
+    HOME included). Under xdist, it also hands this worker's server-start counts to the
+    controller, which prints them (:func:`pytest_testnodedown`)."""
     config = session.config
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["mlx_kit_starts"] = json.dumps(
+            {k: helpers.SESSION[k] for k in ("server_starts", "world_starts", "start_log")})
     if not _model_deselected(config) or not hasattr(config, "_tmp_path_factory"):
         return
     built = helpers.SESSION.get("hf_home_built", False)
@@ -110,9 +115,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             print(message, file=sys.stderr)
 
 
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: add a finished worker's server-start counts to this session's."""
+    got = json.loads(getattr(node, "workeroutput", {}).get("mlx_kit_starts", "{}") or "{}")
+    for key in ("server_starts", "world_starts"):
+        helpers.SESSION[key] += got.get(key, 0)
+    helpers.SESSION["start_log"].extend(got.get("start_log", []))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """How many server processes the tests started (each is ~5-8 s here), and how many of
-    them were multi-rank worlds (~15-30 s each)."""
+    them were multi-rank worlds (~15-30 s each), over every xdist worker."""
     if not helpers.SESSION["server_starts"]:
         return
     terminalreporter.write_line(f"server starts: {helpers.SESSION['server_starts']} "
