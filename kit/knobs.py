@@ -214,6 +214,7 @@ VARIABLES: dict[str, str] = {
     "MLX_KIT_BLAS": "the BLAS library preloaded before mlx: auto, off or a path",
     "MLX_KIT_SERVER_LOG": "serve --log-file's path, for its engine process",
     "MLX_KIT_CONTROL": "a rank's control folder (the server's socket and authkey)",
+    "MLX_KIT_INSTALL": "1: launch installs a missing agent without asking (as --install)",
     "MLX_KIT_WORLD_KEY": "the world's secret (hex), for local ranks; removed once read",
     # the ranks' own copies of their knobs (set by the server for mlx.launch's ranks)
     "MLX_KIT_BACKEND": "a rank's backend (the backend knob)",

@@ -132,6 +132,14 @@ def test_an_agent_newer_than_verified_is_a_warning_with_the_pinned_install(home,
     assert text.stdout.splitlines()[-1] == "0 failed, 1 warning: launch should work"
 
 
+def test_an_agent_launch_configures_by_environment_is_not_installed_until_found(home):
+    """Copilot's spec writes no file (launch sets its environment): without its binary it
+    is one of the agents not installed, not a "copilot not found; configured" warning."""
+    js, report, checks = doctor_json(home, f"http://127.0.0.1:{free_port()}")
+    assert "copilot" not in checks and "copilot" in checks["not installed"]["data"]["agents"]
+    assert [c for c in report["checks"] if c["area"] == "agents" and c["status"] != "ok"] == []
+
+
 def test_a_proxy_that_catches_loopback_fails_with_the_no_proxy_fix(home):
     url = f"http://127.0.0.1:{free_port()}"
     text, js, report, checks = doctor(home, url, HTTP_PROXY="http://127.0.0.1:9")
@@ -296,9 +304,9 @@ def test_a_check_that_crashes_is_a_warning_not_a_crash(monkeypatch):
     def boom():
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr("kit.doctor.cache.cache_checks", boom)
-    monkeypatch.setattr("kit.doctor.agents.agent_checks", lambda url, up: [])
-    monkeypatch.setattr("kit.doctor.system.mlx_checks", lambda: [])
+    monkeypatch.setattr("kit.doctor.run.cache_checks", boom)
+    monkeypatch.setattr("kit.doctor.run.agent_checks", lambda url, up: [])
+    monkeypatch.setattr("kit.doctor.run.mlx_checks", lambda: [])
     checks = run.run_checks(parse_url(f"http://127.0.0.1:{free_port()}"))
     cache = [c for c in checks if c.area == "cache"]
     assert cache == [Check("cache", "cache", "warn", "the check itself failed: RuntimeError: "

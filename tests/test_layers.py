@@ -52,6 +52,7 @@ LAYERS: tuple[str, ...] = (
     "kit.harness",
     "kit.daemon_stop",  # the pid file and stop (kit.daemon re-exports it)
     "kit.daemon",
+    "kit.doctor",  # checks the machine, the server and the agents; kit.cli.doctor prints them
     "kit.cli",
     "kit.__main__",
 )

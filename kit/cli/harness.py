@@ -318,14 +318,6 @@ def _status_json(spec, st, v, reachable: dict, here) -> dict:
             "drift": [str(p) for p in st.drift], "base_url": st.base_url, "server": server}
 
 
-def install_hint(spec) -> str:
-    """How to install a missing agent: mlx-kit's own command for a registry package (into
-    its tools folder), else the agent's official install command."""
-    if spec.package is None:
-        return spec.install
-    return f"mlx-kit harness install-agent {spec.name}, or: {spec.install}"
-
-
 @app.command("list")
 def list_(as_json: bool = JSON) -> None:
     """Each known agent: configured? the API it speaks, where its config goes, binary
@@ -360,7 +352,7 @@ def list_(as_json: bool = JSON) -> None:
     print_table(("agent", "configured", "api", "config", "binary"), [
         (spec.name, configured(spec, states[name].installed), APIS[spec.api],
          ", ".join(map(str, states[name].paths)) or "(environment, set by launch)",
-         states[name].binary or f"not found ({install_hint(spec)})")
+         states[name].binary or f"not found ({spec.install_hint})")
         for name, spec in agents.specs.items()])
     user = [s for s in agents.specs.values() if not s.builtin]
     if user:

@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Callable
 
 from kit.doctor.check import Check, Status, worst
+from kit.harness import install as hi
 from kit.harness.spec import HarnessSpec
-from kit.urls import ServerURL
+from kit.harness.spec_loader import all_specs
+from kit.harness.versions import probe_versions, version_key
+from kit.urls import ServerURL, parse_url
 
 #: Seconds one agent's ``--version`` may take, as ``harness status`` allows (Node agents
 #: start in 0.1-4 s; gemini took 7.6 s at a load of 10 on 2 cores); a hung binary counts
@@ -28,10 +31,6 @@ def agent_checks(url: ServerURL, server_up: Callable[[], bool | None],
             once the versions are in, so the server probe runs meanwhile.
         timeout: seconds per ``--version``.
     """
-    from kit.harness import install as hi
-    from kit.harness.spec_loader import all_specs
-    from kit.harness.versions import probe_versions
-
     specs = list(all_specs().values())
     states = {s.name: hi.status(s) for s in specs}
     versions = probe_versions([(s, states[s.name].binary) for s in specs
@@ -40,7 +39,7 @@ def agent_checks(url: ServerURL, server_up: Callable[[], bool | None],
     checks, absent = [], []
     for spec in specs:
         st = states[spec.name]
-        if not st.binary and not st.installed:
+        if not st.binary and not (st.installed and spec.files):
             absent.append(spec.name)
             continue
         checks.append(_agent(spec, st, versions.get(spec.name), url, up, timeout))
@@ -55,15 +54,12 @@ def _agent(spec: HarnessSpec, st, v, url: ServerURL, up: bool | None,
            timeout: float) -> Check:
     """One agent's line: its binary part, its version part, its config part; the line's
     status is the worst part's, its fix the non-ok parts' fixes."""
-    from kit.harness.versions import version_key
-    from kit.urls import parse_url
-
     parts: list[tuple[Status, str, str | None]] = []
     verified = spec.verified
     span = None if verified is None else verified[0] if verified[0] == verified[1] \
         else f"{verified[0]}-{verified[1]}"
     if not st.binary:
-        parts.append(("warn", f"{spec.binary} not found", spec.install))
+        parts.append(("warn", f"{spec.binary} not found", spec.install_hint))
     elif v is None or v.version is None:
         said = (v.line if v else None) or f"no output within {timeout:g} s"
         parts.append(("warn", f"{spec.binary} --version gave no version ({said})",
@@ -78,7 +74,9 @@ def _agent(spec: HarnessSpec, st, v, url: ServerURL, up: bool | None,
                       f"upgrade: {spec.install}"))
     else:
         parts.append(("ok", v.version + (f" (verified {span})" if span else ""), None))
-    if not st.installed:
+    if not spec.files:  # nothing to write: launch sets the agent's environment
+        parts.append(("ok", "configured by launch (environment)", None))
+    elif not st.installed:
         parts.append(("ok", "not configured (launch configures it)", None))
     elif st.drift:
         paths = ", ".join(map(str, st.drift))

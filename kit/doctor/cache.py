@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 from kit.doctor.check import Check
+from kit.models.memory import human
+from kit.models.starter import STARTER_ID, hub_cache_dir, starter_path
 
 GIB = 2**30
 #: Below this much free space a first launch cannot build the starter (its float32
@@ -26,8 +28,6 @@ def _existing(path: Path) -> Path:
 
 def cache_checks() -> list[Check]:
     """The ``hf cache`` line (path, free space) and the ``starter`` line."""
-    from kit.models.memory import human
-    from kit.models.starter import STARTER_ID, hub_cache_dir, starter_path
 
     cache = hub_cache_dir()
     try:

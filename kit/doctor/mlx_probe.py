@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import sys
 
+from kit.blas import ENV, preload_blas
+from kit.knobs import env
+
 
 def main() -> None:
     """Probe mlx and print the JSON object (an import error propagates: exit 1, its
     traceback on stderr, which the parent reads)."""
-    from kit.blas import ENV, preload_blas
-    from kit.knobs import env
-
     blas = preload_blas()
     import mlx.core as mx
 

@@ -12,7 +12,12 @@ import threading
 import time
 from typing import Callable
 
+from kit.doctor.agents import agent_checks
+from kit.doctor.cache import cache_checks
 from kit.doctor.check import Check
+from kit.doctor.proxy import proxy_check
+from kit.doctor.server import server_checks
+from kit.doctor.system import mlx_checks, python_check
 from kit.urls import ServerURL
 
 #: The most seconds the whole report may take: the areas' own bounds end them sooner
@@ -40,12 +45,6 @@ class _Area(threading.Thread):
 
 def run_checks(url: ServerURL, deadline: float = DEADLINE_S) -> list[Check]:
     """Every check, in :data:`AREAS` order; returns within about ``deadline`` seconds."""
-    from kit.doctor.agents import agent_checks
-    from kit.doctor.cache import cache_checks
-    from kit.doctor.proxy import proxy_check
-    from kit.doctor.server import server_checks
-    from kit.doctor.system import mlx_checks, python_check
-
     probed = threading.Event()
     server: dict = {}
 

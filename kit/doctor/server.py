@@ -5,8 +5,11 @@ whether it wants an API key that this shell does not have. One probe (kit.probe,
 
 from __future__ import annotations
 
-
+from kit import __version__
 from kit.doctor.check import Check
+from kit.harness.spec import API_KEY_ENV
+from kit.key_guard import why_not_send_key
+from kit.knobs import env
 from kit.probe import Probe, fetch_status, probe
 from kit.urls import ServerURL
 
@@ -17,8 +20,6 @@ TIMEOUT_S = 2.0
 def server_checks(url: ServerURL, timeout: float = TIMEOUT_S) -> tuple[list[Check], Probe]:
     """The ``server``, ``model``, ``port`` and ``api key`` lines, and the probe they came
     from (the agents' lines compare their configured URL with it)."""
-    from kit import __version__
-
     p = probe(url, timeout=timeout)
     data = {"url": url.v1, "kind": p.kind}
     if p.kind == "none" and url.root.startswith("https:"):  # launch's own refusal
@@ -80,10 +81,6 @@ def _model(h) -> Check:
 def _api_key(url: ServerURL, pid: int | None, timeout: float) -> Check:
     """Whether the server wants a key, and whether ``MLX_KIT_API_KEY`` (what launch sends)
     is one it takes. The key goes only where launch would send it (kit.key_guard)."""
-    from kit.cli.api_key import API_KEY_ENV
-    from kit.key_guard import why_not_send_key
-    from kit.knobs import env
-
     status = fetch_status(url, None, timeout=timeout)
     if status != 401:
         return Check("server", "api key", "ok", "not required", data={"required": False})

@@ -8,7 +8,9 @@ import platform
 import subprocess
 import sys
 
+from kit.blas import ENV, PACKAGE, SPEEDUP
 from kit.doctor.check import Check
+from kit.models.memory import human
 
 #: pyproject.toml's requires-python
 MIN_PYTHON = (3, 10)
@@ -70,8 +72,6 @@ def mlx_checks(timeout: float = MLX_TIMEOUT_S) -> list[Check]:
 
 
 def _device(info: dict) -> Check:
-    from kit.models.memory import human
-
     data = {k: info.get(k) for k in ("device", "metal", "cuda", "working_set", "memory_size")}
     if not info.get("computed"):
         return Check("system", "device", "fail", f"mlx's {info['device']} device computed a "
@@ -92,8 +92,6 @@ def _device(info: dict) -> Check:
 
 
 def _blas(info: dict) -> Check:
-    from kit.blas import ENV, PACKAGE, SPEEDUP
-
     data = {"blas": info.get("blas"), "setting": info.get("blas_setting")}
     setting = (info.get("blas_setting") or "auto")
     if info.get("blas"):

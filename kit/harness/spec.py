@@ -227,6 +227,14 @@ class HarnessSpec(_Table):
         return _INSTALL_LINES[self.package.registry].format(name=self.package.name,
                                                             version=self.verified[1])
 
+    @property
+    def install_hint(self) -> str:
+        """How a user installs the missing agent: mlx-kit's own command for a registry
+        package (into its tools folder, no global install), then the manual one."""
+        if self.package is None:
+            return self.install
+        return f"mlx-kit harness install-agent {self.name}, or: {self.install}"
+
     _source: Optional[Path] = PrivateAttr(default=None)
     _templates: Optional[Path] = PrivateAttr(default=None)
     _builtin: bool = PrivateAttr(default=True)

