@@ -169,13 +169,16 @@ def test_tables_never_break_a_model_id_or_a_path_at_80_columns(home, tmp_path):
     listed = as_json(run_kit(env, "harness", "list", "--json"))
     table = run_kit(env, "harness", "list")
     assert table.returncode == 0 and "│" not in table.stdout
-    for agent in listed["agents"]:
-        for path in agent["paths"]:
-            assert path in table.stdout, path  # whole, on one line
+    rows = table.stdout.split("\n\n")[0].splitlines()
+    assert len(rows) == len(listed["agents"]) + 1 and max(map(len, rows)) <= 80
+    paths = {a["name"]: a["paths"] for a in listed["agents"]}
+    for agent in ("aider", "goose"):  # the config paths are `harness show`'s: whole lines
+        shown = run_kit(env, "harness", "show", agent).stdout.splitlines()
+        assert [f"# {p}" for p in paths[agent]] == [ln for ln in shown if ln.startswith("# /")]
+        assert max(map(len, shown)) > 80  # the case that used to fold
     models = as_json(run_kit(env, "models", "--json"))
     text = run_kit(env, "models").stdout
     assert models["models"] and all(m["id"] in text for m in models["models"])
-    assert max(map(len, table.stdout.splitlines())) > 80  # the case that used to fold
 
 
 # --- --help shows flags as flags ----------------------------------------------------------

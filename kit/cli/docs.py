@@ -69,7 +69,9 @@ Commands that report (`status`, `stop`, `models`, `fit`, `swap`, `pull`, `harnes
 
 Tables (`models`, `harness list`, `harness status`) are plain aligned columns that never
 wrap, fold or cut a cell: a model id or a path is printed whole (a line longer than the
-terminal is wrapped by the terminal, not broken inside a word).
+terminal is wrapped by the terminal, not broken inside a word). The harness tables fit 80
+columns: their paths (config files, binaries) are below them, in `harness show`, or in
+`--json`.
 
 ## Sizes
 

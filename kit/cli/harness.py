@@ -235,9 +235,10 @@ def status_(
         "elsewhere than this server."),
     as_json: bool = JSON,
 ) -> None:
-    """Per agent: binary and version (flagged when newer than the newest version mlx-kit
-    verified), which copy runs (mlx-kit's tools folder's, else one on PATH), configured?,
-    drift since written, server reachable (each agent's own recorded URL is probed).
+    """Per agent: its version (flagged when newer than the newest version mlx-kit
+    verified), configured? (and edited since written: the files are listed below), the
+    server its config points at (each recorded URL is probed: up, down, other), which
+    copy runs (mlx-kit's tools folder's, else one on PATH).
 
     \b
     --json: {"agents": [{"name", "binary", "source": "tools"|"path"|null, "version", "version_line", "verified":
@@ -268,28 +269,36 @@ def status_(
         emit_json({"agents": [_status_json(spec, states[spec.name], versions.get(spec.name),
                                            reachable, here) for spec in specs]})
         return
-    rows = []
+    rows, notes = [], []
     for spec in specs:
         st, v = states[spec.name], versions.get(spec.name)
         server = "-"
         if st.base_url:
             p = reachable[st.base_url]
-            server = f"{st.base_url}: " + ("up" if p.ready else "down" if p.kind == "none"
-                                           else p.kind)
+            server = parse_url(st.base_url).root.split("://", 1)[1] + " " + (
+                "up" if p.ready else "down" if p.kind == "none" else p.kind)
             if here is not None and parse_url(st.base_url).root != here.root:
-                server += f" (not {here.root})"
+                server += " (elsewhere)"
         verified = "-" if spec.verified is None else spec.verified[0] if \
             spec.verified[0] == spec.verified[1] else "-".join(spec.verified)
         if v is not None and v.newer:
-            verified += f" (installed {v.version} is newer: untested)"
-        binary = (v.line if v is not None and v.line else st.binary) if st.binary \
-            else "not found"
-        copy = {"tools": f"tools: {st.binary}", "path": f"PATH: {st.binary}"}.get(
-            st.binary_source or "", "-")
-        rows.append((spec.name, binary, verified, configured(spec, st.installed),
-                     ", ".join(map(str, st.drift)) or "-", server, copy))
-    print_table(("agent", "binary", "verified", "configured", "drift", "server", "runs"),
-                rows)
+            verified += " (newer: untested)"
+        version = "not found" if not st.binary else \
+            (v.version or v.line or "?") if v is not None else "?"
+        state = configured(spec, st.installed)
+        if st.drift:
+            state += ", edited"
+            notes.append(f"{spec.name}: edited since mlx-kit wrote it (launch keeps your "
+                         f"edits): {', '.join(map(str, st.drift))}")
+        runs = {"tools": "mlx-kit", "path": "PATH"}.get(st.binary_source or "", "-")
+        rows.append((spec.name, version, verified, state, server, runs))
+    # Cells stay short so the table fits 80 columns; paths go below it, the rest in --json.
+    print_table(("agent", "version", "verified", "configured", "server", "runs"), rows)
+    console.print()
+    for note in notes:
+        console.print(note, markup=False)
+    console.print("runs: mlx-kit = in mlx-kit's tools folder, PATH = your own install\n"
+                  "binaries' paths and the servers' URLs: --json", markup=False)
 
 
 def configured(spec, installed: bool) -> str:
@@ -320,8 +329,8 @@ def _status_json(spec, st, v, reachable: dict, here) -> dict:
 
 @app.command("list")
 def list_(as_json: bool = JSON) -> None:
-    """Each known agent: configured? the API it speaks, where its config goes, binary
-    found? Agents of the user's own (<config dir>/harnesses/*.toml) are listed too; a
+    """Each known agent: configured? the API it speaks, which binary (mlx-kit's copy, one
+    on PATH, or missing: then how to install it). Agents of the user's own (<config dir>/harnesses/*.toml) are listed too; a
     spec file of theirs that is refused is named with its problem (exit 1), the other
     agents still listed.
 
@@ -349,11 +358,24 @@ def list_(as_json: bool = JSON) -> None:
         if agents.problems:
             raise typer.Exit(1)
         return
-    print_table(("agent", "configured", "api", "config", "binary"), [
-        (spec.name, configured(spec, states[name].installed), APIS[spec.api],
-         ", ".join(map(str, states[name].paths)) or "(environment, set by launch)",
-         states[name].binary or f"not found ({spec.install_hint})")
-        for name, spec in agents.specs.items()])
+    # Cells stay short so the table fits 80 columns: config paths are `harness show`'s,
+    # binaries `harness status`'s, and every one of them is in --json.
+    rows, missing = [], []
+    for name, spec in agents.specs.items():
+        st = states[name]
+        rows.append((spec.name, configured(spec, st.installed), APIS[spec.api],
+                     {"tools": "mlx-kit", "path": "PATH"}.get(st.binary_source or "", "missing")))
+        if not st.binary:
+            missing.append(spec)
+    print_table(("agent", "configured", "api", "binary"), rows)
+    console.print("\nconfig files: mlx-kit harness show AGENT; every path: --json\n"
+                  "binary: mlx-kit = in mlx-kit's tools folder, PATH = your own install",
+                  markup=False)
+    if missing:
+        console.print("to install a missing agent:", markup=False)
+        width = max(len(s.name) for s in missing)
+        for spec in missing:
+            console.print(f"  {spec.name.ljust(width)}  {spec.install_hint}", markup=False)
     user = [s for s in agents.specs.values() if not s.builtin]
     if user:
         console.print(f"your own agents ({user[0].source.parent}): "

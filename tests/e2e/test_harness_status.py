@@ -75,7 +75,7 @@ def test_an_agent_newer_than_the_verified_one_is_flagged(tmp_path):
     table = rows(status(env, tmp_path).stdout)
 
     assert table["pi"][1] == "99.0.0"
-    assert table["pi"][2] == f"0.73.1-{newest} (installed 99.0.0 is newer: untested)"
+    assert table["pi"][2] == f"0.73.1-{newest} (newer: untested)"
     assert "newer" not in table["codex"][2]  # the verified version itself is not flagged
 
 
@@ -101,5 +101,5 @@ while [ "$(ls "$STARTED" | wc -l)" -lt 2 ] && [ $i -lt 200 ]; do sleep 0.1; i=$(
     r = status(env, tmp_path)
 
     table = rows(r.stdout)
-    assert [table[n][1] for n in ("pi", "codex")] == ["pi 1.0.0", "codex 1.0.0"], r.stdout
+    assert [table[n][1] for n in ("pi", "codex")] == ["1.0.0", "1.0.0"], r.stdout
     assert files_under(home) == set()  # each wrote into its throwaway HOME instead

@@ -17,6 +17,7 @@ from ruamel.yaml import YAML
 
 from kit.harness.spec_loader import load_all, load_spec
 from tests.conftest import REPO, clean_env
+from tests.helpers import table_rows
 
 DOC = REPO / "docs" / "agents" / "adding-an-agent.md"
 BLOCK = re.compile(r"^```\w+ path=(\S+)\n(.*?)^```$", re.M | re.S)
@@ -47,10 +48,8 @@ def kit(home: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def rows(out: str) -> dict[str, list[str]]:
-    """`harness list`'s plain table, by agent: the agent, configured and api cells (one word
-    each), then the rest of the line."""
-    lines = out.split("your own agents")[0].splitlines()[1:]  # below the header
-    return {cells[0]: cells for cells in (line.split(None, 3) for line in lines) if cells}
+    """`harness list`'s plain table, by agent: its cells."""
+    return table_rows(out)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

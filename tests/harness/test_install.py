@@ -301,8 +301,13 @@ def test_cli_status_show_and_remove_all(home, dead_url):
     assert status.returncode == 0
     rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:] if line}
     assert " yes " in rows["pi"] and " yes " in rows["llm"] and " no " in rows["aider"]
-    assert str(codex_profile) in rows["codex"]  # codex drifted: its path, whole, in its row
-    assert f"{dead_url}/v1: down" in rows["pi"]  # nothing listens where its config points
+    assert " yes, edited " in rows["codex"]  # codex drifted: said in its row, its path below
+    assert f"codex: edited since mlx-kit wrote it (launch keeps your edits): {codex_profile}" \
+        in status.stdout.splitlines()
+    host_port = dead_url.split("://", 1)[1]
+    assert f" {host_port} down " in rows["pi"]  # nothing listens where its config points
+    table = status.stdout.split("\n\n")[0]  # the notes below it hold whole paths
+    assert max(map(len, table.splitlines())) <= 80
     assert "(not " not in status.stdout
     as_json = run_kit(env, "harness", "status", "--json", "--url", "http://127.0.0.1:1")
     assert as_json.returncode == 0, as_json.stderr

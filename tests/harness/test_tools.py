@@ -20,7 +20,7 @@ from kit.harness.spec import parse_spec
 from kit.harness.spec_loader import all_specs, load_spec
 from kit.harness.tools import (RECEIPT, agent_dir, current_copy, find_agent, install_decision,
                                tools_dir)
-from tests.helpers import agentless_path, run_kit
+from tests.helpers import agentless_path, run_kit, table_rows
 from tests.harness.test_spec import shipped
 
 
@@ -133,11 +133,11 @@ def test_harness_status_shows_which_copy_runs(home, tmp_path):
             agents["codex"]["version"]) == ("tools", str(codex), "0.171.0")
     assert (agents["opencode"]["source"], agents["opencode"]["version"]) == ("path", "1.18.33")
     assert agents["pi"]["source"] is None and agents["pi"]["binary"] is None
-    r = run_kit(home, "harness", "status", PATH=path, COLUMNS="400")
-    line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["codex"])
-    assert f"tools: {codex}" in line
-    line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["opencode"])
-    assert f"PATH: {on_path / 'opencode'}" in line
+    r = run_kit(home, "harness", "status", PATH=path)
+    rows = table_rows(r.stdout)
+    assert (rows["codex"][1], rows["codex"][-1]) == ("0.171.0", "mlx-kit")
+    assert (rows["opencode"][1], rows["opencode"][-1]) == ("1.18.33", "PATH")
+    assert (rows["pi"][1], rows["pi"][-1]) == ("not found", "-")
 
 
 # --- refusals -----------------------------------------------------------------------------
