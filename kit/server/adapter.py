@@ -27,6 +27,7 @@ from kit.errors import KitError
 from kit.server import sse
 from kit.server.errors import APIError, api_error
 from kit.server.state import ServerState
+from kit.server.stable_prompts import stable_messages
 from kit.server.translate import new_id
 
 #: A protocol's names for the engine's neutral field names (``schema`` ->
@@ -94,7 +95,8 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
                 ) -> tuple[ChatRequest, Started, AsyncIterator]:
     """The preamble of every generating route: resolve ``model`` (which may swap), translate
     ``body`` with the then loaded model's sampling defaults, tool support and context
-    window, give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
+    window, put known agents' moved prompt blocks back (:mod:`kit.server.stable_prompts`),
+    give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
     :func:`start` it. ``stream``: whether the answer is streamed, for the status page
     (default: ``body.stream``; Gemini chooses by route and passes it).
 
@@ -108,6 +110,7 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
                     supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
     req.model, req.request_id = real, new_id(id_prefix)
+    req.messages = stable_messages(req.messages)  # known agents' moved blocks, put back
     activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
     if activity is None:
         started, events = await start(state, req)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -55,6 +56,7 @@ QWEN_SKILLS = ["batch", "browser-use", "computer-use", "coordinate", "dataviz",
 SLIM = ["--system-prompt", "You are a helpful assistant. Answer in one sentence.",
         "--exclude-tools", ",".join(QWEN_TOOLS)]
 QUESTION = "What is the capital of France?"
+GENERATION = re.compile(r"prompt (\d+) tokens \((\d+) cached\)")
 
 
 def qwen_env(home: Path) -> dict[str, str]:
@@ -89,7 +91,7 @@ def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tm
     settings.parent.mkdir()
     settings.write_text(USER_SETTINGS)
     cwd = project(tmp_path, memory=False)
-    before = requests_served(server)
+    before, log_start = requests_served(server), len(server.log_text())
 
     r = kit(env, "launch", "qwen", "--url", server.v1, "--", *SLIM, "-p", QUESTION, cwd=cwd)
 
@@ -98,6 +100,16 @@ def test_qwen_answers_through_our_server_and_remove_restores_the_file(server, tm
     answer = r.stdout.strip()
     assert answer  # the starter, greedy, said "The capital of France is Paris." here
     assert_served(server, before, answer)
+    # A resumed headless turn (a new qwen process) is served from the prompt cache: Qwen
+    # moves its date reminder to the new question, the server puts it back where the
+    # first process sent it (kit/server/stable_prompts.py; without: 448 of 519 reused).
+    middle = len(server.log_text())
+    r = kit(env, "launch", "qwen", "--url", server.v1, "--", *SLIM, "-c", "-p",
+            "And of Germany?", cwd=cwd)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
+    [(first, _)] = GENERATION.findall(server.log_text()[log_start:middle])
+    [(second, cached)] = GENERATION.findall(server.log_text()[middle:])
+    assert int(second) > int(first) and int(cached) >= int(first), (first, second, cached)
     merged = json.loads(settings.read_text())
     [ours] = [e for e in merged["modelProviders"]["openai"] if e["id"] == "local"]
     assert ours["baseUrl"] == server.v1
