@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+
+from tests.e2e.test_qwen import SLIM as QWEN_SLIM  # noqa: E402
+from tests.e2e.test_qwen import project as qwen_project  # noqa: E402
 
 QUESTIONS = ("What is the capital of France?", "And of Germany?", "And of Italy?")
 NEW_SESSION = "What is the capital of Spain?"
@@ -43,7 +47,9 @@ AGENTS: dict[str, tuple[str, list[str], list[str]]] = {
     "opencode": ("opencode", ["run", "{q}"], ["run", "-c", "{q}"]),
     "codex": ("codex", ["exec", "--skip-git-repo-check", "{q}"],
               ["exec", "resume", "--last", "--skip-git-repo-check", "{q}"]),
-    "qwen": ("qwen", ["-p", "{q}"], ["-c", "-p", "{q}"]),
+    # Qwen's own prompt (~15,700 starter tokens) does not fit the starter's 8,192-token
+    # window: slimmed by its own switches, as tests/e2e/test_qwen.py does.
+    "qwen": ("qwen", [*QWEN_SLIM, "-p", "{q}"], [*QWEN_SLIM, "-c", "-p", "{q}"]),
     "gemini": ("gemini", ["--skip-trust", "-p", "{q}"],
                ["--skip-trust", "--resume", "latest", "-p", "{q}"]),
 }
@@ -99,6 +105,8 @@ def converse(agent: str, url: str, log: Path, timeout: float) -> list[Turn]:
         plan = [("1", first, QUESTIONS[0]), ("2", cont, QUESTIONS[1]),
                 ("3", cont, QUESTIONS[2]), ("new", first, NEW_SESSION)]
         turns: list[Turn] = []
+        if agent == "qwen":
+            qwen_project(home, memory=False)  # its auto-memory request off (home/project)
         for label, args, q in plan:
             turn = run_turn(agent, label, [a.replace("{q}", q) for a in args], url, log, home,
                             timeout)
