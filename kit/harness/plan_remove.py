@@ -65,11 +65,21 @@ def _backup_fate(step: Step) -> Step:
         step.kept_note = (f"{step.path} was deleted since mlx-kit's install and stays "
                           f"deleted; your file from before that install is kept at "
                           f"{step.backup}")
-    elif step.action == "leave-alone":  # not used: the only copy of their earlier file
+    elif step.action == "leave-alone" and not _same_bytes(step.path, step.backup):
+        # not used: the only copy of their earlier file (the same bytes at the path are
+        # a copy already: the backup then goes like any other)
         step.keep_backup = True
         step.kept_note = (f"kept your file from before mlx-kit's install of {step.path} at "
                           f"{step.backup}")
     return step
+
+
+def _same_bytes(path: Path, backup: Path) -> bool:
+    """Whether ``path`` is a file holding exactly ``backup``'s bytes."""
+    try:
+        return path.is_file() and path.read_bytes() == backup.read_bytes()
+    except OSError:
+        return False
 
 
 def _recorded_step(f: dict, fspec: FileSpec | None, force: bool) -> Step:

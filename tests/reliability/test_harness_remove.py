@@ -114,3 +114,23 @@ def test_remove_after_the_user_deleted_their_merged_file_does_not_recreate_it(
     kept = [p for p in (data_dir(home) / "backups" / agent).iterdir()]
     assert [p.read_text() for p in kept] == [FILES[agent][1]]  # kept, and named
     assert str(kept[0]) in r.stdout.replace("\n", "")
+
+
+def test_a_file_left_as_it_was_keeps_no_backup_after_a_remove_without_the_manifest(
+        tmp_path, dead_url):
+    """The user's Gemini settings already said what ours say (model "local"): with the
+    manifest lost, remove leaves the file alone, its bytes are the backup's, so the backup
+    is no only copy and goes with the rest (found by hypothesis: test_properties.py)."""
+    home = tmp_path
+    text = ('{"security": {"auth": {"selectedType": "gemini-api-key"}}, "model": {"name": '
+            '"local"}, "privacy": {"usageStatisticsEnabled": false}}')
+    path = home / ".gemini" / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert kit(home, "harness", "install", "gemini", "--url", dead_url).returncode == 0
+    manifest(home).unlink()
+    manifest(home).with_name("manifest.json.prev").unlink(missing_ok=True)
+    r = kit(home, "harness", "remove", "gemini")
+    assert r.returncode == 0, r.stderr
+    assert path.read_text() == text
+    assert not (data_dir(home) / "backups").exists(), list(data_dir(home).rglob("*"))
