@@ -35,6 +35,11 @@ from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
 
 from tests.e2e.test_qwen import SLIM as QWEN_SLIM  # noqa: E402
 from tests.e2e.test_qwen import project as qwen_project  # noqa: E402
+from tests.e2e.test_kilo import ANSWER_AGENT as KILO_ANSWER_AGENT  # noqa: E402
+
+#: Copilot's headless switches on the starter (tests/e2e/test_copilot.py), aider's.
+COPILOT = ["-s", "--allow-all", "--available-tools=none"]
+AIDER = ["--yes-always", "--no-git", "--no-pretty", "--no-stream"]
 
 QUESTIONS = ("What is the capital of France?", "And of Germany?", "And of Italy?")
 NEW_SESSION = "What is the capital of Spain?"
@@ -52,7 +57,24 @@ AGENTS: dict[str, tuple[str, list[str], list[str]]] = {
     "qwen": ("qwen", [*QWEN_SLIM, "-p", "{q}"], [*QWEN_SLIM, "-c", "-p", "{q}"]),
     "gemini": ("gemini", ["--skip-trust", "-p", "{q}"],
                ["--skip-trust", "--resume", "latest", "-p", "{q}"]),
+    "copilot": ("copilot", [*COPILOT, "-p", "{q}"], [*COPILOT, "--continue", "-p", "{q}"]),
+    "continue": ("cn", ["-p", "{q}"], ["--resume", "-p", "{q}"]),
+    # Kilo's default agent never stops on the starter: the project's one-sentence agent
+    # (tests/e2e/test_kilo.py, docs/agents/kilo.md)
+    "kilo": ("kilo", ["run", "--auto", "--agent", "answer", "{q}"],
+             ["run", "--auto", "--agent", "answer", "-c", "{q}"]),
+    "aider": ("aider", [*AIDER, "--message", "{q}"],
+              [*AIDER, "--restore-chat-history", "--message", "{q}"]),
+    "llm": ("llm", ["{q}"], ["-c", "{q}"]),
 }
+#: What some agents need in the throwaway HOME before their first turn.
+SETUP = {"qwen": lambda home: qwen_project(home, memory=False),  # no auto-memory request
+         "kilo": lambda home: _kilo_agent(home / "project")}
+
+
+def _kilo_agent(project: Path) -> None:
+    (project / ".kilo" / "agent").mkdir(parents=True)
+    (project / ".kilo" / "agent" / "answer.md").write_text(KILO_ANSWER_AGENT)
 LINE = re.compile(r": \S+, prompt (\d+) tokens \((\d+) cached\), generated \d+, "
                   r"ttft ([\d.]+) s")
 
@@ -79,7 +101,7 @@ def run_turn(agent: str, label: str, args: list[str], url: str, log: Path, home:
     t0 = time.perf_counter()
     try:
         r = subprocess.run([sys.executable, "-m", "kit", "launch", agent, "--url", url, "--",
-                            *args], env={**bench_env(home), "MLX_KIT_API_KEY": "mlx-kit"},
+                            *args], env={**bench_env(home), "MLX_KIT_API_KEY": "mlx-kit", "PWD": str(project)},
                            cwd=project, capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)
         rc, out = r.returncode, r.stdout + r.stderr
@@ -105,8 +127,9 @@ def converse(agent: str, url: str, log: Path, timeout: float) -> list[Turn]:
         plan = [("1", first, QUESTIONS[0]), ("2", cont, QUESTIONS[1]),
                 ("3", cont, QUESTIONS[2]), ("new", first, NEW_SESSION)]
         turns: list[Turn] = []
-        if agent == "qwen":
-            qwen_project(home, memory=False)  # its auto-memory request off (home/project)
+        (home / "project").mkdir(parents=True, exist_ok=True)
+        if agent in SETUP:
+            SETUP[agent](home)
         for label, args, q in plan:
             turn = run_turn(agent, label, [a.replace("{q}", q) for a in args], url, log, home,
                             timeout)
