@@ -53,12 +53,7 @@ def preload_blas() -> str | None:
         return None
     if "mlx.core" in sys.modules:
         return None
-    paths = [choice] if choice.lower() != "auto" else [
-        *_CANDIDATES, *(filter(None, [ctypes.util.find_library("openblas")]))
-    ]
-    for p in paths:
-        if "/" in p and not Path(p).exists():
-            continue
+    for p in _paths(choice):
         try:
             ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
         except OSError:
@@ -66,6 +61,40 @@ def preload_blas() -> str | None:
         _loaded = p
         return p
     return None
+
+
+def _paths(choice: str) -> list[str]:
+    """The libraries to try for ``MLX_KIT_BLAS=choice`` (a path, or ``auto``), those named
+    by a path that does not exist left out."""
+    paths = [choice] if choice.lower() != "auto" else [
+        *_CANDIDATES, *(filter(None, [ctypes.util.find_library("openblas")]))
+    ]
+    return [p for p in paths if "/" not in p or Path(p).exists()]
+
+
+def _cuda_build() -> bool:
+    """Whether mlx's CUDA backend is installed (``mlx[cuda]``: a ``mlx-cuda*``
+    distribution); its models run on the GPU, where this BLAS plays no part."""
+    from importlib.metadata import distributions
+
+    return any((d.metadata["Name"] or "").lower().replace("_", "-").startswith("mlx-cuda")
+               for d in distributions())
+
+
+def missing_blas_note() -> str | None:
+    """What a user of mlx's Linux CPU build should hear before a first long prefill when
+    no OpenBLAS will load (``MLX_KIT_BLAS`` auto and none found, or its path missing), or
+    None: not Linux, the CUDA build, ``MLX_KIT_BLAS=off`` (their choice), or one found.
+    Checks files only: no mlx import, no library loaded (``launch`` calls it)."""
+    choice = (env(ENV) or "auto").strip()
+    if not sys.platform.startswith("linux") or choice.lower() in ("off", "0", "none", ""):
+        return None
+    if _paths(choice) or _cuda_build():
+        return None
+    what = "no OpenBLAS found" if choice.lower() == "auto" else f"{ENV}={choice} does not exist"
+    return (f"{what}: prompt processing (prefill) on this CPU uses mlx's bundled reference "
+            f"BLAS. Install OpenBLAS (`sudo apt-get install {PACKAGE}`; mlx-kit loads it by "
+            f"itself): {SPEEDUP}")
 
 
 #: OpenBLAS's and OpenMP's thread-count variables, read once when the library loads

@@ -42,11 +42,13 @@ def launch(
     --json` for the server it used). Agents: see `mlx-kit harness list`. The server
     options apply to a server it starts (as `serve`'s); a running one keeps its own.
     """
+    from kit.blas import missing_blas_note
     from kit.daemon import ensure_server
     from kit.engine.distributed.hosts import plan_world
     from kit.harness import install as hi
     from kit.harness.spec_loader import load_spec
     from kit.harness.tools import find_agent
+    from kit.probe import probe as probe_url
     from kit.urls import parse_url
 
     spec = load_spec(agent)
@@ -61,6 +63,8 @@ def launch(
     serve_args = c.to_argv("launch", exclude=frozenset({"model"}))
     trust_remote_code, kv_bits = c.trust_remote_code, c.kv_bits
     u = parse_url(url)
+    if not probe_url(u).ready and (note := missing_blas_note()):  # a server this starts
+        err_console.print(f"note: {note}", markup=False)
     with err_console.status(f"connecting to {u.root}") as spinner:
         probe, started = ensure_server(u, model, timeout,
                                        on_wait=lambda line: spinner.update(f"server {line}"),
