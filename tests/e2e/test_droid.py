@@ -45,7 +45,11 @@ def test_droid_answers_through_our_server_and_remove_restores_the_file(keyed_ser
     assert_no_config_warnings("droid", r.stdout, r.stderr)
     [result] = [json.loads(line) for line in r.stdout.splitlines()
                 if line.startswith("{") and json.loads(line).get("type") == "result"]
-    assert result["is_error"] is False and "Paris" in result["result"]
+    # Whether the starter (135M) says "Paris" under Droid's large prompt is not stable: the
+    # same Droid, server and flags answered "#France #Amsterdam" on 2026-12-05 after
+    # passing before (Droid's prompt has per-run text). What is asserted is that the
+    # answer is the server's text, not that it is right.
+    assert result["is_error"] is False and result["result"].strip()
     assert_served(server, before, result["result"])
     assert refusals(server) == refused, "a request of Droid's went without the key"
     [mine, ours] = json.loads(settings.read_text())["customModels"]
