@@ -396,13 +396,24 @@ def starter_with_template(hf_home: Path, folder: Path, template: Path, *,
     return folder
 
 
-def tiny_world_model(hf_home: Path, folder: Path) -> Path:
+def tiny_world_model(hf_home: Path, folder: Path, *, seed: int = 0,
+                     decisive: bool = False) -> Path:
     """A llama checkpoint with random float32 weights, the starter's tokenizer and chat
     template, and shapes that split over 3 ranks (3 query and 3 KV heads of 32, hidden
-    96, 2 layers; 19 MB, mostly the tied embedding): for tests of a world's processes
-    (a killed or hung rank, stop, signals, the ring's guard), where the text is not what
-    is tested and the starter's 538 MB on every rank only costs load time. Written with
-    numpy and safetensors (no mlx in the test process)."""
+    96, 2 layers; 19 MB, mostly the embedding). Written with numpy and safetensors (no mlx
+    in the test process); ``seed`` picks the weights.
+
+    - ``decisive=False``: small weights (std 0.02, tied embedding), for tests of a world's
+      processes (a killed or hung rank, stop, signals, the ring's guard), where the text
+      is not what is tested and the starter's 538 MB on every rank only costs load time.
+    - ``decisive=True``: for tests that compare two computations' greedy text (3 ranks vs
+      one process, batched vs alone, a cache hit vs a cold prefill) at ~100x the starter's
+      speed on a world. Weights at the usual 1/sqrt(fan_in) scale, so attention and the
+      context decide each token; an untied output layer (a tied one would make each token
+      its own likeliest successor); its rows for every token but plain words (``word``,
+      `` word``) left at zero, so answers are readable words that never end early (no
+      special token or stray byte can win), and a step's winner leads its runner-up by
+      ~1 nat, far above the 1e-4 that f32 reorderings move (tests/greedy.py's TIE)."""
     import numpy as np
     from huggingface_hub import snapshot_download
     from safetensors.numpy import save_file
@@ -417,14 +428,17 @@ def tiny_world_model(hf_home: Path, folder: Path) -> Path:
     config = json.loads((src / "config.json").read_text())
     config.update(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
                   num_key_value_heads=3, head_dim=32, intermediate_size=192)
+    if decisive:
+        config["tie_word_embeddings"] = False
     (folder / "config.json").write_text(json.dumps(config))
-    rng = np.random.default_rng(0)
-    h, inter, heads = 96, 192, 3 * 32
+    rng = np.random.default_rng(seed)
+    h, inter, heads, vocab = 96, 192, 3 * 32, config["vocab_size"]
 
-    def w(*shape: int) -> Any:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    def w(out: int, fan_in: int, std: float | None = None) -> Any:
+        scale = std if std is not None else (fan_in ** -0.5 if decisive else 0.02)
+        return (rng.standard_normal((out, fan_in)) * scale).astype(np.float32)
 
-    weights = {"model.embed_tokens.weight": w(config["vocab_size"], h),
+    weights = {"model.embed_tokens.weight": w(vocab, h, 1.0 if decisive else 0.02),
                "model.norm.weight": np.ones(h, np.float32)}
     for i in range(2):
         layer = f"model.layers.{i}."
@@ -438,6 +452,16 @@ def tiny_world_model(hf_home: Path, folder: Path) -> Path:
             layer + "mlp.down_proj.weight": w(h, inter),
             layer + "input_layernorm.weight": np.ones(h, np.float32),
             layer + "post_attention_layernorm.weight": np.ones(h, np.float32)})
+    if decisive:
+        words = re.compile(r"^\u0120?[A-Za-z]{2,}$")  # \u0120: byte-level BPE's space
+        tok = json.loads((src / "tokenizer.json").read_text())
+        special = {t["id"] for t in tok["added_tokens"]}
+        head = w(vocab, h, 1.0)
+        keep = np.zeros(vocab, bool)
+        for piece, i in tok["model"]["vocab"].items():
+            keep[i] = i not in special and bool(words.match(piece))
+        head[~keep] = 0.0
+        weights["lm_head.weight"] = head
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "mlx"})
     return folder
 

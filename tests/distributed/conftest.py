@@ -1,11 +1,14 @@
 """Fixtures of the distributed-engine tests: a real 3-rank server (``serve --ranks 3``:
-three ring ranks on 127.0.0.1 started by ``mlx.launch``, tensor parallel over the starter's
-9 attention heads / 3 KV heads) and a real single-process server on the same starter, each
-with a throwaway HOME, so every test can compare what the two answer.
+three ring ranks on 127.0.0.1 started by ``mlx.launch``, tensor parallel over the model's
+3 attention / 3 KV heads) and a real single-process server on the same model, each with a
+throwaway HOME, so every test can compare what the two answer.
 
-Both are greedy (``--temperature 0``). A 3-rank server decodes the starter at ~1-2 tok/s
-on this 2-core machine and takes ~15-30 s to load: each module starts one, and tests keep
-``max_tokens`` small.
+Both are greedy (``--temperature 0``) and serve the decisive tiny model
+(:func:`tests.helpers.tiny_world_model`): random weights whose greedy steps are clear,
+so two computations that differ (a wrong shard, a rank out of step, a stale cache entry)
+write other words. On the starter a 3-rank world decodes ~1-2 tok/s on this 2-core
+machine and takes ~15 s to load; the starter's own answer on 3 ranks ("Paris") is tested
+through a real agent (tests/distributed/test_agents.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Server, start_server, stop, wait_until
+from tests.helpers import Server, start_server, stop, tiny_world_model, wait_until
 
 #: the flags both servers share; the 3-rank one adds ``--ranks 3``
 COMMON = ("--max-batch", "8", "--temperature", "0")
@@ -35,17 +38,33 @@ def start_ranks(home: Path, hf_home: Path, *args: str) -> Server:
     return ready(start_server(home, hf_home, *COMMON, *RANK_FLAGS, *args))
 
 
+@pytest.fixture(scope="session")
+def world_model(hf_home, tmp_path_factory) -> Path:
+    """The decisive tiny model both servers start on (seed 0)."""
+    return tiny_world_model(hf_home, tmp_path_factory.mktemp("world") / "tiny-decisive",
+                            decisive=True)
+
+
+@pytest.fixture(scope="session")
+def other_world_model(hf_home, tmp_path_factory) -> Path:
+    """Another decisive tiny model (seed 1): what a swap moves to."""
+    return tiny_world_model(hf_home, tmp_path_factory.mktemp("world") / "tiny-decisive-1",
+                            seed=1, decisive=True)
+
+
 @pytest.fixture(scope="module")
-def single_server(hf_home, tmp_path_factory):
+def single_server(hf_home, world_model, tmp_path_factory):
     """The single-process server the 3-rank one is compared with."""
-    s = ready(start_server(tmp_path_factory.mktemp("home-single"), hf_home, *COMMON))
+    s = ready(start_server(tmp_path_factory.mktemp("home-single"), hf_home, *COMMON,
+                           "--model", str(world_model)))
     yield s
     stop(s)
 
 
 @pytest.fixture(scope="module")
-def ranks_server(hf_home, tmp_path_factory):
-    """``serve --ranks 3 --max-batch 8`` on the starter."""
-    s = start_ranks(tmp_path_factory.mktemp("home-ranks"), hf_home)
+def ranks_server(hf_home, world_model, tmp_path_factory):
+    """``serve --ranks 3 --max-batch 8`` on the decisive tiny model."""
+    s = start_ranks(tmp_path_factory.mktemp("home-ranks"), hf_home, "--model",
+                    str(world_model))
     yield s
     stop(s)
