@@ -397,11 +397,11 @@ def starter_with_template(hf_home: Path, folder: Path, template: Path, *,
 
 
 def tiny_world_model(hf_home: Path, folder: Path, *, seed: int = 0,
-                     decisive: bool = False) -> Path:
+                     decisive: bool = False, layers: int = 2) -> Path:
     """A llama checkpoint with random float32 weights, the starter's tokenizer and chat
     template, and shapes that split over 3 ranks (3 query and 3 KV heads of 32, hidden
-    96, 2 layers; 19 MB, mostly the embedding). Written with numpy and safetensors (no mlx
-    in the test process); ``seed`` picks the weights.
+    96, ``layers`` layers; 19 MB, mostly the embedding). Written with numpy and safetensors
+    (no mlx in the test process); ``seed`` picks the weights.
 
     - ``decisive=False``: small weights (std 0.02, tied embedding), for tests of a world's
       processes (a killed or hung rank, stop, signals, the ring's guard), where the text
@@ -426,7 +426,7 @@ def tiny_world_model(hf_home: Path, folder: Path, *, seed: int = 0,
         if f.name.startswith(("tokenizer", "special_tokens", "generation")):
             shutil.copy(f.resolve(), folder / f.name)
     config = json.loads((src / "config.json").read_text())
-    config.update(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+    config.update(hidden_size=96, num_hidden_layers=layers, num_attention_heads=3,
                   num_key_value_heads=3, head_dim=32, intermediate_size=192)
     if decisive:
         config["tie_word_embeddings"] = False
@@ -440,7 +440,7 @@ def tiny_world_model(hf_home: Path, folder: Path, *, seed: int = 0,
 
     weights = {"model.embed_tokens.weight": w(vocab, h, 1.0 if decisive else 0.02),
                "model.norm.weight": np.ones(h, np.float32)}
-    for i in range(2):
+    for i in range(layers):
         layer = f"model.layers.{i}."
         weights.update({
             layer + "self_attn.q_proj.weight": w(heads, h),

@@ -2,10 +2,10 @@
 layers, and greedy answers equal the single process's, alone and batched (up to a
 near-tie: tests/greedy.py).
 
-Llama (the starter) has no pipeline mode in mlx-lm, so the test serves the starter's
-weights as a qwen2 checkpoint: qwen2 is llama with biases on q/k/v, and with those biases
-zero it computes what the starter computes (it answers the same), and mlx-lm can split it
-by layers."""
+Llama has no pipeline mode in mlx-lm, so the test serves a llama as a qwen2 checkpoint:
+qwen2 is llama with biases on q/k/v, and with those biases zero it computes what the llama
+computes, and mlx-lm can split it by layers. The llama is the decisive tiny model with 3
+layers (tests/helpers.py): clear greedy steps, ~100x the starter's speed on a world."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 
 from tests.greedy import check_agreement, greedy_steps
-from tests.helpers import start_server, stop
+from tests.helpers import start_server, stop, tiny_world_model
 
 pytestmark = pytest.mark.model
 
 QUESTIONS = ["What is the capital of France?", "Name a primary color."]
-#: tokens per answer: the French answer is 8 with its end; a world of ranks decodes ~1-2
-#: tok/s on 2 cores, so each token a test asks for costs
-TOKENS = 8
+#: tokens per answer (the tiny model never ends early)
+TOKENS = 16
 
 
-def qwen2_from_starter(starter: Path, out: Path) -> Path:
-    """The starter's weights as a qwen2 checkpoint (zero q/k/v biases, an index file)."""
+def qwen2_from_llama(starter: Path, out: Path) -> Path:
+    """A llama checkpoint's weights as a qwen2 checkpoint (zero q/k/v biases, an index
+    file)."""
     from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True)
@@ -54,9 +54,9 @@ def qwen2_from_starter(starter: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def qwen2(hf_home, tmp_path_factory) -> Path:
-    starter = next((hf_home / "hub" / "models--mlx-kit--SmolLM2-135M-Instruct"
-                    / "snapshots").iterdir())
-    return qwen2_from_starter(starter, tmp_path_factory.mktemp("q2") / "qwen2-starter")
+    folder = tmp_path_factory.mktemp("q2")
+    llama = tiny_world_model(hf_home, folder / "llama", decisive=True, layers=3)
+    return qwen2_from_llama(llama, folder / "qwen2-tiny")
 
 
 def _ask(root: str, question: str, stream: bool = False) -> str:
@@ -105,7 +105,7 @@ def single(qwen2, tmp_path_factory) -> dict:
         whole = httpx.get(server.root + "/health").json()["memory"]["weights_bytes"]
     finally:
         stop(server)
-    assert answers["alone"][QUESTIONS[0]] == "The capital of France is Paris."
+    assert all(answers["alone"].values())
     return {"answers": answers, "steps": steps, "whole": whole}
 
 
@@ -133,14 +133,14 @@ def test_pipeline_ranks_answer_as_one_process_alone_streamed_and_batched(single,
     finally:
         stop(ranks)
     assert (world["world_size"], world["backend"], world["mode"]) == (3, "ring", "pipeline")
-    # each rank holds 10 of the 30 layers (plus the embeddings every rank keeps)
+    # each rank holds 1 of the 3 layers (plus the embeddings every rank keeps)
     shares = [r["memory"]["weights_bytes"] for r in world["ranks"]]
     assert all(0 < s < whole for s in shares), (shares, whole)
 
 
 def test_a_model_whose_heads_do_not_divide_is_split_by_layers_instead(single, qwen2,
                                                                        tmp_path):
-    # 9 heads over 2 ranks: no tensor split, but qwen2 has a pipeline mode: serve picks it
+    # 3 heads over 2 ranks: no tensor split, but qwen2 has a pipeline mode: serve picks it
     # and says why, instead of refusing
     (tmp_path / "two").mkdir()
     two = start_server(tmp_path / "two", None, "--model", str(qwen2), "--ranks", "2")
@@ -152,5 +152,5 @@ def test_a_model_whose_heads_do_not_divide_is_split_by_layers_instead(single, qw
     finally:
         stop(two)
     assert (world["world_size"], world["mode"]) == (2, "pipeline")
-    assert ("num_attention_heads is 9, not divisible by 2 ranks; 3, 9 ranks divide it: "
-            "splitting") in two.log.read_text()
+    assert ("num_attention_heads is 3, not divisible by 2 ranks; 3 ranks divide it: "
+            "splitting") in " ".join(two.log.read_text().split())
