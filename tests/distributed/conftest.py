@@ -28,8 +28,12 @@ RANK_FLAGS = ("--ranks", "3", "--rank-timeout", "60")
 def ready(server: Server, timeout: float = 240) -> Server:
     """``server`` once /health says its model is loaded (``/health`` answers 200 while
     the ranks still load, which is all :func:`start_server` waits for)."""
-    wait_until(lambda: server.health()["model_state"] == "ready", timeout,
-               every=0.2, what=f"{server.root}'s model being ready")
+    def loaded() -> bool:
+        health = server.health()
+        assert health["model_state"] != "failed", health.get("error")  # fail now, not later
+        return health["model_state"] == "ready"
+
+    wait_until(loaded, timeout, every=0.2, what=f"{server.root}'s model being ready")
     return server
 
 
