@@ -400,8 +400,9 @@ def tiny_world_model(hf_home: Path, folder: Path, *, seed: int = 0,
                      decisive: bool = False, layers: int = 2) -> Path:
     """A llama checkpoint with random float32 weights, the starter's tokenizer and chat
     template, and shapes that split over 3 ranks (3 query and 3 KV heads of 32, hidden
-    96, ``layers`` layers; 19 MB, mostly the embedding). Written with numpy and safetensors
-    (no mlx in the test process); ``seed`` picks the weights.
+    96, ``layers`` layers; 19 MB, mostly the embedding, or 38 MB with the decisive model's
+    own output layer). Written with numpy and safetensors (no mlx in the test process);
+    ``seed`` picks the weights.
 
     - ``decisive=False``: small weights (std 0.02, tied embedding), for tests of a world's
       processes (a killed or hung rank, stop, signals, the ring's guard), where the text

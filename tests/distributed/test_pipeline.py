@@ -28,20 +28,20 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color."]
 TOKENS = 16
 
 
-def qwen2_from_llama(starter: Path, out: Path) -> Path:
+def qwen2_from_llama(llama: Path, out: Path) -> Path:
     """A llama checkpoint's weights as a qwen2 checkpoint (zero q/k/v biases, an index
     file)."""
     from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True)
-    for f in starter.iterdir():
+    for f in llama.iterdir():
         if f.name not in ("config.json", "model.safetensors", "model.safetensors.index.json")\
                 and not f.name.startswith("."):
             shutil.copy(f.resolve(), out / f.name)
-    config = json.loads((starter / "config.json").read_text())
+    config = json.loads((llama / "config.json").read_text())
     config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
     (out / "config.json").write_text(json.dumps(config))
-    weights = load_file(str((starter / "model.safetensors").resolve()))
+    weights = load_file(str((llama / "model.safetensors").resolve()))
     for name in list(weights):
         if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
             weights[name[:-len("weight")] + "bias"] = np.zeros(weights[name].shape[0],
