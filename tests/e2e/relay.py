@@ -1,14 +1,17 @@
 """A recording relay for agent tests: it stands between an agent and the real server on
 loopback, forwards every request byte for byte and keeps each request's method, path and
 JSON body, so a test can assert what the agent sent (e.g. that no billing-header block
-reached the server). Our own code because nothing off the shelf records bodies while
-streaming SSE back unchanged in ~40 lines; stdlib http.server plus httpx, one thread per
-connection."""
+reached the server), and the start of each answer, where our server's request id is (so a
+benchmark can pair a request body with the server's log line for it). Our own code because
+nothing off the shelf records bodies while streaming SSE back unchanged in a few dozen lines;
+stdlib http.server plus httpx, one thread per connection."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,6 +21,37 @@ import httpx
 #: httpx has already undone (the relay answers HTTP/1.0 and closes after each response).
 _SKIP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
          "host", "accept-encoding"}
+#: How much of each answer's body the relay keeps (`Exchange.head`): the request id is in
+#: the first object of every protocol's answer, streamed or not.
+HEAD_BYTES = 4096
+#: Our server's request id in an answer: ``"id"`` (``"responseId"`` on the Gemini API) set
+#: to a prefix (``chatcmpl-``, ``msg_``, ``resp_``, ... or none) and 24 hex digits, as
+#: ``kit.server.translate.new_id`` makes them; the first such field is the request's.
+_ID = re.compile(rb'"(?:id|responseId)"\s*:\s*"([A-Za-z]*[-_]?[0-9a-f]{24})"')
+
+
+@dataclass
+class Exchange:
+    """One request through the relay and the start of its answer.
+
+    Attributes:
+        method, path, body: as in `Relay.requests`.
+        status: the server's HTTP status (None until it answered).
+        head: the answer body's first `HEAD_BYTES` bytes, as they were streamed.
+    """
+
+    method: str
+    path: str
+    body: Any
+    status: int | None = None
+    head: bytearray = field(default_factory=bytearray)
+
+    @property
+    def response_id(self) -> str | None:
+        """Our server's id for this request (the one its log lines start with), read from
+        the answer's first ``"id"``; None when the answer has none (an error, a GET)."""
+        m = _ID.search(self.head)
+        return m.group(1).decode() if m else None
 
 
 class Relay:
@@ -27,11 +61,14 @@ class Relay:
         url: the relay's root, to give the agent instead of the server's.
         requests: ``(method, path, body)`` per request received, body parsed as JSON
             (None when it is empty or not JSON), in arrival order.
+        exchanges: the same requests as `Exchange` records, each with the start of its
+            answer (and so the server's request id: `Exchange.response_id`).
     """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.requests: list[tuple[str, str, Any]] = []
+        self.exchanges: list[Exchange] = []
         relay = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,18 +82,26 @@ class Relay:
                 except ValueError:
                     parsed = None
                 relay.requests.append((self.command, self.path, parsed))
+                exchange = Exchange(self.command, self.path, parsed)
+                relay.exchanges.append(exchange)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _SKIP}
                 with httpx.Client(timeout=None) as client, client.stream(
                         self.command, relay.upstream + self.path, content=body,
                         headers=headers) as r:
+                    exchange.status = r.status_code
                     self.send_response(r.status_code)
                     for k, v in r.headers.items():
                         if k.lower() not in _SKIP:
                             self.send_header(k, v)
                     self.end_headers()
-                    for chunk in r.iter_bytes():
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
+                    try:
+                        for chunk in r.iter_bytes():
+                            if len(exchange.head) < HEAD_BYTES:
+                                exchange.head += chunk[:HEAD_BYTES - len(exchange.head)]
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the agent hung up: closing the upstream stream tells the server
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = do_OPTIONS = _relay
 
