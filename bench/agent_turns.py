@@ -46,15 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
 
 from tests.e2e.relay import Exchange, Relay  # noqa: E402
+from tests.e2e.test_cline import CLINE_RUN_ENV  # noqa: E402
+from tests.e2e.test_droid import DROID_EXEC  # noqa: E402
 from tests.e2e.test_qwen import SLIM as QWEN_SLIM  # noqa: E402
 from tests.e2e.test_qwen import project as qwen_project  # noqa: E402
 from tests.e2e.test_kilo import ANSWER_AGENT as KILO_ANSWER_AGENT  # noqa: E402
 
-#: Copilot's headless switches on the starter (tests/e2e/test_copilot.py), aider's, Droid's
-#: (tests/e2e/test_droid.py: our custom model, one JSON result that names the session).
+#: Copilot's headless switches on the starter (tests/e2e/test_copilot.py), aider's, Droid's.
 COPILOT = ["-s", "--allow-all", "--available-tools=none"]
 AIDER = ["--yes-always", "--no-git", "--no-pretty", "--no-stream"]
-DROID = ["exec", "-m", "custom:mlx-kit-local-0", "-o", "json"]
+DROID = list(DROID_EXEC)
 
 QUESTIONS = ("What is the capital of France?", "And of Germany?", "And of Italy?")
 NEW_SESSION = "What is the capital of Spain?"
@@ -95,9 +96,8 @@ SESSION = {"droid": re.compile(r'"session_id":\s*"([^"]+)"')}
 #: What some agents need in the throwaway HOME before their first turn.
 SETUP = {"qwen": lambda home: qwen_project(home, memory=False),  # no auto-memory request
          "kilo": lambda home: _kilo_agent(home / "project")}
-#: Environment of some agents' runs: Cline in one process, no hub daemon left behind, no
-#: update check (tests/e2e/test_cline.py).
-ENV = {"cline": {"CLINE_SESSION_BACKEND_MODE": "local", "CLINE_NO_AUTO_UPDATE": "1"}}
+#: Environment of some agents' runs: Cline's as tests/e2e/test_cline.py runs it.
+ENV = {"cline": CLINE_RUN_ENV}
 
 
 def _kilo_agent(project: Path) -> None:

@@ -67,7 +67,6 @@ class Relay:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
-        self.requests: list[tuple[str, str, Any]] = []
         self.exchanges: list[Exchange] = []
         relay = self
 
@@ -81,7 +80,6 @@ class Relay:
                     parsed = json.loads(body) if body else None
                 except ValueError:
                     parsed = None
-                relay.requests.append((self.command, self.path, parsed))
                 exchange = Exchange(self.command, self.path, parsed)
                 relay.exchanges.append(exchange)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _SKIP}
@@ -109,6 +107,11 @@ class Relay:
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def requests(self) -> list[tuple[str, str, Any]]:
+        """``(method, path, body)`` of each exchange, in arrival order."""
+        return [(ex.method, ex.path, ex.body) for ex in self.exchanges]
 
     def bodies(self, path_prefix: str) -> list[Any]:
         """The JSON bodies of the requests whose path starts with ``path_prefix``."""

@@ -24,13 +24,17 @@ from tests.e2e.warnings import assert_no_config_warnings
 from tests.reliability.test_harness_manifest import CLINE_PROVIDERS
 
 
+#: Cline in one process (no hub daemon left behind) and no update check (module docstring).
+CLINE_RUN_ENV = {"CLINE_SESSION_BACKEND_MODE": "local", "CLINE_NO_AUTO_UPDATE": "1"}
+
+
 def cline_env(home) -> dict[str, str]:
     """A throwaway HOME, the server's key, and none of the caller's Cline/OpenAI settings."""
     env = clean_env(home, MLX_KIT_API_KEY=TEST_KEY)
     for key in list(env):
         if key.startswith(("CLINE_", "OPENAI_")):
             del env[key]
-    env.update(CLINE_SESSION_BACKEND_MODE="local", CLINE_NO_AUTO_UPDATE="1")
+    env.update(CLINE_RUN_ENV)
     return env
 
 

@@ -22,6 +22,9 @@ from tests.helpers import (TEST_KEY, assert_served, clean_env, refusals, require
 from tests.e2e.warnings import assert_no_config_warnings
 from tests.reliability.test_harness_manifest import DROID_SETTINGS
 
+#: Droid's headless run on our custom model, one JSON result (it names the session).
+DROID_EXEC = ("exec", "-m", "custom:mlx-kit-local-0", "-o", "json")
+
 
 def test_droid_answers_through_our_server_and_remove_restores_the_file(keyed_server, tmp_path):
     require_binary("droid")
@@ -37,8 +40,8 @@ def test_droid_answers_through_our_server_and_remove_restores_the_file(keyed_ser
     project.mkdir()
     before, refused = requests_served(server), refusals(server)
 
-    r = run_kit(env, "launch", "droid", "--url", server.v1, "--", "exec", "-m",
-                "custom:mlx-kit-local-0", "-o", "json", "What is the capital of France?",
+    r = run_kit(env, "launch", "droid", "--url", server.v1, "--", *DROID_EXEC,
+                "What is the capital of France?",
                 cwd=project, timeout=600, stdin=subprocess.DEVNULL)
 
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
