@@ -19,13 +19,15 @@ _OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed")
 
 
 class SamplingDefaults(BaseModel):
-    """Sampling for fields a request leaves out (the server's flags, else the model's)."""
+    """Sampling for fields a request leaves out (the server's flags, else the model's);
+    ``forced``: for every request, whatever it sets (``--force-sampling``)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     min_p: Optional[float] = None
+    forced: bool = False
 
 
 class HealthBody(BaseModel):

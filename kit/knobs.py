@@ -146,6 +146,10 @@ KNOBS: tuple[Knob, ...] = (
          "(default: the model's generation_config.json, else 0.7).", ge=0, le=2),
     Knob("top_p", float, None, "Nucleus sampling mass for requests that set none (default: "
          "the model's, else 1).", ge=0, le=1),
+    Knob("force_sampling", bool, False, "Sample every request with the server's temperature "
+         "and top_p (the flags, else the model's) and the model's top_k and min_p, whatever "
+         "the request sets (llama-swap's strip_params): for agents that send their hosted "
+         "model's temperature (Droid: 1) to a small local model.", _STARTS),
     Knob("allow_host", "list", (), "Also accept requests whose Host header is NAME "
          "(repeatable; comma-separated in MLX_KIT_HOSTS). Loopback names and the bound "
          "address are always accepted; .example.com: the domain and its subdomains; *: any.",

@@ -238,7 +238,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
                          name="mlx-kit-ready", daemon=True).start()
         state = ServerState(engine, api_key=api_key, admin_token=admin_token,
                             aliases=aliases, swap_on_request=c.swap_on_request,
-                            default_temperature=c.temperature, default_top_p=c.top_p)
+                            default_temperature=c.temperature, default_top_p=c.top_p,
+                            force_sampling=c.force_sampling)
         # The first catalog scan runs while the engine loads; listening only after it ended
         # means no request ever waits for one (later rescans run in the background).
         concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)

@@ -14,6 +14,7 @@ the handler is then::
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -106,9 +107,11 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
     """
     state: ServerState = request.app.state.kit
     real = await state.resolve(model)
-    req = translate(body, state.sampling_defaults(),
-                    supports_tools=state.engine.capabilities()["tools"],
+    defaults = state.sampling_defaults()
+    req = translate(body, defaults, supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
+    if state.force_sampling:  # the server's sampling, whatever the request set
+        req.params = replace(req.params, **{k: getattr(defaults, k) for k in FORCED})
     req.model, req.request_id = real, new_id(id_prefix)
     req.messages = stable_messages(req.messages)  # known agents' moved blocks, put back
     activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
@@ -121,6 +124,10 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
             start(state, req))
     request.state.started = started  # respond() reports a memory clamp from it
     return req, started, events
+
+
+#: The sampling fields ``--force-sampling`` takes from the server, not the request.
+FORCED = ("temperature", "top_p", "top_k", "min_p")
 
 
 #: The response header that reports a ``max_tokens`` capped by memory admission, on every

@@ -35,6 +35,8 @@ class ServerState:
         swap_on_request: a request naming another cached model swaps to it (else 404).
         default_temperature, default_top_p: sampling for requests that set none (None:
             the model's generation_config.json).
+        force_sampling: :meth:`sampling_defaults` replaces a request's own temperature,
+            top_p, top_k and min_p (``--force-sampling``).
         started: server start time (unix seconds).
         catalog_cache: the models on this machine, rescanned in a background thread.
         swaps_pending: swaps handed to the engine and not yet done (/health; a swap waits
@@ -48,6 +50,7 @@ class ServerState:
     swap_on_request: bool = False
     default_temperature: float | None = None
     default_top_p: float | None = None
+    force_sampling: bool = False
     started: float = field(default_factory=time.time)
     catalog_cache: CatalogCache = field(default_factory=CatalogCache)
     swaps_pending: int = 0
@@ -168,5 +171,6 @@ class ServerState:
         return HealthBody.build(
             self.engine.status(), version=__version__, model=self.model_id, pid=os.getpid(),
             swaps_pending=self.swaps_pending,
-            sampling={k: getattr(d, k) for k in ("temperature", "top_p", "top_k", "min_p")},
+            sampling={**{k: getattr(d, k) for k in ("temperature", "top_p", "top_k", "min_p")},
+                      "forced": self.force_sampling},
             memory=MemoryStatus.model_validate(memory) if memory is not None else None)

@@ -31,7 +31,7 @@ def test_health_is_a_health_body_with_the_same_keys_and_values():
                               "weights_bytes": 2_000_000}
     assert body["prompt_cache"] == prompt_cache and body["admission"] == ADMISSION
     assert body["sampling_defaults"] == {"temperature": 0.7, "top_p": 1.0, "top_k": 0,
-                                         "min_p": 0.0}
+                                         "min_p": 0.0, "forced": False}
     parsed = HealthBody.model_validate(body)
     assert parsed.ok and parsed.to_json() == body  # parse and re-dump lose nothing
 
