@@ -180,7 +180,7 @@ def wait_health(root: str, proc: subprocess.Popen | None = None, timeout: float 
                 return r.json()
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)  # ~75 starts a run: each waits for its next poll
     raise TimeoutError(f"{root} not ready after {timeout} s")
 
 
@@ -301,8 +301,13 @@ class ServerPool:
 
     def keyed(self) -> Server:
         """The session's greedy server that needs :data:`TEST_KEY` (given in the
-        environment, as the docs show first; ``--api-key`` on argv is tested on its own)."""
-        return self.get("--temperature", "0", pin=True, MLX_KIT_API_KEY=TEST_KEY)
+        environment, as the docs show first; ``--api-key`` on argv is tested on its own).
+        Greedy whatever a request sets (``--force-sampling``): Droid sends temperature 1,
+        and the 135M starter sampled at 1 under Droid's prompt rambled to the output cap,
+        at 9 tok/s on a busy machine past Droid's 180 s request timeout, and Droid asked
+        again until the test's 600 s ran out (2026-12-06)."""
+        return self.get("--temperature", "0", "--force-sampling", pin=True,
+                        MLX_KIT_API_KEY=TEST_KEY)
 
     def close(self) -> None:
         """Stop every server of the pool."""

@@ -167,9 +167,12 @@ def ids(server) -> list[str]:
     return [m["id"] for m in r.json()["data"]]
 
 
-def test_count_tokens_holds_no_worker_thread_while_the_engine_is_stuck(hf_home, tmp_path):
-    """Regression (review U9): each count_tokens held one of the event loop's worker
-    threads for up to 30 s while the engine process did not answer."""
+def test_requests_waiting_on_a_stuck_engine_hold_no_worker_thread_and_health_answers(
+        hf_home, tmp_path):
+    """Two regressions, one stopped engine (SIGSTOP): each count_tokens held one of the
+    event loop's worker threads for up to 30 s while the engine process did not answer
+    (review U9), and a few such calls took every worker thread, so /health, which used one
+    too, hung (new-user try)."""
     home = tmp_path / "home"
     home.mkdir()
     s = start_server(home, hf_home)
@@ -181,27 +184,31 @@ def test_count_tokens_holds_no_worker_thread_while_the_engine_is_stuck(hf_home, 
     try:
         clients = [threading.Thread(target=lambda: answers.append(httpx.post(
             s.v1 + "/messages/count_tokens", json=body, timeout=60)), daemon=True)
-            for _ in range(8)]
+            for _ in range(12)]
         for t in clients:
             t.start()
         server = psutil.Process(s.proc.pid)
         deadline = time.monotonic() + 30
         while sum(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == s.port
-                  for c in server.net_connections("tcp")) < 8:
+                  for c in server.net_connections("tcp")) < len(clients):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         most = before
         for _ in range(20):  # 2 s: a worker thread per waiting request would show at once
             most = max(most, threads(s.proc.pid))
             time.sleep(0.1)
-        assert most <= before + 1, f"{most - before} threads more while 8 requests wait"
-        assert answers == []  # all 8 still waiting on the stopped engine
+        assert most <= before + 1, f"{most - before} threads more while 12 requests wait"
+        assert answers == []  # all 12 still waiting on the stopped engine
+        t0 = time.monotonic()
+        health = httpx.get(s.root + "/health", timeout=15)
+        assert health.status_code == 200 and time.monotonic() - t0 < 5
+        assert health.json()["memory"]["weights_bytes"]  # the last values it reported
     finally:
         os.kill(engine_pid, signal.SIGCONT)
     try:
         for t in clients:
             t.join(60)
-        assert [r.status_code for r in answers] == [200] * 8
+        assert [r.status_code for r in answers] == [200] * len(clients)
         assert {r.json()["input_tokens"] for r in answers} == {
             httpx.post(s.v1 + "/messages/count_tokens", json=body, timeout=60)
             .json()["input_tokens"]}

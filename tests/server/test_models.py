@@ -33,16 +33,37 @@ def f32_server(hf_home, tmp_path_factory):
     stop(s)
 
 
-@pytest.fixture
-def fresh_f32_server(hf_home, tmp_path):
-    """A server of this test's own, for a test that swaps its model."""
-    s = start_server(tmp_path, hf_home, "--temperature", "0")
+@pytest.fixture(scope="module")
+def swapping_server(hf_home, tmp_path_factory):
+    """One greedy server for the tests that swap its model (each starts from whichever
+    starter it finds loaded), with swap on request."""
+    s = start_server(tmp_path_factory.mktemp("home-swapping"), hf_home, "--temperature",
+                     "0", "--swap-on-request")
     yield s
     stop(s)
 
 
-def test_swap_under_load_fails_no_request_and_keeps_one_model(fresh_f32_server):
-    s = fresh_f32_server
+@pytest.fixture(scope="module")
+def q4_budget_server(hf_home, tmp_path_factory):
+    """A server on the 4-bit starter with a 600 MB memory budget (the f32 starter does not
+    fit) and no --temperature (the model's own sampling defaults)."""
+    s = start_server(tmp_path_factory.mktemp("home-q4"), hf_home, "--model", Q4,
+                     "--memory-budget", "600MB")
+    yield s
+    stop(s)
+
+
+def other_starter(server) -> tuple[str, str]:
+    """(the starter ``server`` has loaded, the other one)."""
+    loaded = server.health()["model"]
+    return loaded, (Q4 if loaded == F32 else F32)
+
+
+def test_swap_under_load_fails_no_request_and_keeps_one_model(swapping_server):
+    s = swapping_server
+    if s.health()["model"] != F32:
+        assert s.swap(F32).status_code == 200
+    swaps = s.health()["swaps"]
     long_stream: dict = {"models": set(), "text": "", "lines": []}
     first_token = threading.Event()
 
@@ -88,7 +109,7 @@ def test_swap_under_load_fails_no_request_and_keeps_one_model(fresh_f32_server):
     assert {r.json()["model"] for r in results} == {Q4}
     # exactly one resident model: the 4-bit weights (~115 MB), not also the f32 (~538 MB)
     h = s.health()
-    assert h["model"] == Q4 and h["swaps"] == 1
+    assert h["model"] == Q4 and h["swaps"] == swaps + 1
     mem = h["memory"]
     assert mem["weights_bytes"] < 150e6
     assert mem["active_bytes"] < mem["weights_bytes"] + 60e6
@@ -112,36 +133,32 @@ def test_swap_to_the_loaded_model_changes_nothing(f32_server):
     assert f32_server.health()["swaps"] == 0
 
 
-def test_a_model_that_does_not_fit_is_refused_with_numbers(hf_home, tmp_path):
-    s = start_server(tmp_path, hf_home, "--model", Q4, "--memory-budget", "600MB")
-    try:
-        r = s.swap(F32)
-        assert r.status_code == 507
-        err = r.json()["error"]
-        assert err["code"] == "insufficient_memory"
-        assert "513.13 MiB" in err["message"] and "KV cache" in err["message"]  # the numbers
-        cli = run_kit(clean_env(s.home, hf_home), "swap", F32, "--url", s.root)
-        assert cli.returncode == 5 and "513.13 MiB" in cli.stderr  # 5: does not fit
-        ok = chat(s)
-        assert ok.status_code == 200 and ok.json()["model"] == Q4
-    finally:
-        stop(s)
+def test_a_model_that_does_not_fit_is_refused_with_numbers(q4_budget_server, hf_home):
+    s = q4_budget_server
+    r = s.swap(F32)
+    assert r.status_code == 507
+    err = r.json()["error"]
+    assert err["code"] == "insufficient_memory"
+    assert "513.13 MiB" in err["message"] and "KV cache" in err["message"]  # the numbers
+    cli = run_kit(clean_env(s.home, hf_home), "swap", F32, "--url", s.root)
+    assert cli.returncode == 5 and "513.13 MiB" in cli.stderr  # 5: does not fit
+    ok = chat(s)
+    assert ok.status_code == 200 and ok.json()["model"] == Q4
 
 
-def test_real_id_not_loaded_is_404_unless_swap_on_request(f32_server, hf_home, tmp_path):
+def test_real_id_not_loaded_is_404_unless_swap_on_request(f32_server, swapping_server):
     r = chat(f32_server, model=Q4)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    s = start_server(tmp_path, hf_home, "--swap-on-request", "--temperature", "0")
-    try:
-        r = chat(s, model=Q4, max_tokens=20)
-        assert r.status_code == 200 and r.json()["model"] == Q4
-        assert "Paris" in r.json()["choices"][0]["message"]["content"]
-        assert s.health()["swaps"] == 1
-        unknown = chat(s, model="someone/not-on-this-machine")  # never a download
-        assert unknown.status_code == 404
-        assert "local" in unknown.json()["error"]["message"]
-    finally:
-        stop(s)
+    s = swapping_server
+    loaded, other = other_starter(s)
+    swaps = s.health()["swaps"]
+    r = chat(s, model=other, max_tokens=20)
+    assert r.status_code == 200 and r.json()["model"] == other
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+    assert s.health()["swaps"] == swaps + 1
+    unknown = chat(s, model="someone/not-on-this-machine")  # never a download
+    assert unknown.status_code == 404
+    assert "local" in unknown.json()["error"]["message"]
 
 
 def test_aliases_route_agent_model_names_to_local(f32_server):
@@ -211,12 +228,14 @@ def test_models_lists_broken_entries_with_a_reason(hf_home, tmp_path):
     assert entry["loadable"] is False and "safetensors" in entry["reason"]
 
 
-def test_swap_and_fit_commands(fresh_f32_server, hf_home):
-    env = clean_env(fresh_f32_server.home, hf_home)
-    r = run_kit(env, "swap", Q4, "--url", fresh_f32_server.root)
+def test_swap_and_fit_commands(swapping_server, hf_home):
+    s = swapping_server
+    env = clean_env(s.home, hf_home)
+    _, other = other_starter(s)
+    r = run_kit(env, "swap", other, "--url", s.root)
     assert r.returncode == 0, r.stderr
-    assert f"local -> {Q4}" in r.stdout
-    bad = run_kit(env, "swap", "nobody/nothing", "--url", fresh_f32_server.root)
+    assert f"local -> {other}" in r.stdout
+    bad = run_kit(env, "swap", "nobody/nothing", "--url", s.root)
     assert bad.returncode == 1 and "not found" in bad.stderr and "Traceback" not in bad.stderr
     fit = run_kit(env, "fit", F32, "--ctx", "2048")
     assert fit.returncode == 0 and "513.13 MiB" in fit.stdout and "fits" in fit.stdout
@@ -264,14 +283,11 @@ def test_swap_to_a_corrupt_model_fails_and_the_old_one_keeps_serving(f32_server,
     assert f32_server.health()["model"] == F32
 
 
-def test_the_models_own_sampling_defaults_apply(f32_server, hf_home, tmp_path):
-    """The starter ships SmolLM2's recommended sampling (temperature 0.2, top_p 0.9); a
+def test_the_models_own_sampling_defaults_apply(f32_server, q4_budget_server):
+    """The starters ship SmolLM2's recommended sampling (temperature 0.2, top_p 0.9); a
     server started without --temperature uses it, a flag overrides it."""
-    s = start_server(tmp_path, hf_home)
-    try:
-        assert s.health()["sampling_defaults"]["temperature"] == pytest.approx(0.2)
-        assert s.health()["sampling_defaults"]["top_p"] == pytest.approx(0.9)
-    finally:
-        stop(s)
+    s = q4_budget_server  # started without --temperature
+    assert s.health()["sampling_defaults"]["temperature"] == pytest.approx(0.2)
+    assert s.health()["sampling_defaults"]["top_p"] == pytest.approx(0.9)
     s = f32_server  # started with --temperature 0
     assert s.health()["sampling_defaults"]["temperature"] == 0

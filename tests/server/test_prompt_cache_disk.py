@@ -6,7 +6,9 @@ that go away; the bound and ``--prompt-cache-disk 0`` hold."""
 
 from __future__ import annotations
 
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -71,90 +73,154 @@ def user_state(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("state")
 
 
+#: the long prompts `warm` stores, one file each: one is served after a restart, one is
+#: truncated and one has a byte changed before the restarted server sees them
+TAGS = ("intact", "truncated", "flipped")
+
+
+@dataclass
+class Warm:
+    """What `warm` left and saw. ``prompts``: per tag of :data:`TAGS`, its (messages, cold
+    text, prompt tokens); ``files``: per tag, the file its cache went to; ``turns``: an
+    agent's two quick turns, (the second's cached tokens, disk writes between the turns,
+    disk entries once idle)."""
+
+    folder: Path
+    prompts: dict[str, tuple[list[dict], str, int]]
+    files: dict[str, Path]
+    turns: tuple[int, int, int]
+
+
 @pytest.fixture(scope="module")
-def warm(hf_home, tmp_path_factory, user_state):
-    """A cache folder that one server filled with the long prompt's cache (and nothing
-    for a short prompt), then stopped: (folder, prompt, its cold text, its prompt tokens)."""
+def warm(hf_home, tmp_path_factory, user_state) -> Warm:
+    """A cache folder that one server filled, then stopped: nothing for a short prompt,
+    one file per long prompt of :data:`TAGS` (each written once the worker was idle),
+    then an agent's two turns sent back to back. One server for all: each start is ~5 s."""
     tmp = tmp_path_factory.mktemp("warm")
     cache = tmp / "cache"
     s = serve(tmp, hf_home, cache, state=user_state)
+    prompts, files = {}, {}
     try:
         ask(s, [{"role": "user", "content": "Hi."}])  # short: no file
-        messages = long_prompt("warm")
-        text, n, cached = ask(s, messages)
-        assert n > 400 and cached < 20
-        c = wait_writes(s, 1)
-        assert c["misses"] >= 1 and c["disk_entries"] == 1 and c["disk_hits"] == 0
+        for i, tag in enumerate(TAGS, 1):
+            before = set(ours(cache))
+            messages = long_prompt(tag)
+            text, n, cached = ask(s, messages)
+            assert n > 400 and cached < 20
+            c = wait_writes(s, i)
+            assert c["disk_entries"] == i and c["disk_hits"] == 0
+            (files[tag],) = set(ours(cache)) - before
+            prompts[tag] = (messages, text, n)
+        # Regression: the worker wrote the cache as soon as its queue was empty, i.e. right
+        # after each answer, so an agent's next request (ms later) waited for the whole
+        # write. A write waits for IDLE_WRITE_S without a request (5 s; 1 s here).
+        writes = counters(s)["disk_writes"]
+        messages = long_prompt("turns")
+        text, _, _ = ask(s, messages)
+        nxt = messages + [{"role": "assistant", "content": text},
+                          {"role": "user", "content": "Another one."}]
+        _, _, cached = ask(s, nxt)  # at once, as an agent's next turn comes
+        between = counters(s)["disk_writes"] - writes
+        c = wait_writes(s, writes + 1)  # once the worker has been idle
+        turns = (cached, between, c["disk_entries"] - len(TAGS))
     finally:
         helpers.stop(s)
-    assert len(ours(cache)) == 1
-    return cache, messages, text, n
+    return Warm(cache, prompts, files, turns)
 
 
-def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
-        warm, hf_home, tmp_path, user_state):
-    folder, messages, cold_text, n = warm
-    cache = tmp_path / "cache"
-    shutil.copytree(folder, cache)
-    s = serve(tmp_path, hf_home, cache, state=user_state)
-    try:
-        text, n2, cached = ask(s, messages)
-        assert (text, n2) == (cold_text, n)
-        assert cached >= n - 1
-        c = counters(s)
-        assert c["disk_hits"] == 1 and c["memory_entries"] >= 1
-        assert c["disk_entries"] == 1 and c["disk_bytes"] > 0
-    finally:
-        helpers.stop(s)
+def test_an_agents_next_turn_does_not_wait_for_a_disk_write_and_files_are_private(warm):
+    cached, between, entries = warm.turns
+    assert cached > 400  # from memory
+    assert between == 0  # nothing was written between the turns
+    assert entries >= 1  # written once the worker was idle
+    assert warm.folder.stat().st_mode & 0o777 == 0o700
+    for f in ours(warm.folder):
+        assert f.parent.stat().st_mode & 0o777 == 0o700
+        assert f.stat().st_mode & 0o777 == 0o600
 
 
-def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
-        warm, hf_home, tmp_path, user_state):
-    folder, messages, cold_text, n = warm
-    cache = tmp_path / "cache"
-    shutil.copytree(folder, cache)
-    (path,) = ours(cache)
-    data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 3])  # a crash mid-copy, a full disk
-    stale = path.parent / f"{'e' * 64}.999999999.tmp"  # a writer that died mid-write
+@dataclass
+class Restarted:
+    """The server `restarted` started on a copy of `warm`'s folder, and what was done to
+    that copy first: ``truncated`` (the truncated file's path, its original bytes),
+    ``stale`` (a dead writer's temporary file), ``theirs`` (files mlx-kit never wrote)."""
+
+    server: helpers.Server
+    cache: Path
+    truncated: tuple[Path, bytes]
+    flipped: Path
+    stale: Path
+    theirs: list[Path]
+
+
+@pytest.fixture(scope="module")
+def restarted(warm, hf_home, tmp_path_factory, user_state):
+    """The same user's server restarted on a copy of `warm`'s folder in which one file
+    was cut short (a crash mid-copy, a full disk), one had one bit of one K/V value
+    changed (a file that still loads), a writer that died left its temporary file, and
+    others put files of their own. Three tests share it: each asks its own prompt."""
+    tmp = tmp_path_factory.mktemp("restarted")
+    cache = tmp / "cache"
+    shutil.copytree(warm.folder, cache)
+    cut = cache / warm.files["truncated"].relative_to(warm.folder)
+    data = cut.read_bytes()
+    cut.write_bytes(data[:len(data) // 3])
+    flipped = cache / warm.files["flipped"].relative_to(warm.folder)
+    flip = bytearray(flipped.read_bytes())
+    flip[-1000] ^= 0x01
+    flipped.write_bytes(bytes(flip))
+    stale = cut.parent / f"{'e' * 64}.999999999.tmp"
     stale.write_bytes(data[:1000])
-    theirs = [cache / "notes.txt", path.parent / "README", path.parent / "x.safetensors"]
+    theirs = [cache / "notes.txt", cut.parent / "README", cut.parent / "x.safetensors"]
     for p in theirs:
         p.write_text("not mlx-kit's")
-    s = serve(tmp_path, hf_home, cache, state=user_state)
-    try:
-        assert not stale.exists()  # removed at start
-        text, _, cached = ask(s, messages)
-        assert cached < 20
-        # cold here; `warm` had reused a short prompt's opening (another prefill split)
-        assert_agrees(s, messages, text, cold_text, max_tokens=8)
-        assert not path.exists() or path.stat().st_size == len(data)  # gone (or rewritten)
-        assert s.log_text().count("deleting prompt cache file") == 1
-        wait_writes(s, 1)  # the answer's cache replaces it
-        assert [p.name for p in ours(cache)] == [path.name]
-    finally:
-        helpers.stop(s)
+    s = serve(tmp, hf_home, cache, state=user_state)
+    yield Restarted(s, cache, (cut, data), flipped, stale, theirs)
+    helpers.stop(s)
     assert all(p.read_text() == "not mlx-kit's" for p in theirs)
     assert "Traceback" not in s.log_text()
 
 
+def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
+        warm, restarted):
+    s = restarted.server
+    messages, cold_text, n = warm.prompts["intact"]
+    hits = counters(s)["disk_hits"]
+    text, n2, cached = ask(s, messages)
+    assert (text, n2) == (cold_text, n)
+    assert cached >= n - 1
+    c = counters(s)
+    assert c["disk_hits"] == hits + 1 and c["memory_entries"] >= 1
+    assert c["disk_entries"] >= 1 and c["disk_bytes"] > 0
+
+
+def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
+        warm, restarted):
+    s = restarted.server
+    path, data = restarted.truncated
+    messages, cold_text, _ = warm.prompts["truncated"]
+    assert not restarted.stale.exists()  # removed at start
+    text, _, cached = ask(s, messages)
+    assert cached < 20
+    # cold here; `warm` had reused a short prompt's opening (another prefill split)
+    assert_agrees(s, messages, text, cold_text, max_tokens=8)
+    assert not path.exists() or path.stat().st_size == len(data)  # gone (or rewritten)
+    assert s.log_text().count(f"deleting prompt cache file {path}") == 1
+    # the answer's cache replaces it
+    helpers.wait_until(lambda: path.exists(), timeout=60, what="the file written again")
+    assert all(p.read_text() == "not mlx-kit's" for p in restarted.theirs)
+
+
 def test_a_file_with_one_tensor_byte_changed_is_a_miss_and_the_answer_is_a_cold_runs(
-        warm, hf_home, tmp_path, user_state):
-    folder, messages, cold_text, n = warm
-    cache = tmp_path / "cache"
-    shutil.copytree(folder, cache)
-    (path,) = ours(cache)
-    data = bytearray(path.read_bytes())
-    data[-1000] ^= 0x01  # one bit of one K/V value: a file that still loads
-    path.write_bytes(bytes(data))
-    s = serve(tmp_path, hf_home, cache, state=user_state)
-    try:
-        text, _, cached = ask(s, messages)
-        assert cached < 20 and counters(s)["disk_hits"] == 0
-        assert_agrees(s, messages, text, cold_text, max_tokens=8)
-        assert "not proven ours: its MAC does not verify" in s.log_text()
-    finally:
-        helpers.stop(s)
+        warm, restarted):
+    s = restarted.server
+    messages, cold_text, _ = warm.prompts["flipped"]
+    hits = counters(s)["disk_hits"]
+    text, _, cached = ask(s, messages)
+    assert cached < 20 and counters(s)["disk_hits"] == hits
+    assert_agrees(s, messages, text, cold_text, max_tokens=8)
+    assert re.search(rf"deleting prompt cache file {re.escape(str(restarted.flipped))}: "
+                     r"not proven ours: its MAC does not verify", s.log_text())
 
 
 def starter_folder(hf_home: Path, where: Path) -> Path:
@@ -217,9 +283,7 @@ def test_a_ttl_reload_hits_the_disk(hf_home, tmp_path):
 
 
 def test_the_disk_bound_evicts_the_least_recently_used(warm, hf_home, tmp_path, user_state):
-    folder, messages, _, _ = warm
-    (one,) = ours(folder)
-    size = one.stat().st_size
+    size = warm.files["intact"].stat().st_size
     cache = tmp_path / "cache"
     s = serve(tmp_path, hf_home, cache, "--prompt-cache-disk", str(int(size * 1.5)),
               state=user_state)
@@ -248,28 +312,3 @@ def test_prompt_cache_disk_0_writes_nothing(hf_home, tmp_path):
     finally:
         helpers.stop(s)
     assert not cache.exists()
-
-
-def test_an_agents_next_turn_does_not_wait_for_a_disk_write_and_files_are_private(
-        hf_home, tmp_path):
-    # Regression: the worker wrote the cache as soon as its queue was empty, i.e. right
-    # after each answer, so an agent's next request (ms later) waited for the whole write.
-    # Now a write waits for IDLE_WRITE_S (5 s) without a request.
-    cache = tmp_path / "cache"
-    s = serve(tmp_path, hf_home, cache, MLX_KIT_IDLE_WRITE_S="5")
-    try:
-        messages = long_prompt("turns")
-        text, _, _ = ask(s, messages)
-        nxt = messages + [{"role": "assistant", "content": text},
-                          {"role": "user", "content": "Another one."}]
-        _, _, cached = ask(s, nxt)  # at once, as an agent's next turn comes
-        assert cached > 400  # from memory
-        assert counters(s)["disk_writes"] == 0  # nothing was written between the turns
-        c = wait_writes(s, 1)  # once the worker has been idle
-        assert c["disk_entries"] >= 1
-    finally:
-        helpers.stop(s)
-    assert cache.stat().st_mode & 0o777 == 0o700
-    for f in ours(cache):
-        assert f.parent.stat().st_mode & 0o777 == 0o700
-        assert f.stat().st_mode & 0o777 == 0o600
