@@ -181,29 +181,47 @@ def restarted(warm, hf_home, tmp_path_factory, user_state):
     assert "Traceback" not in s.log_text()
 
 
+@dataclass
+class Asked:
+    """One of `warm`'s prompts asked again of the restarted server: its ``text``, ``tokens``
+    and ``cached`` tokens now, its ``cold`` text and ``cold_tokens`` when `warm` asked it,
+    and how many disk hits the request added (``disk_hits``)."""
+
+    text: str
+    tokens: int
+    cached: int
+    cold: str
+    cold_tokens: int
+    disk_hits: int
+
+
+def ask_restarted(warm: Warm, restarted: Restarted, tag: str) -> Asked:
+    """Ask the prompt of ``tag`` (one of :data:`TAGS`) of the restarted server."""
+    messages, cold, cold_tokens = warm.prompts[tag]
+    hits = counters(restarted.server)["disk_hits"]
+    text, tokens, cached = ask(restarted.server, messages)
+    return Asked(text, tokens, cached, cold, cold_tokens,
+                 counters(restarted.server)["disk_hits"] - hits)
+
+
 def test_a_restarted_server_serves_a_long_prompt_from_disk_with_the_same_text(
         warm, restarted):
-    s = restarted.server
-    messages, cold_text, n = warm.prompts["intact"]
-    hits = counters(s)["disk_hits"]
-    text, n2, cached = ask(s, messages)
-    assert (text, n2) == (cold_text, n)
-    assert cached >= n - 1
-    c = counters(s)
-    assert c["disk_hits"] == hits + 1 and c["memory_entries"] >= 1
-    assert c["disk_entries"] >= 1 and c["disk_bytes"] > 0
+    a = ask_restarted(warm, restarted, "intact")
+    assert (a.text, a.tokens) == (a.cold, a.cold_tokens)
+    assert a.cached >= a.cold_tokens - 1 and a.disk_hits == 1
+    c = counters(restarted.server)
+    assert c["memory_entries"] >= 1 and c["disk_entries"] >= 1 and c["disk_bytes"] > 0
 
 
 def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_files_stay(
         warm, restarted):
     s = restarted.server
     path, data = restarted.truncated
-    messages, cold_text, _ = warm.prompts["truncated"]
     assert not restarted.stale.exists()  # removed at start
-    text, _, cached = ask(s, messages)
-    assert cached < 20
+    a = ask_restarted(warm, restarted, "truncated")
+    assert a.cached < 20 and a.disk_hits == 0
     # cold here; `warm` had reused a short prompt's opening (another prefill split)
-    assert_agrees(s, messages, text, cold_text, max_tokens=8)
+    assert_agrees(s, warm.prompts["truncated"][0], a.text, a.cold, max_tokens=8)
     assert not path.exists() or path.stat().st_size == len(data)  # gone (or rewritten)
     assert s.log_text().count(f"deleting prompt cache file {path}") == 1
     # the answer's cache replaces it
@@ -214,11 +232,9 @@ def test_a_truncated_file_and_a_stale_tmp_are_a_miss_and_go_away_and_others_file
 def test_a_file_with_one_tensor_byte_changed_is_a_miss_and_the_answer_is_a_cold_runs(
         warm, restarted):
     s = restarted.server
-    messages, cold_text, _ = warm.prompts["flipped"]
-    hits = counters(s)["disk_hits"]
-    text, _, cached = ask(s, messages)
-    assert cached < 20 and counters(s)["disk_hits"] == hits
-    assert_agrees(s, messages, text, cold_text, max_tokens=8)
+    a = ask_restarted(warm, restarted, "flipped")
+    assert a.cached < 20 and a.disk_hits == 0
+    assert_agrees(s, warm.prompts["flipped"][0], a.text, a.cold, max_tokens=8)
     assert re.search(rf"deleting prompt cache file {re.escape(str(restarted.flipped))}: "
                      r"not proven ours: its MAC does not verify", s.log_text())
 
