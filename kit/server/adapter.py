@@ -14,8 +14,8 @@ the handler is then::
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import APIRouter, Request
@@ -27,7 +27,7 @@ from kit.engine.types import ChatRequest, EngineError, Finished, Started
 from kit.errors import KitError
 from kit.server import sse
 from kit.server.errors import APIError, api_error
-from kit.server.state import ServerState
+from kit.server.state import SAMPLING_FIELDS, ServerState
 from kit.server.stable_prompts import stable_messages
 from kit.server.translate import new_id
 
@@ -111,7 +111,7 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
     req = translate(body, defaults, supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
     if state.force_sampling:  # the server's sampling, whatever the request set
-        req.params = replace(req.params, **{k: getattr(defaults, k) for k in FORCED})
+        req.params = replace(req.params, **{k: getattr(defaults, k) for k in SAMPLING_FIELDS})
     req.model, req.request_id = real, new_id(id_prefix)
     req.messages = stable_messages(req.messages)  # known agents' moved blocks, put back
     activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
@@ -124,10 +124,6 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
             start(state, req))
     request.state.started = started  # respond() reports a memory clamp from it
     return req, started, events
-
-
-#: The sampling fields ``--force-sampling`` takes from the server, not the request.
-FORCED = ("temperature", "top_p", "top_k", "min_p")
 
 
 #: The response header that reports a ``max_tokens`` capped by memory admission, on every

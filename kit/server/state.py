@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from kit.engine.types import ChatRequest
 
 
+#: The sampling fields the server has defaults for (/health's ``sampling_defaults``), and
+#: that ``--force-sampling`` takes from the server instead of the request.
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+
+
 @dataclass
 class ServerState:
     """Attributes:
@@ -171,6 +176,6 @@ class ServerState:
         return HealthBody.build(
             self.engine.status(), version=__version__, model=self.model_id, pid=os.getpid(),
             swaps_pending=self.swaps_pending,
-            sampling={**{k: getattr(d, k) for k in ("temperature", "top_p", "top_k", "min_p")},
+            sampling={**{k: getattr(d, k) for k in SAMPLING_FIELDS},
                       "forced": self.force_sampling},
             memory=MemoryStatus.model_validate(memory) if memory is not None else None)
