@@ -53,10 +53,9 @@ def q4_budget_server(hf_home, tmp_path_factory):
     stop(s)
 
 
-def other_starter(server) -> tuple[str, str]:
-    """(the starter ``server`` has loaded, the other one)."""
-    loaded = server.health()["model"]
-    return loaded, (Q4 if loaded == F32 else F32)
+def other_starter(server) -> str:
+    """The starter ``server`` has not loaded."""
+    return Q4 if server.health()["model"] == F32 else F32
 
 
 def test_swap_under_load_fails_no_request_and_keeps_one_model(swapping_server):
@@ -150,7 +149,7 @@ def test_real_id_not_loaded_is_404_unless_swap_on_request(f32_server, swapping_s
     r = chat(f32_server, model=Q4)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     s = swapping_server
-    loaded, other = other_starter(s)
+    other = other_starter(s)
     swaps = s.health()["swaps"]
     r = chat(s, model=other, max_tokens=20)
     assert r.status_code == 200 and r.json()["model"] == other
@@ -231,7 +230,7 @@ def test_models_lists_broken_entries_with_a_reason(hf_home, tmp_path):
 def test_swap_and_fit_commands(swapping_server, hf_home):
     s = swapping_server
     env = clean_env(s.home, hf_home)
-    _, other = other_starter(s)
+    other = other_starter(s)
     r = run_kit(env, "swap", other, "--url", s.root)
     assert r.returncode == 0, r.stderr
     assert f"local -> {other}" in r.stdout
