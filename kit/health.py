@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kit.engine.status import DistributedStatus, EngineStatus, KvCacheStatus, MemoryStatus
 
 #: keys left out of the body when None (they appear once the engine reports them)
-_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed")
+_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed", "embeddings")
 
 
 class SamplingDefaults(BaseModel):
@@ -28,6 +28,26 @@ class SamplingDefaults(BaseModel):
     top_k: Optional[int] = None
     min_p: Optional[float] = None
     forced: bool = False
+
+
+class EmbedStatus(BaseModel):
+    """``/health``'s ``embeddings``: the embedding model served as ``local-embed``
+    (:class:`kit.embed.process.EmbedProcess`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    id: str = Field("local-embed", description="The id requests name.")
+    model: str = Field(description="The model behind it.")
+    state: str = Field(description="`loading`, `ready`, `failed` or `stopped`.")
+    error: Optional[str] = None
+    pid: Optional[int] = Field(None, description="The embedding process.")
+    dims: Optional[int] = Field(None, description="The vectors' length.")
+    window: Optional[int] = Field(None, description="Most tokens per input.")
+    pooling: Optional[str] = Field(None, description="`mean`, `cls`, `lasttoken` or `model`.")
+    weights_bytes: Optional[int] = None
+    load_seconds: Optional[float] = None
+    requests_served: int = 0
+    inputs_served: int = 0
+    restarts: int = Field(0, description="Embedding processes replaced after a crash.")
 
 
 class HealthBody(BaseModel):
@@ -67,6 +87,7 @@ class HealthBody(BaseModel):
     sampling_defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     admission: Optional[dict[str, Any]] = Field(None, description="Absent until reported.")
     distributed: Optional[DistributedStatus] = Field(None, description="Only for ranks.")
+    embeddings: Optional[EmbedStatus] = Field(None, description="Only with --embed-model.")
 
     @property
     def ok(self) -> bool:
@@ -76,7 +97,8 @@ class HealthBody(BaseModel):
     @classmethod
     def build(cls, status: EngineStatus, *, version: str, model: str, pid: int,
               swaps_pending: int, sampling: dict[str, Any],
-              memory: MemoryStatus | None = None) -> "HealthBody":
+              memory: MemoryStatus | None = None,
+              embeddings: dict[str, Any] | None = None) -> "HealthBody":
         """The body of an engine's :class:`EngineStatus` and the server's own facts
         (``model``: the id behind ``local``; ``pid``: the HTTP process; ``memory``: fresher
         allocator counters than the status's)."""
@@ -89,7 +111,8 @@ class HealthBody(BaseModel):
                    memory=memory or s.memory, error=s.error,
                    error_type=s.error_type if s.error else None, prompt_cache=s.prompt_cache,
                    kv_cache=s.kv_cache, sampling_defaults=SamplingDefaults(**sampling),
-                   admission=s.admission or None, distributed=s.distributed)
+                   admission=s.admission or None, distributed=s.distributed,
+                   embeddings=EmbedStatus(**embeddings) if embeddings else None)
 
     def to_json(self) -> dict[str, Any]:
         """The body as sent: every field, ``kv_cache``/``admission``/``distributed`` only

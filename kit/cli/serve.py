@@ -206,7 +206,14 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         progress(f"--kv-bits {c.kv_bits}: requests decode one at a time (max batch 1): "
                  "mlx-lm's batched decode cannot merge quantized KV caches")
     info = resolve_model(c.model, progress=progress)
-    options = c.for_engine()
+    embedder = None
+    if c.embed_model:
+        from kit.embed.start import start_embedder
+
+        embedder, budget = start_embedder(c.embed_model, c.memory_budget, progress)
+        options = c.for_engine(memory_budget=budget)
+    else:
+        options = c.for_engine()
     if world is None:
         engine = EngineProcess(info, options)
     else:
@@ -221,6 +228,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         progress(f"starting {world.size} ranks ({world.backend}, {world.mode} parallel)")
     def shutdown() -> None:
         engine.stop()
+        if embedder is not None:
+            embedder.stop()
         remove_pid_file(url)
 
     # A SIGTERM (or Ctrl-C) from here until uvicorn runs ends the start-up through the
@@ -239,7 +248,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         state = ServerState(engine, api_key=api_key, admin_token=admin_token,
                             aliases=aliases, swap_on_request=c.swap_on_request,
                             default_temperature=c.temperature, default_top_p=c.top_p,
-                            force_sampling=c.force_sampling)
+                            force_sampling=c.force_sampling, embedder=embedder)
         # The first catalog scan runs while the engine loads; listening only after it ended
         # means no request ever waits for one (later rescans run in the background).
         concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)

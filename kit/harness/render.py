@@ -193,9 +193,18 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
 
     Args:
         base_url: the server's OpenAI base URL, ending in ``/v1``.
-        models: /v1/models entries to bake in (``local`` first).
+        models: /v1/models entries to bake in (``local`` first). An embedding model's
+            entry (``capabilities.embeddings``, ``local-embed``) is not a chat model: it
+            becomes ``embed_model`` (None when the server serves none), the rest
+            ``models``.
         baked_source: where ``models`` came from, for a comment.
     """
+    def embeds(m: dict[str, Any]) -> bool:
+        caps = m.get("capabilities")
+        return isinstance(caps, dict) and caps.get("embeddings") is True
+
+    embed_model = next((m for m in models if embeds(m)), None)
+    models = [m for m in models if not embeds(m)]
     return {
         "marker": MARKER,
         "kit_version": __version__,
@@ -208,6 +217,7 @@ def context(base_url: str, models: list[dict[str, Any]], baked_source: str) -> d
         # (llm's api_key_name) names it only then, so keyless direct use keeps working
         "api_key_set": bool(env(API_KEY_ENV)),
         "models": models,
+        "embed_model": embed_model,
         "baked_source": baked_source,
     }
 

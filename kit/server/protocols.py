@@ -7,7 +7,14 @@ Order matters where paths overlap: the first record whose ``matches`` takes a pa
 
 from __future__ import annotations
 
-from kit.server import anthropic, gemini, openai_chat, openai_completions, openai_responses
+from kit.server import (
+    anthropic,
+    gemini,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_responses,
+)
 from kit.server.protocol import Protocol
 
 PROTOCOLS: tuple[Protocol, ...] = (
@@ -16,4 +23,5 @@ PROTOCOLS: tuple[Protocol, ...] = (
     anthropic.PROTOCOL,
     openai_responses.PROTOCOL,
     gemini.PROTOCOL,
+    openai_embeddings.PROTOCOL,
 )

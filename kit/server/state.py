@@ -21,6 +21,7 @@ from kit.server.errors import APIError, api_error
 from kit.engine.status import MemoryStatus
 
 if TYPE_CHECKING:
+    from kit.embed.process import EmbedProcess
     from kit.engine.types import ChatRequest
 
 
@@ -46,6 +47,8 @@ class ServerState:
         catalog_cache: the models on this machine, rescanned in a background thread.
         swaps_pending: swaps handed to the engine and not yet done (/health; a swap waits
             for the requests queued before it, and requests sent after it wait for it).
+        embedder: the embedding model's process (``--embed-model``), listed as
+            ``local-embed``; None when the server serves none.
     """
 
     engine: EngineLike
@@ -59,6 +62,7 @@ class ServerState:
     started: float = field(default_factory=time.time)
     catalog_cache: CatalogCache = field(default_factory=CatalogCache)
     swaps_pending: int = 0
+    embedder: EmbedProcess | None = None
 
     @property
     def model_id(self) -> str:
@@ -165,6 +169,8 @@ class ServerState:
         entries = served_entries(self.catalog() if catalog is None else catalog, info.id,
                                  context_window=info.context_window,
                                  loaded=self.engine.state == "ready", detected=detected)
+        if self.embedder is not None:
+            entries.append(self.embedder.api_entry())
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}
         return [{**e, **extra} for e in entries]
 
@@ -178,4 +184,5 @@ class ServerState:
             swaps_pending=self.swaps_pending,
             sampling={**{k: getattr(d, k) for k in SAMPLING_FIELDS},
                       "forced": self.force_sampling},
-            memory=MemoryStatus.model_validate(memory) if memory is not None else None)
+            memory=MemoryStatus.model_validate(memory) if memory is not None else None,
+            embeddings=None if self.embedder is None else self.embedder.status())

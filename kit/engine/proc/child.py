@@ -143,7 +143,7 @@ class _PipeServer:
 STOPPED_BY_THE_SERVER = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
-def _ignore_stop_signals() -> None:
+def ignore_stop_signals() -> None:
     # Ctrl-C, and a SIGTERM to the whole process group (`timeout`, systemd, a terminal's
     # job control), reach us with the server: the server stops us through the pipe once
     # its clients are done; dying first would look like a crash and start a new engine.
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     log_level)`` (a :mod:`kit.engine.proc.wire` record, never a pickle); then
     :func:`serve_engine`. Exits 0 if the server went away before the ``init``, 1 if the
     first message is refused or not an ``init``."""
-    _ignore_stop_signals()
+    ignore_stop_signals()
     argv = sys.argv if argv is None else argv
     conn = Connection(int(argv[1]))
     try:
@@ -181,7 +181,7 @@ def serve_engine(conn: Any, model: ModelInfo, config: EngineConfig, log_level: i
     ``multiprocessing.connection.Connection`` of :mod:`kit.engine.proc.wire` frames) on
     this, the main, thread until told to stop or the server goes away. Ignores SIGINT and
     SIGTERM (:data:`STOPPED_BY_THE_SERVER`) from its start."""
-    _ignore_stop_signals()
+    ignore_stop_signals()
 
     setup_engine(log_level)  # the server's log file (rotated by the server) or stderr
 

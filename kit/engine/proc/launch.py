@@ -104,6 +104,22 @@ def start_child(model: ModelInfo, config: EngineConfig) -> tuple[Connection, Chi
     # encoded first: a config the record refuses fails here, with no process to reap
     init = wire.encode(("init", model, config,
                         logging.getLogger("mlx_kit").getEffectiveLevel()))
+    return spawn(_CHILD_CODE, init)
+
+
+def spawn(code: str, init: bytes, env: dict[str, str] | None = None
+          ) -> tuple[Connection, Child]:
+    """Start ``python -c code FD`` with FD its end of a new socketpair, and send ``init``
+    (its first frame) on it. The engine process and the embedding process
+    (:mod:`kit.embed.process`) start this way. Call it with the stop signals blocked (see
+    :func:`start_child`). ``env``: variables added to the child's environment.
+
+    Returns:
+        the parent's end of the pipe and the process.
+
+    Raises:
+        OSError: the interpreter cannot be started.
+    """
     # read by mlx's CUDA build; the child inherits os.environ
     os.environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_cache_dir()))
     # A socketpair wrapped in multiprocessing's Connection, not a new framing of our own:
@@ -117,8 +133,9 @@ def start_child(model: ModelInfo, config: EngineConfig) -> tuple[Connection, Chi
         # fork + exec at once (never a bare fork, which would copy the server's threads);
         # the signal mask the caller set is inherited through both (restore_signals resets
         # dispositions, never the mask); stdin /dev/null, as multiprocessing gave its children
-        popen = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
-                                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        popen = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno())],
+                                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **env} if env else None)
     except BaseException:
         conn.close()
         raise

@@ -30,7 +30,7 @@ interface ServerModel {
   model?: string;
   context_window?: number;
   max_tokens?: number;
-  capabilities?: { reasoning?: boolean; vision?: boolean; tools?: boolean };
+  capabilities?: { reasoning?: boolean; vision?: boolean; tools?: boolean; embeddings?: boolean };
 }
 
 function positiveInt(value: unknown, fallback: number): number {
@@ -61,7 +61,10 @@ async function discover(): Promise<ServerModel[] | undefined> {
     });
     if (!response.ok) return undefined;
     const body = (await response.json()) as { data?: ServerModel[] };
-    const models = (body.data ?? []).filter((m) => m && typeof m.id === "string");
+    // an embedding model (local-embed) is not one pi can chat with
+    const models = (body.data ?? []).filter(
+      (m) => m && typeof m.id === "string" && !m.capabilities?.embeddings,
+    );
     return models.length > 0 ? models : undefined;
   } catch {
     return undefined; // server down or slow: fall back to the baked list
