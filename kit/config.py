@@ -103,6 +103,9 @@ class _Config(BaseSettings):
 
         check_kv(self.kv_bits, self.kv_group_size)
         resolve_max_batch(self.max_batch, self.kv_bits)  # ConfigError naming both flags
+        if self.adapter and (self.ranks or self.hosts or self.hostfile):
+            raise ConfigError("--adapter runs on one machine; it cannot be used with "
+                              "--ranks, --hosts or --hostfile")
         return self
 
     @classmethod

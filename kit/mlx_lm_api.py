@@ -34,6 +34,7 @@ NAMES: dict[str, tuple[str, ...]] = {
                             "make_prompt_cache", "save_prompt_cache", "trim_prompt_cache"),
     "mlx_lm.sample_utils": ("make_logits_processors", "make_sampler"),
     "mlx_lm.utils": ("sharded_load",),
+    "mlx_lm.tuner.utils": ("linear_to_lora_layers",),
     "mlx_lm.tokenizer_utils": ("TokenizerWrapper",),
     # the parsers kit's formats build on (kit/formats/<name>.py)
     "mlx_lm.tool_parsers.gemma4": ("tool_call_end", "tool_call_start"),

@@ -73,15 +73,17 @@ def _edge_policy(config: EngineConfig):
 def check_startable(config: EngineConfig, world: Any) -> None:
     """What ``serve`` (and ``launch``, before it starts one) refuses beyond the config's own
     validation: a warm-up mode the world does not allow, a disk-tier folder others can
-    write.
+    write, an adapter folder that is not mlx-lm's format.
 
     Raises:
-        ConfigError: naming the flag.
+        ConfigError: naming the flag (and the adapter's file).
     """
     from kit.engine.decode.warmup import check_mode
+    from kit.models.adapters import parse_adapters
 
     check_mode(config.warmup.value, distributed=world is not None)
     check_cache_dir(config.prompt_cache_dir, config.prompt_cache_disk)
+    parse_adapters(config.adapter)  # each folder checked now, naming the file
 
 
 def _choose_split(info, world, progress):
@@ -248,7 +250,9 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         state = ServerState(engine, api_key=api_key, admin_token=admin_token,
                             aliases=aliases, swap_on_request=c.swap_on_request,
                             default_temperature=c.temperature, default_top_p=c.top_p,
-                            force_sampling=c.force_sampling, embedder=embedder)
+                            force_sampling=c.force_sampling, embedder=embedder,
+                            adapters=tuple(n.partition("=")[0] for n in c.adapter),
+                            adapters_for=info.id)
         # The first catalog scan runs while the engine loads; listening only after it ended
         # means no request ever waits for one (later rescans run in the background).
         concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)

@@ -71,6 +71,8 @@ class ChatRequest:
         tools: OpenAI-style function tool schemas handed to the chat template, or None.
         model: the real model id the request must run on, or None for whatever is
             behind ``local`` when its turn comes.
+        adapter: the LoRA adapter (``serve --adapter NAME=PATH``) it runs with, or None
+            for the base model (:mod:`kit.engine.decode.adapters`).
         template_kwargs: extra variables for the chat template (``enable_thinking``,
             ``reasoning_effort``...).
         force_tool: None lets the model decide whether to call a tool; ``""`` forces a
@@ -87,6 +89,7 @@ class ChatRequest:
     prompt_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     model: str | None = None
+    adapter: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_tool: str | None = None
     response_schema: dict[str, Any] | None = None

@@ -94,7 +94,8 @@ class Renderer:
 async def begin(request: Request, model: str, body: Any, translate: Translate,
                 id_prefix: str, stream: bool | None = None
                 ) -> tuple[ChatRequest, Started, AsyncIterator]:
-    """The preamble of every generating route: resolve ``model`` (which may swap), translate
+    """The preamble of every generating route: resolve ``model`` (which may swap; ``local:NAME``
+    runs ``local`` with LoRA adapter NAME), translate
     ``body`` with the then loaded model's sampling defaults, tool support and context
     window, put known agents' moved prompt blocks back (:mod:`kit.server.stable_prompts`),
     give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
@@ -106,13 +107,14 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
         KitError: the translation's or the engine's (mapped by :func:`protocol_router`).
     """
     state: ServerState = request.app.state.kit
+    model, adapter = state.split_adapter(model)
     real = await state.resolve(model)
     defaults = state.sampling_defaults()
     req = translate(body, defaults, supports_tools=state.engine.capabilities()["tools"],
                     context_window=state.engine.model_info.context_window)
     if state.force_sampling:  # the server's sampling, whatever the request set
         req.params = replace(req.params, **{k: getattr(defaults, k) for k in SAMPLING_FIELDS})
-    req.model, req.request_id = real, new_id(id_prefix)
+    req.model, req.adapter, req.request_id = real, adapter, new_id(id_prefix)
     req.messages = stable_messages(req.messages)  # known agents' moved blocks, put back
     activity = getattr(request.app.state, "activity", None)  # the status page and /metrics
     if activity is None:

@@ -15,6 +15,7 @@ from kit.engine.interface import EngineLike
 from kit.engine.types import SamplingParams
 from kit.errors import KitError
 from kit.health import HealthBody
+from kit.models.adapters import SEPARATOR as ADAPTER_SEPARATOR, adapter_of
 from kit.models.aliases import AliasTable
 from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
 from kit.server.errors import APIError, api_error
@@ -49,6 +50,9 @@ class ServerState:
             for the requests queued before it, and requests sent after it wait for it).
         embedder: the embedding model's process (``--embed-model``), listed as
             ``local-embed``; None when the server serves none.
+        adapters: the LoRA adapters' names (``--adapter NAME=PATH``), each served as
+            ``local:NAME`` while ``adapters_for``, the model they were trained on (the
+            one the server started with), is the one loaded.
     """
 
     engine: EngineLike
@@ -63,6 +67,8 @@ class ServerState:
     catalog_cache: CatalogCache = field(default_factory=CatalogCache)
     swaps_pending: int = 0
     embedder: EmbedProcess | None = None
+    adapters: tuple[str, ...] = ()
+    adapters_for: str | None = None
 
     @property
     def model_id(self) -> str:
@@ -92,8 +98,35 @@ class ServerState:
         return await asyncio.wrap_future(self.catalog_cache.when_ready())
 
     def available_ids(self) -> list[str]:
-        return [STABLE_MODEL_ID, self.model_id] + [
+        return [STABLE_MODEL_ID, *self._adapter_ids(), self.model_id] + [
             e.id for e in self.catalog() if e.loadable and e.id != self.model_id]
+
+    def _adapter_ids(self) -> list[str]:
+        """``local:NAME`` of each adapter, while the model they run on is loaded."""
+        if self.adapters_for != self.model_id:
+            return []
+        return [f"{STABLE_MODEL_ID}{ADAPTER_SEPARATOR}{n}" for n in self.adapters]
+
+    def split_adapter(self, requested: str) -> tuple[str, str | None]:
+        """``(model name, adapter)`` of a requested name: ``local:NAME`` (or
+        ``<model id>:NAME``) -> ``("local", NAME)``; any other name -> ``(name, None)``.
+
+        Raises:
+            APIError: 404 ``model_not_found`` for ``local:NAME`` when no adapter NAME is
+                mounted, or when the model the adapters run on is not the one loaded.
+        """
+        found = adapter_of(requested, self.adapters)
+        if found is None:
+            if requested.startswith(STABLE_MODEL_ID + ADAPTER_SEPARATOR):
+                raise self._not_found(requested)
+            return requested, None
+        base, name = found
+        if base not in (STABLE_MODEL_ID, self.adapters_for) or \
+                self.adapters_for != self.model_id:
+            raise APIError(404, f"adapter {name!r} runs on {self.adapters_for!r}, and "
+                           f"{self.model_id!r} is loaded", type="not_found_error",
+                           param="model", code="model_not_found")
+        return STABLE_MODEL_ID, name
 
     def _not_found(self, requested: str) -> APIError:
         return APIError(404, f"model {requested!r} not found; available: "
@@ -169,6 +202,8 @@ class ServerState:
         entries = served_entries(self.catalog() if catalog is None else catalog, info.id,
                                  context_window=info.context_window,
                                  loaded=self.engine.state == "ready", detected=detected)
+        entries[1:1] = [{**entries[0], "id": mid, "adapter": mid.partition(
+            ADAPTER_SEPARATOR)[2]} for mid in self._adapter_ids()]
         if self.embedder is not None:
             entries.append(self.embedder.api_entry())
         extra = {"object": "model", "created": int(self.started), "owned_by": "mlx-kit"}

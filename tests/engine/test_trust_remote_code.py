@@ -15,7 +15,8 @@ import pytest
 
 from kit.config import EngineConfig
 from kit.engine.decode.engine import Engine
-from kit.engine.decode.slot import ModelSlot, remote_code
+from kit.engine.decode.slot import ModelSlot
+from kit.models.model_config import remote_code
 from kit.errors import ModelError
 from kit.models.resolve import ModelInfo
 from tests.helpers import clean_env, free_port, spawn_server, stop

@@ -51,13 +51,15 @@ class PromptCachePolicy:
         self._disk: Any = None  # kit.engine.cache.disk_tier.DiskTier, see attach_disk
         self.hits = {"memory_hits": 0, "disk_hits": 0, "misses": 0}
 
-    def fetch(self, key: str, prompt: list[int],
-              new_cache: Callable[[], Any]) -> tuple[Any, list[int]]:
+    def fetch(self, key: str, prompt: list[int], new_cache: Callable[[], Any],
+              disk: bool = True) -> tuple[Any, list[int]]:
         """The KV cache to generate ``prompt`` with (a copy; ``new_cache()`` when nothing
-        under ``key`` shares a prefix) and the tokens still to prefill (never empty)."""
+        under ``key`` shares a prefix) and the tokens still to prefill (never empty).
+        ``disk``: the disk tier may serve it (not for a LoRA adapter's KV: the disk
+        tier knows a file by its model's identity alone)."""
         cache, rest = self._store().fetch_nearest_cache(key, prompt)
         source = "memory_hits" if cache is not None else "misses"
-        if self._disk is not None and (got := self._disk.lookup(
+        if disk and self._disk is not None and (got := self._disk.lookup(
                 key, prompt, cache, rest, new_cache, self._store())) is not None:
             (cache, rest), source = got, "disk_hits"
         self.hits[source] += 1
@@ -68,11 +70,11 @@ class PromptCachePolicy:
             rest = prompt[-1:]
         return cache, rest
 
-    def insert(self, key: str, tokens: list[int], cache: Any) -> None:
-        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key`` (and
-        queue it for the disk tier)."""
+    def insert(self, key: str, tokens: list[int], cache: Any, disk: bool = True) -> None:
+        """Keep ``cache``, which holds ``tokens``, for later prompts under ``key`` (and,
+        with ``disk``, queue it for the disk tier)."""
         self._store().insert_cache(key, tokens, cache)
-        if self._disk is not None:
+        if disk and self._disk is not None:
             self._disk.queue(tokens, cache)
 
     def _store(self) -> Any:

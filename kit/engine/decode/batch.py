@@ -5,8 +5,9 @@ while others wait, or when one that was decoding alone (``stream_generate``, fas
 single stream) sees another arrive: that one moves in with its KV cache. It admits every
 request already queued and keeps admitting new ones while the batch runs (each is
 prepared like a sequential one: template, context check, prompt-cache lookup), and
-returns when no request is left, or when a swap or shutdown is next in the queue (a
-barrier: the batch finishes first, so a swap still fails no request).
+returns when no request is left, or when a swap, the shutdown or a request for another
+LoRA adapter is next in the queue (a barrier: the batch finishes first, so a swap still
+fails no request, and one batch never mixes adapters).
 
 Per request: a streaming detokenizer, the output parser (stop strings, reasoning, tool
 calls), cancellation (the sequence is removed from the batch at once, in prefill too),
@@ -24,7 +25,7 @@ from typing import Any
 from kit import mlx_lm_api
 from kit.engine.cache.admission import Deferred
 from kit.engine.decode.bridge import END
-from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.inbox import Inbox, is_job
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.run import Job, Joined, Run
@@ -56,6 +57,9 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
 
     # (a request waiting for memory, admission.released when it last tried), or None
     waiting: tuple[Job, int] | None = None
+    # one adapter for the whole model (kit.engine.decode.adapters): a request for another
+    # one is a barrier, served once this batch is done
+    adapter = (first.request if first is not None else joined.run.job.request).adapter
 
     def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
         run, _ = active.pop(uid)
@@ -94,7 +98,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                     backlog.append(jobs.get_nowait())
                 except queue.Empty:
                     break
-            while backlog and isinstance(backlog[0], Job):
+            while backlog and is_job(backlog[0], adapter):
                 job = backlog.popleft()
                 if not pipeline.admit(job):
                     continue

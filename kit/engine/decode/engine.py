@@ -61,6 +61,7 @@ from kit.engine.types import (
     ModelUnavailable,
 )
 from kit.errors import KitError, ModelError, error_kind
+from kit.models.adapters import parse_adapters
 from kit.models.resolve import ModelInfo
 from kit.engine.status import status_of
 from kit.config import EngineConfig
@@ -141,7 +142,8 @@ class Engine(ModelTransitions):
                               loader=loader, split=split,
                               warmup=check_mode(c.warmup.value, distributed=split is not None),
                               max_batch=self.max_batch, kv_bits=c.kv_bits,
-                              kv_group_size=c.kv_group_size)
+                              kv_group_size=c.kv_group_size,
+                              adapters=parse_adapters(c.adapter))
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(c.prompt_cache_size, c.prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
@@ -355,10 +357,10 @@ class Engine(ModelTransitions):
                 # A request alone decodes with stream_generate (the in-process speed; one
                 # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
                 # batch when another request arrives.
-                if self._next_is_job() or not self._can_start_alone(item):
+                joins = self._joins(item)
+                if joins() or not self._can_start_alone(item):
                     backlog.extend(run_batch(self.pipeline, item, self.inbox, self.max_batch))
-                elif (joined := serve_alone(self.pipeline, item,
-                                            join=self._next_is_job)) is not None:
+                elif (joined := serve_alone(self.pipeline, item, join=joins)) is not None:
                     backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
                                              joined=joined))
 
@@ -377,6 +379,9 @@ class Engine(ModelTransitions):
                 if self.state == "failed":  # a swap to a model that loads can fix this
                     raise ModelLoadError(f"the model failed to load: {self.error}")
                 self._reload()
+            # the batch admits only requests of its adapter (run_batch): a switch happens
+            # only between batches
+            self.slot.use_adapter(job.request.adapter)
         except EngineError as e:
             job.post(e)
             job.post(END)
@@ -392,6 +397,9 @@ class Engine(ModelTransitions):
             return False
         return self.slot.trimmable()
 
-    def _next_is_job(self) -> bool:
-        """Whether a request (not a swap or the shutdown) waits at the queue's head."""
-        return self.inbox.next_is_job()
+    def _joins(self, job: Job) -> Callable[[], bool]:
+        """Whether a request that could decode in one batch with ``job`` (the same
+        adapter) waits at the queue's head, asked while ``job`` decodes alone: a request
+        for another adapter waits for it instead (:mod:`kit.engine.decode.adapters`)."""
+        adapter = job.request.adapter
+        return lambda: self.inbox.next_is_job(adapter)

@@ -15,6 +15,15 @@ from typing import Any
 from kit.engine.decode.run import Job
 
 
+#: :meth:`Inbox.next_is_job`'s default: a request for any adapter
+ANY = object()
+
+
+def is_job(item: object, adapter: object = ANY) -> bool:
+    """Whether ``item`` is a request (with ``adapter``: one for that adapter)."""
+    return isinstance(item, Job) and (adapter is ANY or item.request.adapter == adapter)
+
+
 class Inbox:
     """A single process's queue (``queue.Queue``): items are seen as soon as they are put,
     cancels set the job's ``cancelled`` event at once, :meth:`sync` does nothing.
@@ -54,10 +63,11 @@ class Inbox:
         """Whether nothing is queued (as of the last :meth:`sync`)."""
         return self._queue.empty()
 
-    def next_is_job(self) -> bool:
-        """Whether a request (not a swap or the shutdown) is at the queue's head."""
+    def next_is_job(self, adapter: object = ANY) -> bool:
+        """Whether a request (not a swap or the shutdown) is at the queue's head; with
+        ``adapter``, one for that adapter (None: the base model)."""
         with self._queue.mutex:
-            return bool(self._queue.queue) and isinstance(self._queue.queue[0], Job)
+            return bool(self._queue.queue) and is_job(self._queue.queue[0], adapter)
 
     def sync(self) -> None:
         """A sync point of the worker (each decode step, each prefill chunk): where a

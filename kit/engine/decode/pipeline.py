@@ -27,6 +27,7 @@ from kit.engine.decode.sampling import Sampling, max_tokens
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
 from kit.formats.output import OutputParser
+from kit.models.adapters import SEPARATOR as ADAPTER_SEPARATOR
 from kit.models.memory import human
 
 log = logging.getLogger("mlx_kit.engine")
@@ -104,10 +105,14 @@ class Pipeline:
         prompt += forced
         n_max = max_tokens(self.slot.info, len(prompt), params.max_tokens)
         sampler, processors = self.sampling.build(params, grammar, source)
-        key = self.slot.info.id
+        # each adapter's KV is its own: the prompt cache keys it apart, and the report
+        # names the model and the adapter (kit.engine.decode.adapters)
+        key = self.slot.info.id if req.adapter is None else \
+            f"{self.slot.info.id}{ADAPTER_SEPARATOR}{req.adapter}"
         # a new cache is quantized from its first token with --kv-bits (kit.engine.cache.kv), so
         # cached ones are too: a prefix hit continues in the same precision as a cold run
-        cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache)
+        cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache,
+                                       disk=req.adapter is None)
         cached = len(prompt) - len(rest)
         tok = self.slot.tokenizer
         parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(
@@ -154,7 +159,7 @@ class Pipeline:
             return
         if finish_reason != "cancelled" and not run.job.request.raw:
             tokens = self._next_turn(run, tokens, cache, text)
-        self.cache.insert(run.key, tokens, cache)
+        self.cache.insert(run.key, tokens, cache, disk=run.job.request.adapter is None)
 
     def room(self) -> Room | None:
         """What memory admission checks a request against (None: no estimate of the

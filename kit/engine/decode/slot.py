@@ -21,11 +21,13 @@ from kit import mlx_lm_api
 from kit.blas import preload_blas
 from kit.engine.cache.kv import layer_kinds, quantized_cache, refuse_unquantizable
 from kit.engine.decode import warmup
+from kit.engine.decode.adapters import mount
 from kit.engine.decode.grammar import ll_tokenizer
 from kit.engine.decode.prompt_bound import TokenBound
 from kit.engine.decode.warmup import first_use
-from kit.errors import ModelDoesNotFitError, ModelError
+from kit.errors import ModelDoesNotFitError, ModelError, ModelUnavailable
 from kit.formats.select import for_tokenizer
+from kit.models.model_config import remote_code
 from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
 from kit.models.resolve import ModelInfo
 from kit.models.split import plan_split
@@ -45,34 +47,7 @@ class Loaded:
     weights_bytes: int
     ceiling: Any = None  # the kit.models.memory.Ceiling its fit was checked against
     kv_per_token: int = 0  # KV cache bytes per token of context (0: no estimate)
-
-
-def remote_code(folder: Any) -> str | None:
-    """What in a model folder is code of its own that loading it would run: its tokenizer
-    (``auto_map`` names an ``AutoTokenizer`` class in tokenizer_config.json or config.json)
-    or its architecture (``model_file`` in config.json, mlx-lm's custom models), as words
-    for an error message; None when it ships none (or the files cannot be read)."""
-    import json
-    from pathlib import Path
-
-    def read(name: str) -> dict:
-        try:
-            data = json.loads((Path(str(folder)) / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    tok, cfg = read("tokenizer_config.json"), read("config.json")
-    for name, data in (("tokenizer_config.json", tok), ("config.json", cfg)):
-        auto = data.get("auto_map")
-        entry = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
-        names = [n for n in (entry if isinstance(entry, list) else [entry])
-                 if isinstance(n, str)]
-        if names:
-            return f"its tokenizer ({' / '.join(names)}, auto_map in {name})"
-    if isinstance(cfg.get("model_file"), str):
-        return f"its architecture ({cfg['model_file']}, model_file in config.json)"
-    return None
+    adapters: Any = None  # its kit.engine.decode.adapters.AdapterSet (None: none mounted)
 
 
 class ModelSlot:
@@ -106,18 +81,25 @@ class ModelSlot:
             default); :meth:`new_cache` builds caches with them (:mod:`kit.engine.cache.kv`).
         kv_layers: ``(quantized layers, all layers)`` of the loaded model's cache with
             ``kv_bits`` (None before a load or without ``kv_bits``).
+        adapters: the LoRA adapters (name -> :class:`kit.models.adapters.Adapter`) mounted
+            whenever the model the slot was made with loads (not on a model swapped to);
+            ``mounted``: their :class:`kit.engine.decode.adapters.AdapterSet` on the
+            installed model, or None.
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
                  trust_remote_code: bool = False, loader: Any = None,
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
-                 kv_group_size: int = 64) -> None:
+                 kv_group_size: int = 64, adapters: dict[str, Any] | None = None) -> None:
         # kv_bits/kv_group_size were checked once, by kit.config.EngineConfig
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.kv_layers: tuple[int, int] | None = None
         self.info = info
+        self.adapters = dict(adapters or {})
+        self._adapters_for = info.id  # they were trained on this model
+        self.mounted: Any = None
         self.warmup = warmup
         self.max_batch = max_batch
         self._loader = loader
@@ -205,7 +187,10 @@ class ModelSlot:
         log.info("loaded %s in %.2f s (BLAS: %s)", info.id, time.perf_counter() - t0,
                  blas or "bundled")
         ceiling, kv_per_token = self._checked
-        return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token)
+        mounted = None
+        if self.adapters and info.id == self._adapters_for:
+            mounted = mount(model, self.adapters)
+        return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, mounted)
 
     def _warm(self, model: Any, tokenizer: Any,
               on_phase: Callable[[str], None] | None) -> None:
@@ -297,17 +282,34 @@ class ModelSlot:
         """Make ``loaded`` the slot's model (release the old one first)."""
         self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
         self.weights_bytes = loaded.weights_bytes
+        self.mounted = loaded.adapters
+        if self.mounted is not None:
+            self.weights_bytes += self.mounted.nbytes
         self.ceiling, self.kv_per_token = loaded.ceiling, loaded.kv_per_token
         if self.kv_bits is not None:  # QuantizedKVCache layers have ``bits``
             cache = self.new_cache()
             self.kv_layers = (sum(1 for c in cache if hasattr(c, "bits")), len(cache))
+
+    def use_adapter(self, name: str | None) -> None:
+        """Run the installed model with adapter ``name`` (None: the base model).
+
+        Raises:
+            ModelUnavailable: ``name`` is not mounted on the installed model (it was
+                trained on the model the server started with, and another is loaded).
+        """
+        if name is None and self.mounted is None:
+            return
+        if self.mounted is None or (name is not None and name not in self.mounted.names):
+            raise ModelUnavailable(f"adapter {name!r} is not mounted on {self.info.id!r}: "
+                                   "adapters run on the model the server started with")
+        self.mounted.use(name)
 
     def release(self, keep_tokenizer: bool = False) -> None:
         """Drop the model (and, unless ``keep_tokenizer``, the tokenizer) and give mlx's
         cached buffers back. Callers drop their own references (prompt caches) first."""
         import mlx.core as mx
 
-        self.model = None
+        self.model = self.mounted = None
         self._trimmable = None
         if not keep_tokenizer:
             self.tokenizer = None

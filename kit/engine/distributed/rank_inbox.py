@@ -28,7 +28,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from kit.engine.decode.bridge import END
-from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.inbox import ANY, Inbox, is_job
 from kit.engine.decode.run import Job, Swap
 from kit.engine.distributed.world_codec import Arrivals, Gen, Stop, SwapTo
 
@@ -186,6 +186,7 @@ class RankInbox(Inbox):
         """Whether nothing is queued, as of the last sync."""
         return not self._mirror
 
-    def next_is_job(self) -> bool:
-        """Whether a request is at the queue's head, as of the last sync."""
-        return bool(self._mirror) and isinstance(self._mirror[0], Job)
+    def next_is_job(self, adapter: object = ANY) -> bool:
+        """Whether a request (with ``adapter``: for that adapter) is at the queue's head,
+        as of the last sync."""
+        return bool(self._mirror) and is_job(self._mirror[0], adapter)
