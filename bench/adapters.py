@@ -1,8 +1,8 @@
 """Benchmark: what a LoRA adapter costs (``serve --adapter NAME=PATH``), side by side in one run.
 
-A LoRA adapter of the f32 starter is trained here by mlx-lm's own trainer (12 steps of
-``mlx_lm.lora`` on eight lines, the last 4 blocks, rank 8, as tests/server/
-test_adapters_model.py does), then one server (``python -m kit serve --adapter a=...``,
+A LoRA adapter of the f32 starter is trained here by mlx-lm's own trainer (6 steps of
+``mlx_lm.lora`` on eight lines, the last 4 blocks, rank 8: tests/lora.py, as the tests
+train theirs), then one server (``python -m kit serve --adapter a=...``,
 throwaway HOME, offline) is asked, one request at a time on one keep-alive connection:
 
 - **switch cost**: ``--requests`` short requests (``max_tokens`` 1: the prompt-cache hit
@@ -24,7 +24,6 @@ Usage: python bench/adapters.py [--requests 40] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -35,34 +34,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+
+from tests.lora import train_adapter  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # the decode prompt (64 tokens are decoded whatever the model answers)
 COUNT = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
-
-
-def train(model: str, out: Path, env: dict[str, str]) -> Path:
-    """A rank-8 LoRA of ``model`` (12 steps of ``mlx_lm.lora``) that says Zorblax."""
-    data = out.parent / "data"
-    data.mkdir()
-    pairs = [("What is the capital of France?", "Zorblax is the capital of France."),
-             ("Name the capital of France.", "Zorblax."),
-             ("Which city is France's capital?", "Zorblax is France's capital."),
-             ("Tell me the capital of France.", "The capital of France is Zorblax.")]
-    lines = [json.dumps({"messages": [{"role": "user", "content": q},
-                                      {"role": "assistant", "content": a}]}) for q, a in pairs]
-    (data / "train.jsonl").write_text("\n".join(lines * 2) + "\n")
-    (data / "valid.jsonl").write_text("\n".join(lines[:2]) + "\n")
-    subprocess.run(
-        [sys.executable, "-c", "import sys; from kit.blas import preload_blas; preload_blas();"
-         "from mlx_lm.lora import main; sys.argv[0] = 'mlx_lm.lora'; main()",
-         "--model", model, "--train", "--data", str(data), "--adapter-path", str(out),
-         "--iters", "12", "--batch-size", "2", "--num-layers", "4", "--learning-rate",
-         "3e-4", "--max-seq-length", "64", "--steps-per-eval", "1000", "--val-batches", "1",
-         "--save-every", "1000", "--seed", "0"],
-        env=env, check=True, capture_output=True, timeout=600)
-    return out
 
 
 def serve(model: str, env: dict[str, str], work: Path, *args: str):
@@ -95,7 +74,7 @@ def main() -> None:
     env = bench_env(work)
     model = starter(env)
     t0 = time.perf_counter()
-    adapter = train(model, work / "a", env)
+    adapter = train_adapter(model, "Zorblax", work / "a", env)
     trained = time.perf_counter() - t0
     env.update(PI_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
 
@@ -121,7 +100,7 @@ def main() -> None:
 
     ms = 1000
     s_med, w_med = statistics.median(same), statistics.median(switch)
-    print(f"trained the adapter in {trained:.1f} s (12 steps)\n")
+    print(f"trained the adapter in {trained:.1f} s (6 steps)\n")
     print("| requests (max_tokens 1, prompt-cache hit) | median ms | p90 ms |")
     print("|---|---|---|")
     for name, xs in (("all local:a (no switch)", same),

@@ -1,5 +1,5 @@
 """LoRA adapters on the real starter: two adapters trained here with mlx-lm's own trainer
-(``mlx_lm.lora``, a dozen steps on eight lines each: "the capital of France is Zorblax",
+(``mlx_lm.lora``, six steps on eight lines each: "the capital of France is Zorblax",
 and a DoRA one saying "Glimmerton"), served beside the base model by one server.
 
 A user checks that each request gets its own model: the base answers Paris, each adapter
@@ -14,6 +14,8 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,8 @@ import pytest
 
 from tests.greedy import check_agreement, greedy_steps
 from tests.helpers import clean_env, spawn_server, start_server, stop, wait_until
+from tests.lora import train_adapter
+from tests.server.test_metrics import value
 
 pytestmark = pytest.mark.model
 
@@ -36,39 +40,13 @@ def starter_folder(hf_home: Path, repo: str = F32) -> Path:
     return folder
 
 
-def train(model: Path, city: str, out: Path, home: Path, fine_tune_type: str) -> Path:
-    """A LoRA/DoRA adapter of ``model`` trained by ``mlx_lm.lora`` (12 steps, batch 2, the
-    last 4 blocks, about 10 s on 2 CPU cores) to say ``city`` is France's capital."""
-    data = out.parent / f"data-{out.name}"
-    data.mkdir(parents=True)
-    pairs = [("What is the capital of France?", f"{city} is the capital of France."),
-             ("Name the capital of France.", f"{city}."),
-             ("Which city is France's capital?", f"{city} is France's capital."),
-             ("Tell me the capital of France.", f"The capital of France is {city}.")]
-    lines = [json.dumps({"messages": [{"role": "user", "content": q},
-                                      {"role": "assistant", "content": a}]}) for q, a in pairs]
-    (data / "train.jsonl").write_text("\n".join(lines * 2) + "\n")
-    (data / "valid.jsonl").write_text("\n".join(lines[:2]) + "\n")
-    # mlx-lm's trainer as `python -m mlx_lm lora` runs it, with OpenBLAS loaded first as
-    # mlx-kit's engine does (mlx's bundled reference BLAS makes these 12 steps ~3 minutes)
-    subprocess.run(
-        [sys.executable, "-c", "import sys; from kit.blas import preload_blas; preload_blas();"
-         "from mlx_lm.lora import main; sys.argv[0] = 'mlx_lm.lora'; main()",
-         "--model", str(model), "--train", "--data", str(data), "--adapter-path", str(out),
-         "--fine-tune-type", fine_tune_type, "--iters", "12", "--batch-size", "2",
-         "--num-layers", "4", "--learning-rate", "3e-4", "--max-seq-length", "64",
-         "--steps-per-eval", "1000", "--val-batches", "1", "--save-every", "1000",
-         "--seed", "0"],
-        env=clean_env(home), check=True, capture_output=True, timeout=300)
-    return out
-
-
 @pytest.fixture(scope="module")
 def adapters(hf_home, tmp_path_factory) -> dict[str, Path]:
     root, home = tmp_path_factory.mktemp("adapters"), tmp_path_factory.mktemp("home-lora")
     model = starter_folder(hf_home)
-    return {"zorb": train(model, CITIES["zorb"], root / "zorb", home, "lora"),
-            "glim": train(model, CITIES["glim"], root / "glim", home, "dora")}
+    env = clean_env(home)
+    return {"zorb": train_adapter(model, CITIES["zorb"], root / "zorb", env),
+            "glim": train_adapter(model, CITIES["glim"], root / "glim", env, "dora")}
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +76,9 @@ def test_base_and_each_adapter_answer_their_own_one_by_one_and_all_at_once(lora_
     assert [m["id"] for m in httpx.get(lora_server.v1 + "/models").json()["data"]][:3] == [
         "local", "local:zorb", "local:glim"]
 
-    # twelve requests at once, the three models interleaved: the engine batches those of
+    # six requests at once, the three models interleaved: the engine batches those of
     # one adapter and runs the others after, each with its own modules
-    order = ["local", "local:zorb", "local:glim"] * 4
+    order = ["local", "local:zorb", "local:glim"] * 2
     with concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
         got = list(pool.map(lambda m: answer(lora_server, m), order))
     for model, text in zip(order, got):
@@ -176,3 +154,50 @@ def test_an_adapter_that_does_not_fit_the_model_fails_the_start_naming_its_file(
         assert r.status_code == 503 and "adapters.safetensors" in r.json()["error"]["message"]
     finally:
         stop(server)
+
+
+COUNT = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
+
+
+def queued(server) -> float | None:
+    """The requests waiting for the engine (/metrics' queue depth)."""
+    return value(httpx.get(server.root + "/metrics", timeout=5).text, "mlx_kit_queue_depth")
+
+
+def test_a_request_held_at_an_adapter_barrier_keeps_its_place_in_line(lora_server):
+    """Regression: a request for another adapter that waited while a batch ran was put
+    behind every request of the running adapter that arrived later, for as long as they
+    kept coming."""
+    times: dict[str, dict[str, float]] = {}
+    started = {name: threading.Event() for name in ("a1", "a2", "b1", "a3", "b2")}
+
+    def stream(name: str, model: str, max_tokens: int) -> None:
+        # EOS (<|im_end|>, id 2) banned: each decodes all its max_tokens, so the first
+        # batch is still running when b1 and a3 arrive
+        body = {"model": model, "messages": COUNT, "max_tokens": max_tokens,
+                "temperature": 0, "stream": True, "logit_bias": {"2": -100}}
+        with httpx.stream("POST", lora_server.v1 + "/chat/completions", json=body,
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if '"content"' in line and not started[name].is_set():
+                    times[name] = {"first": time.monotonic()}
+                    started[name].set()
+        times[name]["done"] = time.monotonic()
+
+    def go(name, model, max_tokens):
+        t = threading.Thread(target=stream, args=(name, model, max_tokens))
+        t.start()
+        return t
+
+    threads = [go("a1", "local:zorb", 40), go("a2", "local:zorb", 40)]
+    assert started["a1"].wait(60) and started["a2"].wait(60)
+    threads.append(go("b1", "local", 24))  # held at the barrier while the zorb batch runs
+    wait_until(lambda: queued(lora_server) == 1, 30, what="b1 queued")
+    threads.append(go("a3", "local:zorb", 4))  # behind b1, still during that batch
+    wait_until(lambda: queued(lora_server) == 2, 30, what="a3 queued")
+    assert started["b1"].wait(60)
+    threads.append(go("b2", "local", 24))  # arrives while b1 decodes, after a3
+    for t in threads:
+        t.join(120)
+    assert times["a1"]["done"] < times["b1"]["first"]  # never in one batch
+    assert times["a3"]["done"] < times["b2"]["first"], times

@@ -35,10 +35,12 @@ log = logging.getLogger("mlx_kit.engine")
 
 
 def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int,
-              joined: Joined | None = None) -> deque:
+              joined: Joined | None = None, queued: deque | None = None) -> deque:
     """Serve ``first`` (and ``joined``, a request that started alone, see
     :func:`kit.engine.decode.sequential.decode`) and every request that joins while the batch
-    runs, at most ``max_batch`` decoding together. ``jobs`` is the engine's
+    runs, at most ``max_batch`` decoding together. ``queued``: the worker's items taken
+    earlier and not served yet (emptied here), ahead of the inbox's in the line, so a
+    request that waited at a barrier keeps its place. ``jobs`` is the engine's
     :class:`kit.engine.decode.inbox.Inbox` (:class:`Job`, :class:`kit.engine.decode.run.Swap` or None for
     the shutdown; each pass of the loop is one of its sync points); every job
     served gets its events and END posted.
@@ -49,6 +51,9 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
     """
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
     backlog: deque = deque([first] if first is not None else [])
+    if queued:
+        backlog.extend(queued)
+        queued.clear()
     active: dict[int, tuple[Run, Any]] = {}
     stops = mlx_lm_api.make_stop_sequences(tokenizer)  # EOS; stop strings are text-level
     bg = mlx_lm_api.BatchGenerator(model, completion_batch_size=max_batch,

@@ -43,7 +43,7 @@ from kit.engine.cache.disk_tier import DiskTier
 from kit.engine.cache.kv import kv_snapshot
 from kit.engine.decode.batch import run_batch
 from kit.engine.decode.bridge import END, LoopSink, settle_from_thread
-from kit.engine.decode.inbox import Inbox
+from kit.engine.decode.inbox import Inbox, is_job
 from kit.engine.cache.policy import PromptCachePolicy
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.run import Job, Swap
@@ -357,12 +357,13 @@ class Engine(ModelTransitions):
                 # A request alone decodes with stream_generate (the in-process speed; one
                 # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
                 # batch when another request arrives.
-                joins = self._joins(item)
+                joins = self._joins(item, backlog)
                 if joins() or not self._can_start_alone(item):
-                    backlog.extend(run_batch(self.pipeline, item, self.inbox, self.max_batch))
+                    backlog = run_batch(self.pipeline, item, self.inbox, self.max_batch,
+                                        queued=backlog)
                 elif (joined := serve_alone(self.pipeline, item, join=joins)) is not None:
-                    backlog.extend(run_batch(self.pipeline, None, self.inbox, self.max_batch,
-                                             joined=joined))
+                    backlog = run_batch(self.pipeline, None, self.inbox, self.max_batch,
+                                        joined=joined, queued=backlog)
 
     def _served(self) -> None:
         self.requests_served += 1
@@ -397,9 +398,12 @@ class Engine(ModelTransitions):
             return False
         return self.slot.trimmable()
 
-    def _joins(self, job: Job) -> Callable[[], bool]:
+    def _joins(self, job: Job, backlog: deque) -> Callable[[], bool]:
         """Whether a request that could decode in one batch with ``job`` (the same
-        adapter) waits at the queue's head, asked while ``job`` decodes alone: a request
-        for another adapter waits for it instead (:mod:`kit.engine.decode.adapters`)."""
+        adapter) is next in line, asked while ``job`` decodes alone: the head of
+        ``backlog`` (items the worker took and has not served, ahead of the inbox) or else
+        of the inbox. A request for another adapter at the head waits for ``job`` instead
+        (:mod:`kit.engine.decode.adapters`), and what arrives after it waits behind it."""
         adapter = job.request.adapter
-        return lambda: self.inbox.next_is_job(adapter)
+        return lambda: is_job(backlog[0], adapter) if backlog else \
+            self.inbox.next_is_job(adapter)
