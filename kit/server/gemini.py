@@ -159,7 +159,8 @@ async def stream_generate_content(model: str, body: GenerateContentRequest, requ
 
 async def count_tokens(model: str, body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
-    await state.resolve(model.removeprefix("models/"))
+    # an adapter counts with its model's tokenizer
+    await state.resolve(state.split_adapter(model.removeprefix("models/"))[0])
     if body.generate_content_request is not None:
         if body.contents:
             raise bad_field("set contents or generateContentRequest, not both", "contents")
@@ -184,11 +185,18 @@ for _version in ("v1beta", "v1"):
 router.include_router(gemini_catalog.router)
 
 
+#: the model methods Google's API documents: under /v1 only these make a path Gemini's
+#: (``/v1/models/local:sql`` is OpenAI's retrieve-model of a LoRA adapter)
+_GOOGLE_METHODS = frozenset({"generateContent", "streamGenerateContent", "countTokens",
+                             "embedContent", "batchEmbedContents", "batchGenerateContent",
+                             "asyncBatchEmbedContent", "predict", "predictLongRunning"})
+
+
 def is_gemini_path(path: str) -> bool:
     """Whether ``path`` is a Gemini API route: under /v1beta, or a Gemini method on a
     model under /v1 (``/v1/models/local:generateContent``, the SDKs' stable version)."""
     return path.startswith("/v1beta/") or path == "/v1beta" or (
-        path.startswith("/v1/models/") and ":" in path)
+        path.startswith("/v1/models/") and path.rpartition(":")[2] in _GOOGLE_METHODS)
 
 
 # google.rpc.Code names by HTTP status (Gemini API errors)

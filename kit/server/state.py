@@ -109,20 +109,26 @@ class ServerState:
 
     def split_adapter(self, requested: str) -> tuple[str, str | None]:
         """``(model name, adapter)`` of a requested name: ``local:NAME`` (or
-        ``<model id>:NAME``) -> ``("local", NAME)``; any other name -> ``(name, None)``.
+        ``<model id>:NAME``, ``<alias of local>:NAME``, an alias whose target is
+        ``local:NAME``) -> ``("local", NAME)``; any other name -> ``(name, None)``.
 
         Raises:
             APIError: 404 ``model_not_found`` for ``local:NAME`` when no adapter NAME is
                 mounted, or when the model the adapters run on is not the one loaded.
         """
+        target = self.aliases.target(requested)
+        if target is not None and adapter_of(target, self.adapters) is not None:
+            requested = target  # --alias NAME=local:ADAPTER
         found = adapter_of(requested, self.adapters)
         if found is None:
             if requested.startswith(STABLE_MODEL_ID + ADAPTER_SEPARATOR):
                 raise self._not_found(requested)
             return requested, None
         base, name = found
-        if base not in (STABLE_MODEL_ID, self.adapters_for) or \
-                self.adapters_for != self.model_id:
+        if base not in (STABLE_MODEL_ID, self.adapters_for) and \
+                self.aliases.target(base) != STABLE_MODEL_ID:  # claude-*:NAME is local:NAME
+            raise self._not_found(requested)
+        if self.adapters_for != self.model_id:
             raise APIError(404, f"adapter {name!r} runs on {self.adapters_for!r}, and "
                            f"{self.model_id!r} is loaded", type="not_found_error",
                            param="model", code="model_not_found")

@@ -7,15 +7,20 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from kit.models.aliases import AliasTable
 from tests.server.test_metrics import StandInEngine, make_app
 
 
 class RecordingEngine(StandInEngine):
-    """The stand-in engine, keeping each request it is given."""
+    """The stand-in engine, keeping each request it is given (and counting 5 tokens for
+    any prompt)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen = []
+
+    async def count_tokens_async(self, request) -> int:
+        return 5
 
     async def generate(self, request):
         self.seen.append(request)
@@ -80,3 +85,38 @@ def test_adapters_are_not_offered_while_another_model_is_loaded():
         r = chat(client, "local:sql")
         assert r.status_code == 404 and "other/model" in r.json()["error"]["message"]
     assert engine.seen == []
+
+
+def test_token_counts_and_gemini_model_lookups_take_an_adapter_name(served):
+    """Regression: Claude Code's and Gemini CLI's token counts and Gemini's model lookup
+    answered 404 for local:NAME (they skipped the adapter's name)."""
+    client, _ = served
+    messages = [{"role": "user", "content": "hi"}]
+    r = client.post("/v1/messages/count_tokens", json={"model": "local:sql",
+                                                        "messages": messages})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+    r = client.post("/v1beta/models/local:sql:countTokens",
+                    json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    assert r.status_code == 200 and r.json()["totalTokens"] > 0, r.text
+    r = client.get("/v1beta/models/local:sql")
+    assert r.status_code == 200 and r.json()["name"] == "models/local:sql"
+    assert client.get("/v1/models/local:sql").json()["adapter"] == "sql"
+
+
+def test_an_unknown_adapter_under_v1_models_is_openais_404_not_googles(served):
+    client, _ = served
+    r = client.get("/v1/models/local:nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_aliases_reach_adapters_and_an_unknown_base_is_a_404():
+    engine = RecordingEngine()
+    app = make_app(engine, adapters=("sql",), adapters_for=engine.model_info.id,
+                   aliases=AliasTable.parse(["my-sql=local:sql"]))
+    with TestClient(app) as client:
+        # an alias to local:NAME, and NAME on a built-in alias of local
+        for model in ("my-sql", "claude-sonnet-4:sql", "gpt-4o:sql"):
+            assert chat(client, model).status_code == 200, model
+        r = chat(client, "other/model:sql")
+        assert r.status_code == 404 and "other/model:sql" in r.json()["error"]["message"]
+    assert [r.adapter for r in engine.seen] == ["sql", "sql", "sql"]
