@@ -37,7 +37,7 @@ class LoraParameters(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     rank: int = Field(ge=1, le=4096)
-    scale: float
+    scale: float = Field(allow_inf_nan=False)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     keys: list[str] | None = Field(None, max_length=256)
 
@@ -103,10 +103,12 @@ def read_adapter(name: str, path: str | Path) -> Adapter:
         raise
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        where = ".".join(str(p) for p in err["loc"]) or "the whole file"
         raise ConfigError(f"{flag}: {config_file}: {where}: {err['msg']}",
                           hint="mlx-lm's adapter format: fine_tune_type lora or dora, "
                                "num_layers, lora_parameters {rank, scale}") from None
+    except RecursionError:  # json's parser on brackets nested thousands deep
+        raise ConfigError(f"{flag}: cannot read {config_file}: nested too deeply") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{flag}: cannot read {config_file}: {e}") from None
     return Adapter(name, folder, config)

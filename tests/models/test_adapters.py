@@ -67,6 +67,21 @@ def test_a_config_that_is_not_mlx_lms_format_is_refused_naming_the_field(tmp_pat
         parse_adapters([f"a={folder}"])
 
 
+def test_a_config_nested_deep_or_not_an_object_or_with_a_nan_scale_is_refused(tmp_path):
+    """Regression: brackets nested thousands deep raised RecursionError (a traceback)."""
+    folder = adapter_folder(tmp_path / "a")
+    config = folder / "adapter_config.json"
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_adapters([f"a={folder}"])
+    config.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="adapter_config.json: the whole file"):
+        parse_adapters([f"a={folder}"])
+    config.write_text('{"num_layers": 2, "lora_parameters": {"rank": 8, "scale": NaN}}')
+    with pytest.raises(ConfigError, match="lora_parameters.scale"):
+        parse_adapters([f"a={folder}"])
+
+
 def test_a_full_fine_tune_is_refused_as_a_model_of_its_own(tmp_path):
     folder = adapter_folder(tmp_path / "a", fine_tune_type="full")
     with pytest.raises(ConfigError, match="full fine-tune") as e:
