@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kit.engine.status import DistributedStatus, EngineStatus, KvCacheStatus, MemoryStatus
 
 #: keys left out of the body when None (they appear once the engine reports them)
-_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed", "embeddings")
+_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed", "embeddings", "adapters")
 
 
 class SamplingDefaults(BaseModel):
@@ -88,6 +88,8 @@ class HealthBody(BaseModel):
     admission: Optional[dict[str, Any]] = Field(None, description="Absent until reported.")
     distributed: Optional[DistributedStatus] = Field(None, description="Only for ranks.")
     embeddings: Optional[EmbedStatus] = Field(None, description="Only with --embed-model.")
+    adapters: Optional[list[str]] = Field(None, description="Only with --adapter: the LoRA "
+                                          "adapters' ids (local:NAME) served now.")
 
     @property
     def ok(self) -> bool:
@@ -98,10 +100,12 @@ class HealthBody(BaseModel):
     def build(cls, status: EngineStatus, *, version: str, model: str, pid: int,
               swaps_pending: int, sampling: dict[str, Any],
               memory: MemoryStatus | None = None,
-              embeddings: dict[str, Any] | None = None) -> "HealthBody":
+              embeddings: dict[str, Any] | None = None,
+              adapters: list[str] | None = None) -> "HealthBody":
         """The body of an engine's :class:`EngineStatus` and the server's own facts
         (``model``: the id behind ``local``; ``pid``: the HTTP process; ``memory``: fresher
-        allocator counters than the status's)."""
+        allocator counters than the status's; ``adapters``: the ids of the LoRA adapters
+        served now, None without --adapter)."""
         s = status
         return cls(version=version, status="ok" if s.state in ("ready", "unloaded") else s.state,
                    model_state=s.state, model=model, context_window=s.context_window, pid=pid,
@@ -112,7 +116,8 @@ class HealthBody(BaseModel):
                    error_type=s.error_type if s.error else None, prompt_cache=s.prompt_cache,
                    kv_cache=s.kv_cache, sampling_defaults=SamplingDefaults(**sampling),
                    admission=s.admission or None, distributed=s.distributed,
-                   embeddings=EmbedStatus(**embeddings) if embeddings else None)
+                   embeddings=EmbedStatus(**embeddings) if embeddings else None,
+                   adapters=adapters)
 
     def to_json(self) -> dict[str, Any]:
         """The body as sent: every field, ``kv_cache``/``admission``/``distributed`` only

@@ -226,4 +226,5 @@ class ServerState:
             sampling={**{k: getattr(d, k) for k in SAMPLING_FIELDS},
                       "forced": self.force_sampling},
             memory=MemoryStatus.model_validate(memory) if memory is not None else None,
-            embeddings=None if self.embedder is None else self.embedder.status())
+            embeddings=None if self.embedder is None else self.embedder.status(),
+            adapters=self._adapter_ids() if self.adapters else None)

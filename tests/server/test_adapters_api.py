@@ -67,6 +67,11 @@ def test_a_request_for_local_colon_name_runs_the_local_model_with_that_adapter(s
     assert [r.adapter for r in engine.seen] == ["sql", None, "pirate"]
 
 
+def test_health_names_the_adapters_served_now(served):
+    client, _ = served
+    assert client.get("/health").json()["adapters"] == ["local:sql", "local:pirate"]
+
+
 def test_an_adapter_that_is_not_mounted_is_a_404_naming_the_model(served):
     client, engine = served
     r = chat(client, "local:nope")
@@ -82,6 +87,7 @@ def test_adapters_are_not_offered_while_another_model_is_loaded():
     app = make_app(engine, adapters=("sql",), adapters_for="other/model")
     with TestClient(app) as client:
         assert "local:sql" not in [m["id"] for m in client.get("/v1/models").json()["data"]]
+        assert client.get("/health").json()["adapters"] == []  # another model is loaded
         r = chat(client, "local:sql")
         assert r.status_code == 404 and "other/model" in r.json()["error"]["message"]
     assert engine.seen == []
