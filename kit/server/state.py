@@ -121,7 +121,11 @@ class ServerState:
             requested = target  # --alias NAME=local:ADAPTER
         found = adapter_of(requested, self.adapters)
         if found is None:
-            if requested.startswith(STABLE_MODEL_ID + ADAPTER_SEPARATOR):
+            base = requested.rpartition(ADAPTER_SEPARATOR)[0]
+            if base == STABLE_MODEL_ID or self.adapters and base and (
+                    base == self.adapters_for or self.aliases.target(base) == STABLE_MODEL_ID):
+                # local:TYPO, or claude-*:TYPO, which the claude-* alias would otherwise
+                # serve with the base model as if no adapter had been asked for
                 raise self._not_found(requested)
             return requested, None
         base, name = found

@@ -125,4 +125,8 @@ def test_aliases_reach_adapters_and_an_unknown_base_is_a_404():
             assert chat(client, model).status_code == 200, model
         r = chat(client, "other/model:sql")
         assert r.status_code == 404 and "other/model:sql" in r.json()["error"]["message"]
+        # regression: a typo behind a built-in alias was served by the base model
+        for model in ("claude-sonnet-4:nope", "gpt-4o:SQL", "stand-in/model:nope"):
+            r = chat(client, model)
+            assert r.status_code == 404 and model in r.json()["error"]["message"], model
     assert [r.adapter for r in engine.seen] == ["sql", "sql", "sql"]
