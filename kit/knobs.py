@@ -128,7 +128,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("swap_on_request", bool, False, "A request naming another cached model swaps to it "
          "(default: 404)."),
     Knob("adapter", "list", (), "NAME=PATH: also serve the model with the LoRA adapter in "
-         "folder PATH (what mlx_lm.lora writes) as local:NAME. Repeatable.", _STARTS),
+         "folder PATH (what mlx_lm.lora writes) as local:NAME. Repeatable; one machine "
+         "only (not with --ranks/--hosts).", _STARTS),
     Knob("alias", "list", (), "PATTERN=TARGET: serve model names matching PATTERN with TARGET "
          "(local or a model id). Repeatable; claude-*, gpt-* -> local are built in."),
     Knob("max_batch", int, None, "Most requests decoded together (continuous batching); 1: "

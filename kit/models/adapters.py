@@ -36,8 +36,8 @@ class LoraParameters(BaseModel):
     wraps in each block (None: mlx-lm's default for the model type)."""
 
     model_config = ConfigDict(extra="allow")
-    rank: int = Field(ge=1, le=4096)
-    scale: float = Field(allow_inf_nan=False)
+    rank: int = Field(ge=1, le=4096, strict=True)
+    scale: float = Field(allow_inf_nan=False, strict=True)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     keys: list[str] | None = Field(None, max_length=256)
 
@@ -51,7 +51,7 @@ class AdapterConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     fine_tune_type: Literal["lora", "dora"] = "lora"
-    num_layers: int = Field(ge=-1)
+    num_layers: int = Field(ge=-1, strict=True)
     lora_parameters: LoraParameters
     model: str | None = None
 

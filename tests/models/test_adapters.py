@@ -82,6 +82,18 @@ def test_a_config_nested_deep_or_not_an_object_or_with_a_nan_scale_is_refused(tm
         parse_adapters([f"a={folder}"])
 
 
+@pytest.mark.parametrize("field, value", [("num_layers", "4"), ("num_layers", True),
+                                          ("rank", "8"), ("scale", "20")])
+def test_numbers_written_as_strings_or_booleans_are_refused_naming_the_field(
+        tmp_path, field, value):
+    folder = adapter_folder(tmp_path / "a")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (config if field == "num_layers" else config["lora_parameters"])[field] = value
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=field):
+        parse_adapters([f"a={folder}"])
+
+
 def test_a_full_fine_tune_is_refused_as_a_model_of_its_own(tmp_path):
     folder = adapter_folder(tmp_path / "a", fine_tune_type="full")
     with pytest.raises(ConfigError, match="full fine-tune") as e:

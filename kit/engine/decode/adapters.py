@@ -104,9 +104,15 @@ def mount(model: Any, adapters: dict[str, Adapter]) -> AdapterSet:
         problem = _mismatch(weights, expected)
         if problem:
             _restore(model, before)
-            raise ModelError(f"{where}: {adapter.weights} {problem}; was it trained on "
-                             f"another model ({config.model or 'not recorded'})?",
-                             hint="an adapter runs only on the model it was trained on")
+            params = config.lora_parameters
+            raise ModelError(f"{where}: {adapter.weights} {problem}: it does not match its "
+                             f"{adapter.path.name}/adapter_config.json (num_layers "
+                             f"{config.num_layers}, rank {params.rank}, fine_tune_type "
+                             f"{config.fine_tune_type}), or it was trained on another model "
+                             f"(it records {config.model or 'none'})",
+                             hint="an adapter runs only on the model it was trained on, "
+                                  "with the config mlx_lm.lora wrote beside it; fix the "
+                                  "--adapter flag or the folder and restart the server")
         model.load_weights(list(weights.items()), strict=False)
         for _, module in changed:
             module.eval()  # LoRA dropout is for training

@@ -25,8 +25,9 @@ from kit.engine.decode.adapters import mount
 from kit.engine.decode.grammar import ll_tokenizer
 from kit.engine.decode.prompt_bound import TokenBound
 from kit.engine.decode.warmup import first_use
-from kit.errors import ModelDoesNotFitError, ModelError, ModelUnavailable
+from kit.errors import ConfigError, ModelDoesNotFitError, ModelError, ModelUnavailable
 from kit.formats.select import for_tokenizer
+from kit.models.adapters import read_adapter
 from kit.models.model_config import remote_code
 from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
 from kit.models.resolve import ModelInfo
@@ -189,7 +190,13 @@ class ModelSlot:
         ceiling, kv_per_token = self._checked
         mounted = None
         if self.adapters and info.id == self._adapters_for:
-            mounted = mount(model, self.adapters)
+            # each config read again, so a reload after an idle unload sees the config
+            # that belongs to the weights on disk now (an adapter retrained in place)
+            try:
+                current = {n: read_adapter(n, a.path) for n, a in self.adapters.items()}
+            except ConfigError as e:
+                raise ModelError(e.message, hint=e.hint) from None
+            mounted = mount(model, current)
         return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, mounted)
 
     def _warm(self, model: Any, tokenizer: Any,
