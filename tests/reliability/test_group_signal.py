@@ -12,7 +12,7 @@ import signal
 import psutil
 import pytest
 
-from tests.helpers import start_server, stop
+from tests.helpers import start_server, stop, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -26,6 +26,9 @@ def _stopped_cleanly(server, sig: int, timeout: float = 60) -> None:
     """Send ``sig`` to ``server``'s process group and assert a clean stop."""
     family = psutil.Process(server.proc.pid).children(recursive=True)
     assert family, "the server started no engine process"
+    # serve logs "ready: ... (loaded in N s)" from a thread just after /health turns 200:
+    # the signal is sent after it, so that the start's own line is not read as a reload
+    wait_until(lambda: "ready: " in server.log_text(), 30, what="the ready line")
     before = len(server.log.read_bytes())
     os.killpg(server.proc.pid, sig)  # start_new_session: the group id is its pid
     assert server.proc.wait(timeout) == 0
