@@ -347,7 +347,7 @@ async def messages(body: MessagesRequest, request: Request):
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
-    await state.resolve(state.split_adapter(body.model)[0])  # an adapter: its model's tokens
+    await state.resolve(body.model)
     req = ChatRequest(messages=_messages(body),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
     return {"input_tokens": await state.count_tokens(req)}

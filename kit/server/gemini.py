@@ -159,8 +159,7 @@ async def stream_generate_content(model: str, body: GenerateContentRequest, requ
 
 async def count_tokens(model: str, body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
-    # an adapter counts with its model's tokenizer
-    await state.resolve(state.split_adapter(model.removeprefix("models/"))[0])
+    await state.resolve(model.removeprefix("models/"))
     if body.generate_content_request is not None:
         if body.contents:
             raise bad_field("set contents or generateContentRequest, not both", "contents")

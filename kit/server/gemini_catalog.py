@@ -47,7 +47,7 @@ async def list_models(request: Request) -> dict:
 async def get_model(model: str, request: Request) -> dict:
     state: ServerState = request.app.state.kit
     name = model.removeprefix("models/")
-    await state.resolve(state.split_adapter(name)[0])  # 404 for a name that is not served
+    await state.resolve(name)  # 404 for a name that is not served
     entries = state.model_entries()
     real = next((e for e in entries if e["id"] == name), entries[0])  # aliases: local's
     return {**_model_entry(real), "name": f"models/{name}",

@@ -147,9 +147,15 @@ class ServerState:
         """Map a requested model name to the real id the request must run on (None: whatever
         is behind ``local``). Swaps first when ``swap_on_request`` allows it.
 
+        A LoRA adapter's name (``local:NAME``, :meth:`split_adapter`) resolves as the
+        model it runs on: routes that only count tokens or describe the model take it as
+        they take ``local``.
+
         Raises:
-            APIError: 404 ``model_not_found`` listing the ids that exist, or the swap's error.
+            APIError: 404 ``model_not_found`` listing the ids that exist (an adapter not
+                mounted too), or the swap's error.
         """
+        requested = self.split_adapter(requested)[0]
         if requested == STABLE_MODEL_ID:
             return None
         if requested == self.model_id:

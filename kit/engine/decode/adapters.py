@@ -5,8 +5,8 @@ modules ``mlx_lm.lora`` trained: LoRA or DoRA wrappers around the model's linear
 and its weights; the model is then put back to its base modules. Switching adapter swaps
 the wrapped modules in and the base ones out with ``update_modules``: a few hundred
 references, no copy of weights: about 0.1 ms, so a request that switches costs no more
-than one that does, within the noise (bench/adapters.py, docs/adapters.md). The base model runs its own modules, at its own
-speed.
+than one that does, within the noise (bench/adapters.py, docs/adapters.md). The base
+model runs its own modules, at its own speed.
 
 One adapter is active for the whole model, so requests with different adapters never
 decode in one batch: the scheduler runs them apart (:mod:`kit.engine.decode.engine`,
@@ -92,8 +92,7 @@ def mount(model: Any, adapters: dict[str, Adapter]) -> AdapterSet:
         except (ValueError, AttributeError, KeyError) as e:
             _restore(model, before)
             raise ModelError(f"{where}: cannot put its layers on this model: {e}") from None
-        changed = [(k, m) for k, m in model.named_modules()
-                   if k in before and m is not before[k]]
+        changed = _replaced(model, before)
         try:
             weights = mx.load(str(adapter.weights))
         except Exception as e:
@@ -141,11 +140,17 @@ def _mismatch(weights: dict[str, Any], expected: dict[str, tuple[int, ...]]) -> 
     return None
 
 
+def _replaced(model: Any, before: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, module)`` of each module of ``model`` that is not the one ``before`` (name
+    -> module, from ``named_modules``) had there: the wrappers ``linear_to_lora_layers``
+    put in."""
+    return [(k, m) for k, m in model.named_modules() if k in before and m is not before[k]]
+
+
 def _restore(model: Any, before: dict[str, Any]) -> None:
     """Put back every module of ``model`` that is not the one ``before`` had."""
     from mlx.utils import tree_unflatten
 
-    changed = [(k, before[k]) for k, m in model.named_modules()
-               if k in before and m is not before[k]]
+    changed = [(k, before[k]) for k, _ in _replaced(model, before)]
     if changed:
         model.update_modules(tree_unflatten(changed))
