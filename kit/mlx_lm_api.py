@@ -35,7 +35,9 @@ NAMES: dict[str, tuple[str, ...]] = {
     "mlx_lm.sample_utils": ("make_logits_processors", "make_sampler"),
     "mlx_lm.utils": ("sharded_load",),
     "mlx_lm.tuner.utils": ("linear_to_lora_layers",),
-    "mlx_lm.tokenizer_utils": ("TokenizerWrapper",),
+    # load: a vision model's tokenizer, wrapped as mlx_lm.load wraps a text model's
+    # (kit.engine.decode.vision; reached as load_tokenizer, mlx_lm's own load keeps the name)
+    "mlx_lm.tokenizer_utils": ("TokenizerWrapper", "load"),
     # the parsers kit's formats build on (kit/formats/<name>.py)
     "mlx_lm.tool_parsers.gemma4": ("tool_call_end", "tool_call_start"),
     "mlx_lm.tool_parsers.glm47": ("_deserialize", "parse_tool_call", "tool_call_end",
@@ -63,8 +65,11 @@ HF_TOKENIZER_ATTR = "_tokenizer"
 
 # name -> its module, for the names used as ``mlx_lm_api.NAME`` (tool parsers' names,
 # which repeat from module to module, are reached through tool_parser()).
-_WHERE = {name: module for module, names in NAMES.items()
-          if not module.startswith("mlx_lm.tool_parsers.") for name in names}
+_WHERE: dict[str, str] = {}
+for _module, _names in NAMES.items():  # the first module naming it wins (mlx_lm's load)
+    if not _module.startswith("mlx_lm.tool_parsers."):
+        for _name in _names:
+            _WHERE.setdefault(_name, _module)
 
 
 def __getattr__(name: str) -> Any:
@@ -90,6 +95,15 @@ def tool_parser(name: str) -> ModuleType:
     if name not in TOOL_PARSERS:
         raise ValueError(f"mlx-lm has no tool parser {name!r}")
     return importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+
+
+def load_tokenizer(path: Path, config_extra: dict[str, Any] | None = None,
+                   eos_token_ids: Any = None) -> Any:
+    """mlx-lm's ``tokenizer_utils.load``: the ``TokenizerWrapper`` of the tokenizer in
+    ``path``, built as ``mlx_lm.load`` builds a text model's (its streaming detokenizer,
+    ``eos_token_ids`` an int or a list from config.json)."""
+    module = importlib.import_module("mlx_lm.tokenizer_utils")
+    return module.load(path, config_extra, eos_token_ids=eos_token_ids)
 
 
 def hf_tokenizer(tokenizer: Any) -> Any:

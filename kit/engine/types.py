@@ -55,6 +55,25 @@ class SamplingParams:
     top_logprobs: int = 0
 
 
+@dataclass(frozen=True)
+class ImageInput:
+    """One image a request carries, checked by the HTTP side before it reaches the engine
+    (:mod:`kit.server.content.media`: bytes, pixel count and format bounded; decoded once).
+
+    Attributes:
+        data: the image file's bytes as the client sent them (PNG, JPEG, WebP or GIF).
+        media_type: ``image/png``, ``image/jpeg``, ``image/webp`` or ``image/gif``.
+        width, height: its size in pixels (read from the file's header and checked).
+        digest: SHA-256 of ``data``, hex (the vision prompt cache keys turns by it).
+    """
+
+    data: bytes
+    media_type: str
+    width: int
+    height: int
+    digest: str
+
+
 @dataclass
 class ChatRequest:
     """One chat generation.
@@ -62,7 +81,12 @@ class ChatRequest:
     Attributes:
         messages: chat messages ``{"role": "system"|"user"|"assistant"|"tool", "content": str,
             ...}`` with content already flattened to a string (tool_calls and tool_call_id
-            kept as given), ready for the model's chat template.
+            kept as given), ready for the model's chat template. A message that carries
+            images has a list instead, in the multimodal form chat templates read:
+            ``[{"type": "text", "text": str}, {"type": "image"}, ...]`` in the order the
+            client sent them.
+        images: the images of the ``{"type": "image"}`` parts, in message order (the
+            i-th such part across ``messages`` is ``images[i]``); empty for text.
         params: sampling parameters.
         prompt: raw prompt text, used as is instead of ``messages`` and the chat template
             (legacy completions); no reasoning or tool-call parsing then.
@@ -85,6 +109,7 @@ class ChatRequest:
 
     messages: list[dict[str, Any]]
     params: SamplingParams = field(default_factory=SamplingParams)
+    images: tuple[ImageInput, ...] = ()
     prompt: str | None = None
     prompt_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -351,7 +351,7 @@ class Engine(ModelTransitions):
                 return
             if isinstance(item, Swap):
                 self._swap(item)
-            elif self.max_batch <= 1:
+            elif self.max_batch <= 1 or self.slot.vision:  # mlx-vlm: one at a time
                 serve_alone(self.pipeline, item)
             elif self._check_servable(item):
                 # A request alone decodes with stream_generate (the in-process speed; one

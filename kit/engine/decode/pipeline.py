@@ -24,6 +24,7 @@ from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
 from kit.engine.decode.sampling import Sampling, max_tokens
+from kit.engine.decode.vision import VisionCaches
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
 from kit.formats.output import OutputParser
@@ -61,6 +62,7 @@ class Pipeline:
         self.prompts = Prompts(slot)
         self.sampling = Sampling(slot)
         self.cache = cache
+        self.vision_caches = VisionCaches()  # a vision model's (kit.engine.decode.vision)
         self.admission = Admission()
         self.changed: Callable[[], None] = lambda: None
         cache.default_bytes = self._default_cache_bytes
@@ -100,7 +102,8 @@ class Pipeline:
         req, params = job.request, job.request.params
         t0 = time.perf_counter()
         self.sampling.check(params)
-        prompt = self.prompts.tokens(req, params.max_tokens, on_large=self._reclaim_later)
+        prompt, media = self.prompts.prompt(req, params.max_tokens,
+                                            on_large=self._reclaim_later)
         grammar, forced, source = self.prompts.constraint(req, prompt)
         prompt += forced
         n_max = max_tokens(self.slot.info, len(prompt), params.max_tokens)
@@ -111,9 +114,15 @@ class Pipeline:
             f"{self.slot.info.id}{ADAPTER_SEPARATOR}{req.adapter}"
         # a new cache is quantized from its first token with --kv-bits (kit.engine.cache.kv), so
         # cached ones are too: a prefix hit continues in the same precision as a cold run
-        cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache,
-                                       disk=req.adapter is None)
-        cached = len(prompt) - len(rest)
+        if self.slot.vision:  # mlx-vlm's own cache per set of images (kit.engine.decode.vision)
+            media = media or {}
+            cache, rest = None, prompt
+            cached = self.vision_caches.reused(VisionCaches.key(key, req.images), prompt,
+                                               self.slot.model.config)
+        else:
+            cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache,
+                                           disk=req.adapter is None)
+            cached = len(prompt) - len(rest)
         tok = self.slot.tokenizer
         parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(
             self.slot.output_format, self.prompts.tail_text(prompt), stops=params.stop,
@@ -133,7 +142,8 @@ class Pipeline:
             raise
         job.post(Started(key, len(prompt), cached, n_max, asked))
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
-                   t0, logprob=self.sampling.logprob if params.logprobs else None)
+                   t0, logprob=self.sampling.logprob if params.logprobs else None,
+                   media=media)
 
     def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt

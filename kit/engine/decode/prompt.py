@@ -15,6 +15,7 @@ from typing import Any
 
 from kit import mlx_lm_api
 from kit.engine.cache.reclaim import LARGE_BYTES
+from kit.engine.decode import vision
 from kit.engine.decode.grammar import json_grammar, tool_call_grammar
 from kit.engine.decode.sampling import max_tokens as budget
 from kit.engine.decode.slot import ModelSlot
@@ -48,8 +49,16 @@ class Prompts:
 
     def tokens(self, request: ChatRequest, max_tokens: int | None,
                on_large: Callable[[], None] | None = None) -> list[int]:
+        """:meth:`prompt`'s token ids (what ``count_tokens`` counts)."""
+        return self.prompt(request, max_tokens, on_large)[0]
+
+    def prompt(self, request: ChatRequest, max_tokens: int | None,
+               on_large: Callable[[], None] | None = None
+               ) -> tuple[list[int], dict[str, Any] | None]:
         """The prompt's token ids: the raw prompt, or the messages through the chat
-        template. Before tokenizing, a prompt that provably cannot fit the window with
+        template; and, for a vision model (:mod:`kit.engine.decode.vision`), the
+        processor's arrays (pixel values...; None for a text model), the ids then
+        holding each image's tokens. Before tokenizing, a prompt that provably cannot fit the window with
         ``max_tokens`` more (None: with at least one more) is rejected on the lower bound
         of :mod:`kit.engine.decode.prompt_bound` (a 20 MB prompt costs milliseconds, not a
         minute of tokenizing); what the bound does not decide is tokenized exactly and
@@ -59,8 +68,12 @@ class Prompts:
 
         Raises:
             InvalidRequest: the template rejects the messages; ``context_length_exceeded``;
-                a token id outside the vocabulary; text that is not valid Unicode.
+                a token id outside the vocabulary; text that is not valid Unicode; images
+                for a model that reads text only.
         """
+        if request.images and not self.slot.vision:
+            raise InvalidRequest("image content is not supported by this text-only model",
+                                 code="unsupported_content", field="messages")
         if request.prompt_ids is not None:  # token ids (legacy completions)
             vocab = self.slot.vocab_size()
             bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
@@ -68,7 +81,7 @@ class Prompts:
                 raise InvalidRequest(f"prompt: token id {bad} is not in this model's "
                                      f"vocabulary (0..{vocab - 1})", code="invalid_value",
                                      field="prompt")
-            return list(request.prompt_ids)
+            return list(request.prompt_ids), None
 
         if request.prompt is not None:
             text = request.prompt
@@ -96,8 +109,10 @@ class Prompts:
                 tokens = list(self.slot.tokenizer.encode(text))
                 if not tokens:  # mlx-lm cannot start from nothing
                     raise InvalidRequest("the prompt has no tokens", field="prompt")
-                return tokens
-            return self.encode_rendered(text)
+                return tokens, None
+            if self.slot.vision:
+                return vision.inputs(self.slot, request, text)
+            return self.encode_rendered(text), None
         except (TypeError, ValueError) as e:  # the tokenizer takes valid Unicode only
             try:
                 text.encode("utf-8")

@@ -64,6 +64,8 @@ class Run:
         parser: the :class:`kit.formats.output.OutputParser`.
         t0: ``time.perf_counter()`` when work on it began.
         logprob: ``(token, logprobs, top_n) -> TokenLogprob``, or None when not asked for.
+        media: a vision model's processor arrays for the prompt (pixel values...;
+            :mod:`kit.engine.decode.vision`), or None for a text model.
     """
 
     job: Job
@@ -78,6 +80,7 @@ class Run:
     parser: Any
     t0: float
     logprob: Callable[[int, Any, int], TokenLogprob] | None = None
+    media: dict[str, Any] | None = None
     n: int = 0
     ttft: float = 0.0
     first_at: float = 0.0

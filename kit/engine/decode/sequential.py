@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from kit import mlx_lm_api
+from kit.engine.decode import vision_decode
 from kit.engine.decode.bridge import END
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.prefill import prefill_step_size
@@ -61,6 +62,9 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
     Raises:
         EngineError: the request cannot run (before ``Started``) or generation failed.
     """
+    if pipeline.slot.vision:  # mlx-vlm decodes it (kit.engine.decode.vision); never joins
+        vision_decode.decode(pipeline, job)
+        return None
     import mlx.core as mx
     # running=False: nothing else decodes here, so admission never defers this request
     # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400

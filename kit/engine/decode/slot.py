@@ -20,7 +20,7 @@ from typing import Any
 from kit import mlx_lm_api
 from kit.blas import preload_blas
 from kit.engine.cache.kv import layer_kinds, quantized_cache, refuse_unquantizable
-from kit.engine.decode import warmup
+from kit.engine.decode import vision, warmup
 from kit.engine.decode.adapters import mount
 from kit.engine.decode.grammar import ll_tokenizer
 from kit.engine.decode.prompt_bound import TokenBound
@@ -49,6 +49,7 @@ class Loaded:
     ceiling: Any = None  # the kit.models.memory.Ceiling its fit was checked against
     kv_per_token: int = 0  # KV cache bytes per token of context (0: no estimate)
     adapters: Any = None  # its kit.engine.decode.adapters.AdapterSet (None: none mounted)
+    processor: Any = None  # a vision model's mlx-vlm processor (kit.engine.decode.vision)
 
 
 class ModelSlot:
@@ -109,6 +110,7 @@ class ModelSlot:
         self.trust_remote_code = trust_remote_code
         self.model: Any = None
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision model's (mlx-vlm); None for a text model
         self.weights_bytes = 0
         self.ceiling: Any = None
         self.kv_per_token = 0
@@ -146,14 +148,20 @@ class ModelSlot:
             weights = self.check_fit(info, replacing)
         t0 = time.perf_counter()
         trust = self.trust_remote_code
+        processor = None
         try:
             # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
             if self._loader is not None:
                 model, tokenizer = self._loader(str(info.path), trust)
+            elif vision.is_vision_folder(info.path):
+                self._refuse_for_vision(info)
+                model, tokenizer, processor = vision.load(str(info.path), trust)
             else:
                 model, tokenizer = mlx_lm_api.load(str(info.path),
                                         tokenizer_config={"trust_remote_code": trust},
                                         trust_remote_code=trust)
+        except ModelError:
+            raise
         except Exception as e:
             code = None if trust else remote_code(info.path)
             if code is None:
@@ -164,6 +172,13 @@ class ModelSlot:
                 f"(serve, or launch when no server runs: `mlx-kit stop` first) if you trust "
                 f"that code; it runs with your user's rights",
                 hint="--trust-remote-code runs the code of the model's repository") from None
+        if processor is not None:  # mlx-lm's warm-up and KV checks drive a text model
+            log.info("loaded %s through mlx-vlm in %.2f s (vision; one request at a time)",
+                     info.id, time.perf_counter() - t0)
+            self._bound_for = (tokenizer, TokenBound.from_tokenizer(tokenizer))
+            ceiling, kv_per_token = self._checked
+            return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, None,
+                          processor)
         # With --kv-bits, one tiny generation on the quantized cache first: a model whose
         # attention cannot read one (or whose head size the group size does not divide)
         # is refused here, whatever the warm-up mode
@@ -198,6 +213,15 @@ class ModelSlot:
                 raise ModelError(e.message, hint=e.hint) from None
             mounted = mount(model, current)
         return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, mounted)
+
+    def _refuse_for_vision(self, info: ModelInfo) -> None:
+        """What a vision model cannot run with here (raises ModelError naming the flag)."""
+        flag = ("--kv-bits" if self.kv_bits is not None else
+                "--adapter" if self.adapters and info.id == self._adapters_for else None)
+        if flag is not None:
+            raise ModelError(f"{info.id} is a vision model (served through mlx-vlm), which "
+                             f"mlx-kit does not run with {flag}",
+                             hint=f"serve it without {flag}")
 
     def _warm(self, model: Any, tokenizer: Any,
               on_phase: Callable[[str], None] | None) -> None:
@@ -288,6 +312,7 @@ class ModelSlot:
     def install(self, loaded: Loaded) -> None:
         """Make ``loaded`` the slot's model (release the old one first)."""
         self.model, self.tokenizer, self.info = loaded.model, loaded.tokenizer, loaded.info
+        self.processor = loaded.processor
         self.weights_bytes = loaded.weights_bytes
         self.mounted = loaded.adapters
         if self.mounted is not None:
@@ -319,12 +344,20 @@ class ModelSlot:
         self.model = self.mounted = None
         self._trimmable = None
         if not keep_tokenizer:
+            self.processor = None
+        if not keep_tokenizer:
             self.tokenizer = None
             self._grammar_tokenizer = None
         gc.collect()
         mx.clear_cache()
 
     # -- what the loaded model is ------------------------------------------------------------
+
+    @property
+    def vision(self) -> bool:
+        """Whether the model (loaded, or unloaded with its tokenizer kept) takes images:
+        it loaded through mlx-vlm (:mod:`kit.engine.decode.vision`)."""
+        return self.processor is not None
 
     def trimmable(self) -> bool:
         """Whether the loaded model's KV cache can be trimmed (not recurrent or rotating);
@@ -384,7 +417,7 @@ class ModelSlot:
         fmt = self.output_format
         if fmt is None:
             return {"tools": False, "reasoning": False, "tool_format": None,
-                    "reasoning_format": None}
+                    "reasoning_format": None, "vision": False}
         return {"tools": fmt.tools, "reasoning": fmt.reasoning_format is not None,
                 "tool_format": fmt.tool_format if fmt.tools else None,
-                "reasoning_format": fmt.reasoning_format}
+                "reasoning_format": fmt.reasoning_format, "vision": self.vision}

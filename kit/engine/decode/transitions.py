@@ -56,6 +56,7 @@ class ModelTransitions:
 
     def _release(self, keep_tokenizer: bool = False) -> None:
         self.pipeline.cache.clear()  # the prompt caches belong to the model
+        self.pipeline.vision_caches.clear()
         self.slot.release(keep_tokenizer)
 
     def _unload(self) -> None:

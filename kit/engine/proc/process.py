@@ -125,7 +125,8 @@ class EngineProcess:
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
         self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
-                                              "tool_format": None, "reasoning_format": None}
+                                              "tool_format": None, "reasoning_format": None,
+                                              "vision": False}
         self._ids = itertools.count(1)
         self._ready = threading.Event()
         self._start_lock = threading.Lock()

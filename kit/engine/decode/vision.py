@@ -1,0 +1,205 @@
+"""Vision models: loading through mlx-vlm, the image prompt, and its decode.
+
+A model whose config.json has a ``vision_config`` and whose ``model_type`` mlx-vlm knows
+loads with ``mlx_vlm.load`` (the model and its processor), and every request to it, with
+images or not, decodes here with ``mlx_vlm.stream_generate`` alone: mlx-vlm's language
+models take the image features and their position ids (Qwen's mRoPE) where mlx-lm's
+``BatchGenerator`` cannot, so a vision model serves one request at a time (``/health``
+``max_batch`` says so). What the text path does around the tokens stays the same
+(:class:`kit.engine.decode.pipeline.Pipeline`: sampling checks, constraints, admission,
+the output parser, ``Started``/``Finished``).
+
+The prompt: the messages go through the chat template as the multimodal form
+(``{"type": "image"}`` parts, :class:`kit.engine.types.ChatRequest`), then through the
+model's processor (``mlx_vlm.prepare_inputs``), which repeats the image token once per
+image patch the vision tower makes: a prompt's token count includes its image tokens, and
+admission and the context check count them.
+
+The prompt cache: mlx-vlm's ``PromptCacheState`` (the KV of a conversation's last turn,
+reused for the longest common token prefix when what follows it has no image tokens),
+one per set of images: :class:`VisionCaches` keys each by the SHA-256 of the request's
+images in order, so two turns with the same image pixels reuse the KV and a turn with
+another image never does (image tokens are alike whatever the image, so the token ids
+alone cannot tell). Memory tier only.
+
+Checked against mlx-vlm 0.7.10.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from kit.engine.types import ChatRequest, ImageInput, InvalidRequest
+
+log = logging.getLogger("mlx_kit.engine")
+
+#: PromptCacheStates kept (conversations with distinct images, or none); the least
+#: recently used one goes first.
+MAX_STATES = 4
+
+
+def is_vision_folder(path: Path) -> bool:
+    """Whether the model in ``path`` loads through mlx-vlm: config.json has a non-null
+    ``vision_config`` and mlx-vlm has a model for its ``model_type`` (imports mlx-vlm:
+    the engine's process only)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict) or not config.get("vision_config"):
+        return False
+    kind = config.get("model_type")
+    if not isinstance(kind, str):
+        return False
+    try:
+        from mlx_vlm.utils import MODEL_REMAPPING
+    except ImportError:  # mlx-vlm is not installed: the text path (mlx-lm) may still load it
+        return False
+    import importlib.util
+    kind = MODEL_REMAPPING.get(kind, kind)
+    try:
+        return importlib.util.find_spec(f"mlx_vlm.models.{kind}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def load(path: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, processor)`` of the vision model in ``path``: mlx-vlm's model
+    and processor, and mlx-lm's ``TokenizerWrapper`` of the same folder's tokenizer (what
+    the text path's prompt rendering, output parser and grammar read).
+
+    Raises:
+        Exception: whatever mlx-vlm raises for a folder it cannot load.
+    """
+    import mlx_vlm
+
+    from kit import mlx_lm_api
+
+    model, processor = mlx_vlm.load(path, trust_remote_code=trust_remote_code)
+    eos = getattr(model.config, "eos_token_id", None)
+    tokenizer = mlx_lm_api.load_tokenizer(Path(path), {"trust_remote_code": trust_remote_code},
+                                          eos_token_ids=eos)
+    template = getattr(processor, "chat_template", None)
+    hf = mlx_lm_api.hf_tokenizer(tokenizer)
+    if template and not getattr(hf, "chat_template", None):
+        hf.chat_template = template  # the processor's (chat_template.jinja) is the model's
+    return model, tokenizer, processor
+
+
+def image_parts(messages: list[dict[str, Any]]) -> int:
+    """How many ``{"type": "image"}`` parts ``messages`` hold (list contents only)."""
+    return sum(1 for m in messages if isinstance(m.get("content"), list)
+               for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+
+
+def pil_images(images: tuple[ImageInput, ...]) -> list[Any]:
+    """The images as RGB PIL images (the HTTP side has checked and decoded each once).
+
+    Raises:
+        InvalidRequest: an image cannot be decoded (field ``images.<i>``).
+    """
+    from PIL import Image
+
+    out = []
+    for i, image in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(image.data)) as img:
+                out.append(img.convert("RGB"))
+        except Exception as e:  # noqa: BLE001 (any decoder error is the image's)
+            raise InvalidRequest(f"image {i} cannot be decoded: {e}", code="invalid_image",
+                                 field=f"images.{i}") from None
+    return out
+
+
+def inputs(slot: Any, request: ChatRequest, text: str) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's token ids (image tokens repeated per patch) and the processor's
+    arrays (``pixel_values``, ``mask``, and model-specific ones such as
+    ``image_grid_thw``) for the rendered prompt ``text`` and ``request.images``.
+
+    Raises:
+        InvalidRequest: the chat template wrote a different number of images than the
+            request carries (it dropped some), or an image cannot be decoded.
+    """
+    from mlx_vlm import prepare_inputs
+
+    request_images = request.images
+    wanted = image_parts(request.messages)
+    if wanted != len(request_images):
+        raise InvalidRequest(f"the request has {len(request_images)} images for {wanted} "
+                             "image parts", field="messages")
+    if request_images:
+        token = _image_token(slot)
+        written = text.count(token) if token else len(request_images)
+        if written != len(request_images):
+            raise InvalidRequest(
+                f"the model's chat template wrote {written} of the request's "
+                f"{len(request_images)} images into the prompt (it reads images only in "
+                "some messages, e.g. not in system or tool messages)", field="messages")
+    images = pil_images(request_images) if request_images else None
+    config = slot.model.config
+    out = prepare_inputs(slot.processor, images=images, prompts=text,
+                         image_token_index=getattr(config, "image_token_index", None),
+                         add_special_tokens=False)
+    ids = [int(t) for t in out["input_ids"][0].tolist()]
+    extra = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+    extra["mask"] = out.get("attention_mask")
+    return ids, extra
+
+
+def _image_token(slot: Any) -> str | None:
+    """The text the chat template writes once per image (Qwen: ``<|image_pad|>``), or
+    None when the processor does not name it."""
+    token = getattr(slot.processor, "image_token", None)
+    return token if isinstance(token, str) and token else None
+
+
+class VisionCaches:
+    """mlx-vlm ``PromptCacheState``s keyed by the model (and adapter) and the SHA-256s of a
+    request's images, least recently used out first past :data:`MAX_STATES`."""
+
+    def __init__(self, size: int = MAX_STATES) -> None:
+        self.size = size
+        self._states: OrderedDict[tuple, Any] = OrderedDict()
+
+    @staticmethod
+    def key(model_key: str, images: tuple[ImageInput, ...]) -> tuple:
+        return (model_key, *(i.digest for i in images))
+
+    def state(self, key: tuple) -> Any:
+        """The state for ``key`` (a new, empty one if none), now the most recent."""
+        from mlx_vlm.generate import PromptCacheState
+
+        state = self._states.pop(key, None) or PromptCacheState()
+        self._states[key] = state
+        while len(self._states) > self.size:
+            self._states.popitem(last=False)
+        return state
+
+    def reused(self, key: tuple, ids: list[int], config: Any) -> int:
+        """Prompt tokens mlx-vlm will take from the cached state for ``ids`` (its own rule:
+        a common prefix shorter than the prompt, followed by text only)."""
+        state = self._states.get(key)
+        if state is None or state.cache is None:
+            return 0
+        from mlx_vlm import apc
+
+        n = state.find_prefix_length(ids)
+        if not 0 < n < len(ids):
+            return 0
+        media = apc.multimodal_token_ids_from_config(config)
+        return n if apc.prefix_leaves_text_only_suffix(ids, n, media) else 0
+
+    def drop(self, key: tuple) -> None:
+        """Forget ``key``'s state (a generation stopped midway has changed its KV)."""
+        self._states.pop(key, None)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def entries(self) -> int:
+        return sum(1 for s in self._states.values() if s.cache is not None)
