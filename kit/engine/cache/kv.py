@@ -94,11 +94,12 @@ def kv_tag(kv_bits: int | None, kv_group_size: int = 64) -> str:
 def kv_snapshot(slot: Any, max_batch: int) -> dict[str, Any]:
     """/health's ``kv_cache`` for a :class:`kit.engine.decode.slot.ModelSlot`: :func:`describe`
     plus ``quantized_layers`` / ``layers`` of the loaded model (None before a load or
-    without ``kv_bits``) and the engine's ``max_batch`` (1 with ``bits``)."""
+    without ``kv_bits``) and the engine's ``max_batch`` (1 with ``bits``, and for a vision
+    model, which mlx-vlm decodes one request at a time: :mod:`kit.engine.decode.vision`)."""
     q = slot.kv_layers
     return {**describe(slot.kv_bits, slot.kv_group_size),
             "quantized_layers": q[0] if q else None, "layers": q[1] if q else None,
-            "max_batch": max_batch}
+            "max_batch": 1 if getattr(slot, "vision", False) else max_batch}
 
 
 def quantizable(layer: Any) -> bool:
