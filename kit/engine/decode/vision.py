@@ -58,7 +58,9 @@ def is_vision_folder(path: Path) -> bool:
         return False
     try:
         from mlx_vlm.utils import MODEL_REMAPPING
-    except ImportError:  # mlx-vlm is not installed: the text path (mlx-lm) may still load it
+    except ImportError:  # the text path (mlx-lm) may still load its language model
+        log.warning("%s is a vision model, but mlx-vlm is not installed: it is served as "
+                    "text only (pip install 'mlx-kit[vision]' for image input)", path)
         return False
     import importlib.util
     kind = MODEL_REMAPPING.get(kind, kind)
