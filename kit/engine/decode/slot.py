@@ -151,11 +151,11 @@ class ModelSlot:
         processor = None
         try:
             # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
-            if self._loader is not None:
-                model, tokenizer = self._loader(str(info.path), trust)
-            elif vision.is_vision_folder(info.path):
+            if vision.is_vision_folder(info.path):
                 self._refuse_for_vision(info)
                 model, tokenizer, processor = vision.load(str(info.path), trust)
+            elif self._loader is not None:
+                model, tokenizer = self._loader(str(info.path), trust)
             else:
                 model, tokenizer = mlx_lm_api.load(str(info.path),
                                         tokenizer_config={"trust_remote_code": trust},
@@ -216,7 +216,8 @@ class ModelSlot:
 
     def _refuse_for_vision(self, info: ModelInfo) -> None:
         """What a vision model cannot run with here (raises ModelError naming the flag)."""
-        flag = ("--kv-bits" if self.kv_bits is not None else
+        flag = ("--ranks/--hosts" if self.split is not None else
+                "--kv-bits" if self.kv_bits is not None else
                 "--adapter" if self.adapters and info.id == self._adapters_for else None)
         if flag is not None:
             raise ModelError(f"{info.id} is a vision model (served through mlx-vlm), which "

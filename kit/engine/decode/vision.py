@@ -143,7 +143,7 @@ def inputs(slot: Any, request: ChatRequest, text: str) -> tuple[list[int], dict[
                 f"{len(request_images)} images into the prompt (it reads images only in "
                 "some messages, e.g. not in system or tool messages)", field="messages")
     images = pil_images(request_images) if request_images else None
-    config = slot.model.config
+    config = getattr(slot.model, "config", None)  # None while unloaded (count_tokens)
     out = prepare_inputs(slot.processor, images=images, prompts=text,
                          image_token_index=getattr(config, "image_token_index", None),
                          add_special_tokens=False)
