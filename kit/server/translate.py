@@ -1,7 +1,8 @@
 """The translation pieces every protocol shares, as pure functions (no server, no model):
-content flattening, tool-call arguments, tool schemas, tool_choice, reasoning options,
-sampling overrides, stop strings and ids. Each protocol module composes them into its one
-``to_engine_request(body, defaults, ...) -> ChatRequest`` and its renderer.
+content flattening (a vision model's multimodal content too), tool-call arguments, tool
+schemas, tool_choice, reasoning options, sampling overrides, stop strings and ids. Each
+protocol module composes them into its one ``to_engine_request(body, defaults, ...) ->
+ChatRequest`` and its renderer.
 
 Errors here are the one error tree's ``InvalidRequest`` with a protocol-neutral ``field``
 (``tool_choice``...); the protocol's router maps them to its own names
@@ -15,10 +16,12 @@ import uuid
 from dataclasses import replace
 from typing import Any, Iterable
 
-from kit.engine.types import SamplingParams, ToolCall
+from kit.engine.types import ImageInput, SamplingParams, ToolCall
 from kit.errors import InvalidRequest
 from kit.formats.base import EFFORTS as _EFFORTS
-from kit.server.content.base import excerpt
+from kit.server.content.base import MediaPart, excerpt
+from kit.server.content.media import MediaReader
+from kit.server.errors import APIError
 
 #: Reasoning efforts that turn a template's thinking off (OpenAI's ``none``/``minimal``,
 #: Gemini's ``MINIMAL`` level).
@@ -56,6 +59,90 @@ def flatten(content: str | list | None, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(part.text_of(f"{where}.{i}") for i, part in enumerate(content))
+
+
+def message_content(content: str | list | None, where: str, media: MediaReader | None,
+                    role: str = "user") -> str | list:
+    """A message's content for the engine: with no image in it, the string
+    :func:`flatten` makes (so text prompts stay as they were); with images (a vision
+    model, ``media.vision``), the multimodal list ``[{"type": "text", "text": str},
+    <ImageInput>, ...]`` in the client's order, adjacent texts joined as :func:`flatten`
+    joins them. The :class:`ImageInput` items stand where the ``{"type": "image"}`` parts
+    go: :func:`with_images` swaps them once the request's messages are built.
+
+    Args:
+        content: a string, None, or a list of parts of :mod:`kit.server.content`.
+        where: the dotted path of ``content`` in the request (``messages.0.content``).
+        media: the request's :class:`MediaReader`; None or a text-only model: every media
+            part is refused as :func:`flatten` refuses it.
+        role: the message's role: only ``user`` and ``tool`` messages take images.
+    Raises:
+        APIError: 400 for a media part the model cannot take, an image in another role, or
+            an image past a bound (:mod:`kit.server.content.media`).
+    """
+    if media is None or not media.vision or content is None or isinstance(content, str):
+        return flatten(content, where)
+    parts: list[str | ImageInput] = []
+    for i, part in enumerate(content):
+        at = f"{where}.{i}"
+        if not isinstance(part, MediaPart):
+            parts.append(part.text_of(at))
+        elif part.kind == "image" and role not in IMAGE_ROLES:
+            raise refuse_image_role(role, at)
+        else:
+            parts.append(part.media_of(at, media))
+    return merge(parts)
+
+
+#: The roles (the engine's names) whose messages may carry images: what the APIs allow
+#: (OpenAI and Anthropic refuse images in assistant turns) and chat templates render (not
+#: in a system message).
+IMAGE_ROLES = ("user", "tool")
+
+
+def refuse_image_role(role: str, where: str) -> APIError:
+    """The 400 for an image in a ``role`` message that takes none (see :data:`IMAGE_ROLES`)."""
+    article = "an" if role[:1] in ("a", "e", "i", "o", "u") else "a"
+    return APIError(400, f"{where}: {article} {role} message cannot carry images (user "
+                    "messages and tool results can)", param=where, code="unsupported_content")
+
+
+def merge(parts: list[str | ImageInput]) -> str | list:
+    """Texts and images in order as a message's content: the texts joined when there is no
+    image, else ``{"type": "text"}`` items (adjacent texts joined, empty ones dropped)
+    around the images (see :func:`message_content`)."""
+    if not any(isinstance(p, ImageInput) for p in parts):
+        return "".join(parts)  # type: ignore[arg-type]
+    out: list[Any] = []
+    text: list[str] = []
+    for p in parts:
+        if isinstance(p, str):
+            text.append(p)
+            continue
+        if "".join(text):
+            out.append({"type": "text", "text": "".join(text)})
+        text = []
+        out.append(p)
+    if "".join(text):
+        out.append({"type": "text", "text": "".join(text)})
+    return out
+
+
+def with_images(messages: list[dict[str, Any]]
+                ) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
+    """The messages with each :class:`ImageInput` of their content lists replaced by
+    ``{"type": "image"}``, and the images in that order (``ChatRequest.images``: the i-th
+    image part across the messages is the i-th image), whatever order the protocol built
+    the messages in. Returns ``messages`` as they are when no content is a list."""
+    images: list[ImageInput] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            for k, item in enumerate(content):
+                if isinstance(item, ImageInput):
+                    images.append(item)
+                    content[k] = {"type": "image"}
+    return messages, tuple(images)
 
 
 def function_schema(name: str, description: str | None,

@@ -13,8 +13,10 @@ shape is a 400 naming the field (``param`` is the dotted path into the body, e.g
 - free JSON (tool parameters, tool inputs, template variables) is at most
   :data:`MAX_DEPTH` levels deep;
 - content types and roles are those each API documents; documented ones this server cannot
-  honour (images, files, audio) are accepted by the schema and refused by :func:`refuse`
-  with a message that says why; undocumented ones are refused by the schema.
+  honour (files, audio; images on a text-only model) are accepted by the schema and
+  refused by :func:`refuse` with a message that says why; undocumented ones are refused
+  by the schema. A vision model's images are read and bounded by
+  :mod:`kit.server.content.media` (:class:`MediaReader`).
 
 Unknown *fields* stay accepted and ignored (``extra="allow"``): clients send many.
 """
@@ -48,6 +50,7 @@ from kit.server.content.base import (  # noqa: F401
     one_of,
     refuse,
 )
+from kit.server.content.media import MediaLimits, MediaReader  # noqa: F401
 from kit.server.content.openai import (  # noqa: F401
     ChatFormatJsonSchema,
     ChatMedia,

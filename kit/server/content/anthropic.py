@@ -18,6 +18,8 @@ from kit.server.content.base import (
     either,
     one_of,
 )
+from kit.engine.types import ImageInput
+from kit.server.content.media import MediaReader, bad, refuse_file_id, refuse_remote
 
 
 class TextBlock(TextPart):
@@ -25,7 +27,24 @@ class TextBlock(TextPart):
 
 
 class MediaBlock(MediaPart):
+    """``image`` (read by a vision model from ``source.type=base64``; ``url`` and ``file``
+    sources are refused), ``document`` and the rest (refused)."""
+
     type: Literal["image", "document", "search_result", "container_upload"]
+
+    def media_of(self, where: str, media: MediaReader) -> ImageInput:
+        if self.type != "image":
+            raise media.refuse(self.type, where)
+        source = (self.model_extra or {}).get("source")
+        kind = source.get("type") if isinstance(source, dict) else None
+        if kind == "base64":
+            return media.image_base64(source.get("data"), where)
+        if kind == "url":
+            raise refuse_remote(where)
+        if kind == "file":
+            raise refuse_file_id(where)
+        raise bad(where, "an image block needs a source of type base64 (with media_type "
+                  "and data)", "invalid_image")
 
 
 class ToolUseBlock(Part):

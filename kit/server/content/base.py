@@ -6,7 +6,7 @@ field without echoing the input, and the part kinds every protocol's content is 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kit.server.errors import APIError, field_path  # noqa: F401 (field_path: re-exported)
+
+if TYPE_CHECKING:
+    from kit.engine.types import ImageInput
+    from kit.server.content.media import MediaReader
 
 MAX_ID = 256  # characters in a model id, tool name, call id
 MAX_DEPTH = 64  # nesting levels of free JSON values (tool schemas are a few levels deep)
@@ -191,12 +195,28 @@ class RefusalPart(Part):
 
 
 class MediaPart(Part):
-    """Content an API documents that this server cannot use (images, files, audio)."""
+    """Content an API documents beyond text (images, files, audio): a text-only model
+    refuses it (:meth:`text_of`); a vision model reads its image (:meth:`media_of`)."""
 
     type: str
 
+    @property
+    def kind(self) -> str:
+        """``image``, ``audio``, ``file`` or the part's own type (``document``...)."""
+        return _MEDIA.get(self.type, self.type)
+
     def text_of(self, where: str) -> str:
         raise refuse(self.type, where)
+
+    def media_of(self, where: str, media: MediaReader) -> ImageInput:
+        """The image this part carries, read and bounded by ``media``
+        (:mod:`kit.server.content.media`); each protocol's part reads its own fields.
+
+        Raises:
+            APIError: 400 for a part that is not an image (audio after its bounds, files,
+                documents), a source that is not inline, or a bound passed.
+        """
+        raise media.refuse(self.type, where)
 
 
 def _types(model: type[BaseModel]) -> tuple[str, ...]:
@@ -245,3 +265,4 @@ def refuse(kind: str, where: str) -> APIError:
 
 _MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio",
           "input_file": "file"}
+"""A part's type -> the kind of content it is, for messages."""

@@ -1,0 +1,132 @@
+"""kit/server/content/media.py alone: base64 bounded before it is decoded, images read by
+their content and bounded, audio bounded then refused; and translate's multimodal content
+(merge, with_images). The same through every protocol: tests/server/test_images_api.py."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from PIL import Image
+
+from kit.engine.types import ImageInput
+from kit.server.content.media import (
+    MAX_AUDIO_BYTES,
+    MediaLimits,
+    MediaReader,
+    check_audio,
+    decode_base64,
+    read_image,
+    size_text,
+)
+from kit.server.errors import APIError
+from kit.server.translate import merge, with_images
+from tests.server.images import b64, data_url, image, sha, wav
+
+PNG = image("PNG")
+
+
+def code_of(call, *args) -> tuple[str, str]:
+    with pytest.raises(APIError) as e:
+        call(*args)
+    assert e.value.status == 400 and e.value.message.startswith(e.value.param + ": ")
+    return e.value.code, e.value.message
+
+
+@pytest.mark.parametrize("text", [
+    b64(PNG),
+    "\n".join(b64(PNG)[i:i + 76] for i in range(0, len(b64(PNG)), 76)),  # MIME line breaks
+    base64.urlsafe_b64encode(PNG).decode().rstrip("="),  # URL-safe, no padding (Google's)
+])
+def test_base64_in_its_common_spellings_decodes_to_the_same_bytes(text):
+    assert decode_base64(text, "p", 1000, "image") == PNG
+
+
+@pytest.mark.parametrize("text", ["", None, 5, "a!b@", "é" * 8, "abcde"])
+def test_what_is_not_base64_is_invalid(text):
+    assert code_of(decode_base64, text, "p", 1000, "image")[0] == "invalid_image"
+
+
+def test_the_byte_bound_is_exact_and_checked_on_the_text_first():
+    data = b"x" * 30
+    assert decode_base64(b64(data), "p", 30, "image") == data
+    code, message = code_of(decode_base64, b64(data + b"y"), "p", 30, "image", "--max-x")
+    assert code == "image_too_large" and "--max-x" in message
+    # text past the bound is refused for its length alone, whatever it holds
+    assert code_of(decode_base64, "!" * 1000, "p", 30, "audio")[0] == "audio_too_large"
+
+
+def test_audio_past_25_mib_is_refused_before_it_is_decoded():
+    text = "A" * (4 * (MAX_AUDIO_BYTES // 3) + 8)
+    code, message = code_of(MediaReader(vision=True).audio_base64, text, "wav", "a.0")
+    assert code == "audio_too_large" and "25 MiB" in message
+
+
+@pytest.mark.parametrize("fmt,media_type", [("PNG", "image/png"), ("JPEG", "image/jpeg"),
+                                            ("GIF", "image/gif"), ("WEBP", "image/webp")])
+def test_each_format_is_read_with_its_size_type_and_digest(fmt, media_type):
+    data = image(fmt, (5, 3))
+    got = read_image(data, "p", MediaLimits())
+    assert got == ImageInput(data, media_type, 5, 3, sha(data))
+
+
+def test_an_animated_gif_is_read_by_its_first_frame():
+    import io
+
+    frames = [Image.new("RGB", (6, 6), c) for c in ((255, 0, 0), (0, 255, 0))]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
+    got = read_image(buf.getvalue(), "p", MediaLimits())
+    assert (got.media_type, got.width, got.height) == ("image/gif", 6, 6)
+
+
+def test_the_pixel_bound_is_inclusive():
+    assert read_image(PNG, "p", MediaLimits(max_image_pixels=64)).width == 8
+    code, message = code_of(read_image, PNG, "p", MediaLimits(max_image_pixels=63))
+    assert code == "image_too_large" and "8x8 pixels (64)" in message
+
+
+def test_a_data_url_is_read_whatever_the_case_of_its_header():
+    reader = MediaReader(vision=True)
+    url = "DATA:image/PNG;charset=x;BASE64," + b64(PNG)
+    assert reader.image_url(url, "p").data == PNG
+    assert reader.image_url(data_url(PNG, "image/jpeg"), "p").media_type == "image/png"
+    assert reader.count == 2
+
+
+def test_the_count_bound_names_the_first_image_past_it():
+    reader = MediaReader(MediaLimits(max_images=1), vision=True)
+    reader.image_base64(b64(PNG), "a")
+    code, message = code_of(reader.image_base64, b64(PNG), "b")
+    assert code == "too_many_images" and message.startswith("b: more than 1 images")
+
+
+@pytest.mark.parametrize("data,declared,code", [
+    (wav(), "wav", "unsupported_content"),
+    (wav(), "audio/x-wav", "unsupported_content"),
+    (wav(), "mp3", "unsupported_content"),  # the content is WAV: parsed all the same
+    (wav(frames=601, rate=1), None, "audio_too_long"),
+    (wav(frames=600, rate=1), None, "unsupported_content"),  # 600 s: within the bound
+    (wav()[:60], "wav", "invalid_audio"),
+    (b"RIFF\x00\x00\x00\x00WAVEjunk", None, "invalid_audio"),
+    (b"\xff\xfb\x90\x00" * 10, "mp3", "unsupported_content"),
+    (b"\xff\xfb\x90\x00" * 10, "wav", "invalid_audio"),
+])
+def test_audio_is_bounded_then_refused(data, declared, code):
+    assert code_of(check_audio, data, declared, "a.1")[0] == code
+
+
+def test_size_text():
+    assert [size_text(n) for n in (12, 2048, 20 * 2**20, 3 * 2**19)] == [
+        "12 bytes", "2 KiB", "20 MiB", "1.5 MiB"]
+
+
+def test_merge_keeps_text_a_string_and_orders_images_among_texts():
+    img = ImageInput(PNG, "image/png", 8, 8, sha(PNG))
+    assert merge(["a", "", "b"]) == "ab"
+    assert merge(["a", "b", img, "", img, "c"]) == [
+        {"type": "text", "text": "ab"}, img, img, {"type": "text", "text": "c"}]
+    messages, images = with_images([{"role": "user", "content": merge([img, "x"])},
+                                    {"role": "assistant", "content": "y"}])
+    assert messages[0]["content"] == [{"type": "image"}, {"type": "text", "text": "x"}]
+    assert images == (img,)
