@@ -12,9 +12,10 @@ take its place in :class:`State`), and ``init``'s options, which are
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from kit.engine.interface import SwapResult
 from kit.engine.types import (
@@ -41,7 +42,8 @@ from kit.errors import (
 from kit.models.resolve import InvalidModelSpec
 
 _KIB, _MIB = 1 << 10, 1 << 20
-#: the largest request (a chat request of up to --max-body-size, which may be raised)
+#: the largest request (a chat request of up to --max-body-size, which may be raised; its
+#: images cross in base64, as they came in the body)
 REQUEST_BYTES = 1 << 30
 #: the largest message the engine sends (a tool call's arguments may be long)
 EVENT_BYTES = 64 * _MIB
@@ -57,8 +59,45 @@ class WireError(EngineError):
         self.ident, self.stream = ident, stream
 
 
+#: the most images one request carries, and the largest (``serve --max-images`` and
+#: ``--max-image-bytes`` are bounded below these)
+MAX_IMAGES = 64
+IMAGE_BYTES = 64 * _MIB
+#: the media types an image crosses with (kit/server/content/media.py reads no other)
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _bounded_images(request: ChatRequest) -> ChatRequest:
+    """``request`` when its images are within the wire's bounds (:data:`MAX_IMAGES`,
+    :data:`IMAGE_BYTES`, :data:`IMAGE_TYPES`, a size, a SHA-256 digest).
+
+    Raises:
+        ValueError: naming the image and the bound (the receiver's WireError).
+    """
+    if len(request.images) > MAX_IMAGES:
+        raise ValueError(f"{len(request.images)} images, past the bound of {MAX_IMAGES}")
+    for i, image in enumerate(request.images):
+        if len(image.data) > IMAGE_BYTES:
+            raise ValueError(f"image {i} is {len(image.data)} bytes, past the bound of "
+                             f"{IMAGE_BYTES}")
+        if image.media_type not in IMAGE_TYPES:
+            raise ValueError(f"image {i}'s media type is not one of {sorted(IMAGE_TYPES)}")
+        if not (0 < image.width < 1 << 31 and 0 < image.height < 1 << 31):
+            raise ValueError(f"image {i}'s size is out of range")
+        if not _DIGEST.fullmatch(image.digest):
+            raise ValueError(f"image {i}'s digest is not a SHA-256 in hex")
+    return request
+
+
+#: A ChatRequest whose images are bounded (:func:`_bounded_images`).
+_Request = Annotated[ChatRequest, AfterValidator(_bounded_images)]
+
+
 class _Rec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # bytes (an image's data) cross as base64 text: JSON has no bytes, and no pickle is used
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              ser_json_bytes="base64", val_json_bytes="base64")
     KIND: ClassVar[int]
     TAG: ClassVar[str]  # the tuple's first item
     MAX_BYTES: ClassVar[int]
@@ -139,9 +178,10 @@ def rebuild_error(record: ErrorRecord) -> KitError:
 # -- server -> engine ---------------------------------------------------------------------
 
 class Gen(_Rec):
-    """``("gen", jid, ChatRequest)``: run a request; its events come back under ``jid``."""
+    """``("gen", jid, ChatRequest)``: run a request; its events come back under ``jid``
+    (its images' bytes as base64, bounded: :func:`_bounded_images`)."""
     KIND, TAG, MAX_BYTES, STREAM = 1, "gen", REQUEST_BYTES, "ev"
-    request: ChatRequest
+    request: _Request
 
 
 class Cancel(_Rec):
@@ -156,9 +196,10 @@ class SwapTo(_Rec):
 
 
 class Count(_Rec):
-    """``("count", cid, ChatRequest)``: count the request's prompt tokens."""
+    """``("count", cid, ChatRequest)``: count the request's prompt tokens (images as
+    :class:`Gen`'s)."""
     KIND, TAG, MAX_BYTES, STREAM = 4, "count", REQUEST_BYTES, "reply"
-    request: ChatRequest
+    request: _Request
 
 
 class Memory(_Rec):

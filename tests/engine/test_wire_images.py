@@ -1,0 +1,58 @@
+"""A request's images on the engine pipe (kit/engine/proc/wire_records.py): their bytes
+cross as base64 in the JSON records (no pickle), byte for byte, and the receiver bounds
+their count, size, type and digest."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import replace
+
+import pytest
+
+from kit.engine.proc import wire
+from kit.engine.proc.wire_records import IMAGE_BYTES, MAX_IMAGES
+from kit.engine.types import ChatRequest, ImageInput
+
+
+def _image(data: bytes, media_type: str = "image/png", size: tuple[int, int] = (8, 8)
+           ) -> ImageInput:
+    return ImageInput(data, media_type, *size, hashlib.sha256(data).hexdigest())
+
+
+# every byte value, and bytes that are no UTF-8
+FIRST = _image(bytes(range(256)) * 3)
+SECOND = _image(b"\xff\xd8\xff" + os.urandom(5000), "image/jpeg", (640, 480))
+REQUEST = ChatRequest(
+    [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]},
+     {"role": "tool", "tool_call_id": "c", "content": [{"type": "image"}]}],
+    images=(FIRST, SECOND), request_id="req-img")
+
+
+@pytest.mark.parametrize("tag", ["gen", "count"])
+def test_a_request_with_two_images_round_trips_byte_exactly(tag):
+    frame = wire.encode((tag, 7, REQUEST))
+    got = wire.decode(frame)
+    assert got[:2] == (tag, 7)
+    assert got[2] == REQUEST
+    assert [i.data for i in got[2].images] == [FIRST.data, SECOND.data]
+    assert isinstance(got[2].images, tuple) and isinstance(got[2].images[0], ImageInput)
+
+
+def test_the_bytes_cross_as_base64_text_not_a_pickle():
+    frame = wire.encode(("gen", 1, REQUEST))
+    assert b'"data":"' in frame and b"\x80\x04" not in frame[:64]
+
+
+@pytest.mark.parametrize("bad", [
+    dict(images=(FIRST,) * (MAX_IMAGES + 1)),
+    dict(images=(_image(b"\x00" * (IMAGE_BYTES + 1)),)),
+    dict(images=(replace(FIRST, media_type="image/bmp"),)),
+    dict(images=(replace(FIRST, width=0),)),
+    dict(images=(replace(FIRST, digest="abc"),)),
+])
+def test_images_past_the_wire_bounds_are_refused_by_the_receiver(bad):
+    frame = wire.encode(("gen", 3, replace(REQUEST, **bad)))
+    with pytest.raises(wire.WireError) as e:
+        wire.decode(frame)
+    assert e.value.ident == 3 and e.value.stream == "ev"
