@@ -163,8 +163,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("allow_origin", "list", (), "Let web pages of ORIGIN (scheme://host[:port]) call "
          "the API, with CORS (repeatable; comma-separated in MLX_KIT_ORIGINS; *: any page, "
          "unsafe). Other requests carrying an Origin are refused.", env="MLX_KIT_ORIGINS"),
-    Knob("max_body_size", "size", 16 * 2**20, "Largest request body, e.g. 16MiB (413 above "
-         "it).", unit="bytes", shown_default="16MiB"),
+    Knob("max_body_size", "size", 32 * 2**20, "Largest request body, e.g. 32MiB (413 above "
+         "it; the default holds one 20 MiB image in base64).", unit="bytes",
+         shown_default="32MiB"),
+    # images (a vision model only; kit/server/content/media.py). The wire to the engine
+    # bounds one image at 64 MiB and a request at 64 images (kit/engine/proc/wire_records.py).
+    Knob("max_image_bytes", "size", 20 * 2**20, "Largest image in a request, e.g. 20MiB "
+         "(decoded; 400 image_too_large above it).", unit="bytes", ge=1, le=64 * 2**20,
+         shown_default="20MiB"),
+    # Pillow refuses more than 2 x its MAX_IMAGE_PIXELS (178,956,970) itself
+    Knob("max_image_pixels", int, 50_000_000, "Most pixels (width x height) of one image, "
+         "read from its header before it is decoded (400 image_too_large above it).",
+         unit="pixels", ge=1, le=178_956_970),
+    Knob("max_images", int, 16, "Most images in one request (400 too_many_images above it).",
+         unit="images", ge=1, le=64),
     Knob("docs", bool, None, "Serve /openapi.json and /docs (default: on for a loopback "
          "bind).", negatable=True),
     Knob("trust_remote_code", bool, False, "Let a model run Python code shipped in its folder "

@@ -185,6 +185,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     from kit.engine.proc.process import EngineProcess
     from kit.models.resolve import resolve_model
     from kit.server import create_app
+    from kit.server.content.media import MediaLimits
     from kit.server.state import ServerState
     from kit.urls import parse_url
 
@@ -252,7 +253,9 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
                             default_temperature=c.temperature, default_top_p=c.top_p,
                             force_sampling=c.force_sampling, embedder=embedder,
                             adapters=tuple(n.partition("=")[0] for n in c.adapter),
-                            adapters_for=info.id)
+                            adapters_for=info.id,
+                            media_limits=MediaLimits(c.max_image_bytes, c.max_image_pixels,
+                                                     c.max_images))
         # The first catalog scan runs while the engine loads; listening only after it ended
         # means no request ever waits for one (later rescans run in the background).
         concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)

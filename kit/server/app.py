@@ -39,7 +39,7 @@ def create_app(state: ServerState, on_shutdown: Callable[[], None] | None = None
         state: the server state (engine, keys, aliases).
         on_shutdown: runs when the server shuts down gracefully.
         edge: the Host/Origin/body-size policy (default: loopback names only, port 8090,
-            16 MiB bodies).
+            32 MiB bodies).
         docs: serve ``/openapi.json`` and ``/docs``.
 
     Routes: ``GET /`` and ``GET /health`` (no auth, identify the server as mlx-kit),

@@ -41,10 +41,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kit.server.errors import APIError, excerpt
 from kit.server.protocol import Protocol
 
-#: Default request-body limit in bytes (``--max-body-size``). 16 MiB is what nginx-fronted
-#: API servers and MongoDB use for a document; a coding agent's largest request (200k
-#: tokens of context, tool schemas, base64 images of a few MB) stays well below it.
-DEFAULT_MAX_BODY = 16 * 1024 * 1024
+#: Default request-body limit in bytes (``--max-body-size``): 32 MiB, so that one image of
+#: the default --max-image-bytes (20 MiB, ~27 MiB in base64) fits beside a long context; a
+#: coding agent's largest text request (200k tokens of context, tool schemas) is ~1 MB.
+DEFAULT_MAX_BODY = 32 * 1024 * 1024
 
 #: Deepest JSON nesting accepted (arrays and objects), serde_json's default. Real requests
 #: nest ~10 levels (messages / content blocks / tool schemas); Python's recursion limit

@@ -18,6 +18,7 @@ from kit.health import HealthBody
 from kit.models.adapters import SEPARATOR as ADAPTER_SEPARATOR, adapter_of
 from kit.models.aliases import AliasTable
 from kit.models.catalog import CatalogCache, CatalogEntry, served_entries
+from kit.server.content.media import MediaLimits, MediaReader
 from kit.server.errors import APIError, api_error
 from kit.engine.status import MemoryStatus
 
@@ -53,6 +54,8 @@ class ServerState:
         adapters: the LoRA adapters' names (``--adapter NAME=PATH``), each served as
             ``local:NAME`` while ``adapters_for``, the model they were trained on (the
             one the server started with), is the one loaded.
+        media_limits: the bounds on a request's images (``--max-image-bytes``,
+            ``--max-image-pixels``, ``--max-images``; :mod:`kit.server.content.media`).
     """
 
     engine: EngineLike
@@ -69,6 +72,7 @@ class ServerState:
     embedder: EmbedProcess | None = None
     adapters: tuple[str, ...] = ()
     adapters_for: str | None = None
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
 
     @property
     def model_id(self) -> str:
@@ -84,6 +88,13 @@ class ServerState:
             top_p=self.default_top_p if self.default_top_p is not None
             else model.get("top_p", 1.0),
             top_k=int(model.get("top_k", 0)), min_p=model.get("min_p", 0.0))
+
+    def media_reader(self) -> MediaReader:
+        """A new request's :class:`~kit.server.content.media.MediaReader`: the server's
+        image bounds, and whether the model loaded now takes images (the engine's
+        ``capabilities()["vision"]``; a text-only model refuses every media part unread)."""
+        vision = bool(self.engine.capabilities().get("vision", False))
+        return MediaReader(self.media_limits, vision=vision)
 
     def catalog(self) -> list[CatalogEntry]:
         """The model catalog's last snapshot (:class:`~kit.models.catalog.CatalogCache`: a

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-LIMIT = 16 * 1024 * 1024  # the default --max-body-size
+LIMIT = 32 * 1024 * 1024  # the default --max-body-size
 
 
 def _raw(server, head: str, *chunks: bytes, timeout: float = 30) -> tuple[int, dict, float]:
@@ -44,9 +44,9 @@ def _length(data: bytes) -> int:
     return 1 << 30
 
 
-def test_declared_20mb_body_is_refused_before_it_is_sent(server):
+def test_declared_40mb_body_is_refused_before_it_is_sent(server):
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {20_000_000}\r\n\r\n")
+            f"Content-Type: application/json\r\nContent-Length: {40_000_000}\r\n\r\n")
     status, body, took = _raw(server, head, b'{"model": "local", "messages": [')
     assert status == 413
     assert body["error"]["code"] == "request_too_large"
@@ -61,7 +61,7 @@ def test_chunked_body_over_the_limit_is_refused_while_streaming(server):
             "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     mib = b"x" * (1 << 20)
     chunk = f"{len(mib):x}\r\n".encode() + mib + b"\r\n"
-    status, body, took = _raw(server, head, *[chunk] * 17)  # 17 MiB of a 20 MB body
+    status, body, took = _raw(server, head, *[chunk] * 33)  # 33 MiB of a 40 MB body
     assert status == 413
     assert body["type"] == "error" and "--max-body-size" in body["error"]["message"]
     assert took < 5
