@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from kit.engine.types import ChatRequest, EngineError, Finished, Started
 from kit.errors import KitError
 from kit.server import sse
+from kit.server.content.media import MediaReader
 from kit.server.errors import APIError, api_error
 from kit.server.state import SAMPLING_FIELDS, ServerState
 from kit.server.stable_prompts import stable_messages
@@ -35,7 +36,8 @@ from kit.server.translate import new_id
 #: ``response_format``...), by first dotted segment (:func:`kit.server.errors.api_error`).
 Fields = Mapping[str, str]
 
-#: ``to_engine_request(body, defaults, *, supports_tools, context_window) -> ChatRequest``
+#: ``to_engine_request(body, defaults, *, supports_tools, context_window, media) ->
+#: ChatRequest`` (``media``: the request's :class:`~kit.server.content.media.MediaReader`)
 Translate = Callable[..., ChatRequest]
 
 
@@ -96,8 +98,10 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
                 ) -> tuple[ChatRequest, Started, AsyncIterator]:
     """The preamble of every generating route: resolve ``model`` (which may swap; ``local:NAME``
     runs ``local`` with LoRA adapter NAME), translate
-    ``body`` with the then loaded model's sampling defaults, tool support and context
-    window, put known agents' moved prompt blocks back (:mod:`kit.server.stable_prompts`),
+    ``body`` with the then loaded model's sampling defaults, tool support, context
+    window and image support (``media``: :meth:`ServerState.media_reader`; on a worker
+    thread when the model takes images, :func:`off_loop`), put known agents' moved prompt
+    blocks back (:mod:`kit.server.stable_prompts`),
     give the request an id (``id_prefix`` + 24 hex digits; ``req.request_id``), and
     :func:`start` it. ``stream``: whether the answer is streamed, for the status page
     (default: ``body.stream``; Gemini chooses by route and passes it).
@@ -110,8 +114,10 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
     model, adapter = state.split_adapter(model)
     real = await state.resolve(model)
     defaults = state.sampling_defaults()
-    req = translate(body, defaults, supports_tools=state.engine.capabilities()["tools"],
-                    context_window=state.engine.model_info.context_window)
+    media = state.media_reader()
+    req = await off_loop(media, translate, body, defaults,
+                         supports_tools=state.engine.capabilities()["tools"],
+                         context_window=state.engine.model_info.context_window, media=media)
     if state.force_sampling:  # the server's sampling, whatever the request set
         req.params = replace(req.params, **{k: getattr(defaults, k) for k in SAMPLING_FIELDS})
     req.model, req.adapter, req.request_id = real, adapter, new_id(id_prefix)
@@ -126,6 +132,16 @@ async def begin(request: Request, model: str, body: Any, translate: Translate,
             start(state, req))
     request.state.started = started  # respond() reports a memory clamp from it
     return req, started, events
+
+
+async def off_loop(reader: MediaReader, fn: Callable[..., Any], /, *args: Any,
+                   **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: on a worker thread when the loaded model takes images
+    (``reader.vision``: reading them decodes every pixel, up to --max-images x
+    --max-image-pixels, which must not stall the event loop), else here as before."""
+    if reader.vision:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 #: The response header that reports a ``max_tokens`` capped by memory admission, on every
@@ -238,4 +254,4 @@ async def respond(request: Request, events: AsyncIterator, renderer: Renderer, *
 
 
 __all__ = ["MAX_TOKENS_HEADER", "Fields", "Renderer", "begin", "clamp_headers", "collect", "frames",
-           "protocol_router", "respond", "start", "stream_events"]
+           "off_loop", "protocol_router", "respond", "start", "stream_events"]

@@ -7,7 +7,9 @@ leading system message;
 ``tool_result`` blocks -> ``tool`` messages; ``tool_use`` blocks -> assistant
 ``tool_calls``; ``thinking`` blocks -> the assistant turn's reasoning
 (:func:`~kit.server.translate.history_reasoning`); redacted thinking and server-tool blocks
-are dropped; image and document blocks are a 400 (text-only models);
+are dropped; image blocks are a 400 on a text-only model and images on a vision one (user
+turns and ``tool_result`` content, :mod:`kit.server.content.media`); document blocks are a
+400;
 a block type Anthropic does not document is a 400 naming it (:mod:`kit.server.content`).
 ``thinking`` and ``output_config.effort`` become the chat template's reasoning variables
 (:func:`thinking_options`); other unknown fields and beta features (``context_management``,
@@ -33,7 +35,7 @@ from kit.engine.types import (
     ToolCall,
 )
 from kit.server import sse
-from kit.server.adapter import Renderer, begin, protocol_router, respond
+from kit.server.adapter import Renderer, begin, off_loop, protocol_router, respond
 from kit.server.content import (
     AnthropicTool,
     AnthropicToolChoice,
@@ -42,6 +44,7 @@ from kit.server.content import (
     Id,
     LenientModel,
     MAX_STOPS,
+    MediaReader,
     MAX_TOKENS,
     MediaBlock,
     SystemBlock,
@@ -65,10 +68,14 @@ from kit.server.translate import (
     function_schema,
     history_call,
     history_reasoning,
+    merge,
+    message_content,
     output_cap,
     overridden,
+    refuse_image_role,
     stop_strings,
     thinking_kwargs,
+    with_images,
 )
 
 #: Anthropic's names for the engine's neutral fields are the neutral names themselves
@@ -127,11 +134,15 @@ class CountTokensRequest(LenientModel):
     tool_choice: AnthropicToolChoice | None = None
 
 
-def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]]:
-    """The engine's chat messages for ``body.system`` and ``body.messages``.
+def _messages(body: MessagesRequest | CountTokensRequest,
+              media: MediaReader | None = None) -> list[dict[str, Any]]:
+    """The engine's chat messages for ``body.system`` and ``body.messages``; a vision
+    model's ``image`` blocks (user turns, and ``tool_result`` content: a tool's screenshot)
+    stay as images (:func:`message_content`).
 
     Raises:
-        APIError: 400 for image, document and other non-text content.
+        APIError: 400 for document and other non-text content, images on a text-only
+            model, in an assistant turn or past a bound.
     """
     out: list[dict[str, Any]] = []
     # System text from `system` and from system-role turns goes first, as one message:
@@ -148,24 +159,30 @@ def _messages(body: MessagesRequest | CountTokensRequest) -> list[dict[str, Any]
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        texts, calls, results, thoughts = [], [], False, []
+        parts: list[Any] = []  # texts, and a vision model's images
+        calls, results, thoughts = [], False, []
         for j, b in enumerate(m.content):
             if isinstance(b, ToolResultBlock):
                 results = True
                 out.append({"role": "tool", "tool_call_id": engine_call_id(b.tool_use_id),
-                            "content": flatten(b.content, f"{where}.{j}.content")})
+                            "content": message_content(b.content, f"{where}.{j}.content",
+                                                       media, "tool")})
             elif isinstance(b, ToolUseBlock):
                 calls.append(history_call(engine_call_id(b.id), b.name, b.input))
             elif isinstance(b, TextBlock):
-                texts.append(b.text)
+                parts.append(b.text)
             elif isinstance(b, MediaBlock):
-                raise refuse(b.type, f"{where}.{j}")
+                if media is None or not media.vision:
+                    raise refuse(b.type, f"{where}.{j}")
+                if b.kind == "image" and m.role != "user":
+                    raise refuse_image_role(m.role, f"{where}.{j}")
+                parts.append(b.media_of(f"{where}.{j}", media))
             elif b.type == "thinking" and isinstance((b.model_extra or {}).get("thinking"),
                                                      str):
                 thoughts.append(b.model_extra["thinking"])
             # other DroppedBlocks (redacted thinking, server tools): not re-sent
-        if texts or calls or m.role == "user" and not results:
-            msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
+        if parts or calls or m.role == "user" and not results:
+            msg: dict[str, Any] = {"role": m.role, "content": merge(parts)}
             if calls:
                 msg["tool_calls"] = calls
             if m.role == "assistant":
@@ -218,15 +235,19 @@ def thinking_options(body: MessagesRequest) -> dict[str, Any]:
 
 def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
-                      context_window: int | None = None) -> ChatRequest:
+                      context_window: int | None = None,
+                      media: MediaReader | None = None) -> ChatRequest:
     """Translate a validated Messages request into the engine's :class:`ChatRequest`;
     ``defaults`` fills the sampling fields the request omits. ``max_tokens`` is a cap, as
     in Anthropic's API: one that reaches ``context_window`` (Claude Code sends 32000)
     becomes None, which the engine fits to what is left of the window. ``thinking`` and
     ``output_config.effort`` become template variables (:func:`thinking_options`).
+    ``media``: the request's media reader (a vision model's images become
+    ``ChatRequest.images``; None: refused).
 
     Raises:
-        APIError: 400 for image, document and other non-text content.
+        APIError: 400 for document and other non-text content, images that cannot be
+            taken (see :func:`_messages`).
         InvalidRequest: ``tool_choice`` that cannot be honoured; an unknown effort.
     """
     params = overridden(defaults, temperature=body.temperature, top_p=body.top_p,
@@ -234,8 +255,9 @@ def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
     params = replace(params, max_tokens=output_cap(body.max_tokens, context_window),
                      stop=stop_strings(body.stop_sequences))
     tools, force = _tools(body, supports_tools)
-    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force,
-                       template_kwargs=thinking_options(body))
+    messages, images = with_images(_messages(body, media))
+    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+                       force_tool=force, template_kwargs=thinking_options(body))
 
 
 def _usage(fin: Finished | None) -> dict[str, int]:
@@ -348,7 +370,9 @@ async def messages(body: MessagesRequest, request: Request):
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
     await state.resolve(body.model)
-    req = ChatRequest(messages=_messages(body),
+    media = state.media_reader()
+    messages, images = with_images(await off_loop(media, _messages, body, media))
+    req = ChatRequest(messages=messages, images=images,
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
     return {"input_tokens": await state.count_tokens(req)}
 

@@ -27,7 +27,7 @@ from kit.engine.types import (
     ToolCall,
 )
 from kit.server import gemini_catalog
-from kit.server.adapter import Renderer, begin, protocol_router, respond
+from kit.server.adapter import Renderer, begin, off_loop, protocol_router, respond
 from kit.server.errors import APIError
 from kit.server.gemini_schemas import CountTokensRequest, GenerateContentRequest
 from kit.server.gemini_translate import (
@@ -39,7 +39,7 @@ from kit.server.gemini_translate import (
 )
 from kit.server.protocol import Protocol
 from kit.server.state import ServerState
-from kit.server.translate import call_arguments
+from kit.server.translate import call_arguments, with_images
 
 router = protocol_router(GEMINI_FIELDS)
 
@@ -169,7 +169,9 @@ async def count_tokens(model: str, body: CountTokensRequest, request: Request) -
         inner, tools = GenerateContentRequest(contents=body.contents), None
     else:
         raise bad_field("contents or generateContentRequest is required", "contents")
-    n = await state.count_tokens(ChatRequest(messages=chat_messages(inner), tools=tools))
+    media = state.media_reader()
+    messages, images = with_images(await off_loop(media, chat_messages, inner, media))
+    n = await state.count_tokens(ChatRequest(messages=messages, images=images, tools=tools))
     return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
 
 

@@ -6,7 +6,9 @@ renderer are in :mod:`kit.server.gemini`, the bodies in :mod:`kit.server.gemini_
 parts -> ``tool`` messages. ``toolConfig`` goes to the shared forced-tool-call machinery
 (ANY -> required / named), a JSON ``responseMimeType`` with ``responseSchema`` /
 ``responseJsonSchema`` to constrained decoding, ``thinkingConfig`` to template variables.
-What a local text-only server cannot honour (media, Google-side tools, ``cachedContent``,
+On a vision model, ``inlineData`` images of user turns and function responses become
+images (:mod:`kit.server.content.media` bounds them); what a local server cannot honour
+(other media, and any on a text-only model; Google-side tools, ``cachedContent``,
 ``candidateCount`` > 1, logprobs, audio output) is a 400 naming the field.
 """
 
@@ -16,7 +18,15 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from kit.engine.types import ChatRequest, SamplingParams
+from kit.engine.types import ChatRequest, ImageInput, SamplingParams
+from kit.server.content.base import excerpt
+from kit.server.content.media import (
+    MediaReader,
+    bad,
+    refuse_file,
+    refuse_file_id,
+    refuse_remote,
+)
 from kit.server.errors import APIError
 from kit.server.gemini_schemas import (
     SERVER_TOOLS,
@@ -29,10 +39,13 @@ from kit.server.translate import (
     choose_tools,
     function_schema,
     history_call,
+    merge,
     output_cap,
     overridden,
+    refuse_image_role,
     stop_strings,
     thinking_kwargs,
+    with_images,
 )
 
 #: Gemini's names for the engine's neutral field names.
@@ -55,22 +68,99 @@ _MEDIA_FIELDS = {"inline_data": "inlineData", "file_data": "fileData",
                  "code_execution_result": "codeExecutionResult"}
 
 
-def _refuse_media(part: Any, where: str) -> None:
+def _refuse_media(part: Any, where: str, media: MediaReader | None = None,
+                  role: str = "user") -> None:
+    """Refuse ``part``'s media field, if it has one: as a text-only model does (``media``
+    None or not vision), or, on a vision model, as a turn of ``role`` that takes no images
+    (``system``, ``assistant``) or as what no model here takes (code execution)."""
     for field, name in _MEDIA_FIELDS.items():
-        if getattr(part, field) is not None:
-            raise bad_field(f"{name} parts are not supported by this local text-only model",
+        if getattr(part, field) is None:
+            continue
+        if media is not None and media.vision and field in ("inline_data", "file_data"):
+            raise refuse_image_role(role, f"{where}.{name}")
+        if media is not None and media.vision:
+            raise bad_field(f"{name} parts are not supported by this server",
                             f"{where}.{name}", code="unsupported_content")
+        raise bad_field(f"{name} parts are not supported by this local text-only model",
+                        f"{where}.{name}", code="unsupported_content")
 
 
-def _system(content: Content | None) -> list[dict[str, Any]]:
+def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput:
+    """A vision model's image of an ``inlineData`` blob (``{mimeType, data}``, base64);
+    ``audio/*`` is bounded, then refused; any other type refused.
+
+    Raises:
+        APIError: 400 naming ``where`` (the ``inlineData`` field's path).
+    """
+    if not isinstance(blob, dict):
+        raise bad(where, "inlineData must be an object with mimeType and data",
+                  "invalid_image")
+    mime = blob.get("mimeType", blob.get("mime_type"))
+    mime = mime.lower() if isinstance(mime, str) else ""
+    if mime.startswith("image/"):
+        return media.image_base64(blob.get("data"), where)
+    if mime.startswith("audio/"):
+        media.audio_base64(blob.get("data"), mime, where)
+    raise bad(where, f"{excerpt(mime or 'an untyped blob', 60)} content is not supported "
+              "by this model (images are: image/png, image/jpeg, image/webp, image/gif)",
+              "unsupported_content")
+
+
+def _file(blob: Any, where: str) -> APIError:
+    """The 400 for a ``fileData`` part: nothing is fetched or read from disk."""
+    uri = blob.get("fileUri", blob.get("file_uri")) if isinstance(blob, dict) else None
+    head = uri[:16].lower() if isinstance(uri, str) else ""
+    if head.startswith(("file:", "/", "~", ".")):
+        return refuse_file(where)
+    if head.startswith(("http://", "https://", "gs://")):
+        return refuse_remote(where)
+    return refuse_file_id(where)
+
+
+def _user_media(p: Any, where: str, media: MediaReader | None) -> ImageInput | None:
+    """The image of a user turn's part on a vision model (None: not a media part)."""
+    if media is not None and media.vision:
+        if p.inline_data is not None:
+            return _inline(p.inline_data, f"{where}.inlineData", media)
+        if p.file_data is not None:
+            raise _file(p.file_data, f"{where}.fileData")
+    _refuse_media(p, where, media)
+    return None
+
+
+def _system(content: Content | None, media: MediaReader | None) -> list[dict[str, Any]]:
     if content is None:
         return []
     texts = []
     for j, p in enumerate(content.parts):
-        _refuse_media(p, f"systemInstruction.parts.{j}")
+        _refuse_media(p, f"systemInstruction.parts.{j}", media, "system")
         if p.text is not None and not p.thought:
             texts.append(p.text)
     return [{"role": "system", "content": "".join(texts)}] if texts else []
+
+
+def _response_parts(fr: Any, where: str, media: MediaReader | None) -> list[ImageInput]:
+    """The images of a multimodal function response (``functionResponse.parts``, each
+    ``{"inlineData": {...}}``) on a vision model.
+
+    Raises:
+        APIError: 400 on a text-only model, for a part that is not inline, or past a bound.
+    """
+    where = f"{where}.functionResponse.parts"
+    if media is None or not media.vision:
+        raise bad_field("multimodal function responses are not supported by this local "
+                        "text-only model", where, code="unsupported_content")
+    images = []
+    for k, part in enumerate(fr.parts):
+        blob = part.get("inlineData", part.get("inline_data"))
+        if blob is not None:
+            images.append(_inline(blob, f"{where}.{k}.inlineData", media))
+        elif part.get("fileData", part.get("file_data")) is not None:
+            raise _file(part.get("fileData", part.get("file_data")), f"{where}.{k}.fileData")
+        else:
+            raise bad(f"{where}.{k}", "a function response part holds inlineData",
+                      "invalid_value")
+    return images
 
 
 def _response_text(response: dict[str, Any] | None) -> str:
@@ -82,14 +172,20 @@ def _response_text(response: dict[str, Any] | None) -> str:
     return json.dumps(response or {}, ensure_ascii=False, separators=(",", ":"))
 
 
-def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
-    """The chat messages for ``body`` (see the module docstring).
+def chat_messages(body: GenerateContentRequest,
+                  media: MediaReader | None = None) -> list[dict[str, Any]]:
+    """The chat messages for ``body`` (see the module docstring); on a vision model
+    (``media.vision``) the ``inlineData`` images of user turns and of function responses'
+    ``parts`` stay as images (:func:`~kit.server.translate.merge`; the
+    :class:`ImageInput` items are swapped by :func:`~kit.server.translate.with_images`).
 
     Raises:
-        APIError: 400 for media parts, a functionCall outside a model turn, a
+        APIError: 400 for media parts the model cannot take (any on a text-only model;
+            images in systemInstruction or a model turn, audio, files, code execution),
+            an image past a bound, a functionCall outside a model turn, a
             functionResponse inside one.
     """
-    out = _system(body.system_instruction)
+    out = _system(body.system_instruction, media)
     open_calls: dict[str, list[str]] = {}  # name -> ids of calls without a response yet
     for i, c in enumerate(body.contents):
         texts: list[str] = []
@@ -97,7 +193,7 @@ def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
             calls = []
             for j, p in enumerate(c.parts):
                 where = f"contents.{i}.parts.{j}"
-                _refuse_media(p, where)
+                _refuse_media(p, where, media, "assistant")
                 if p.function_response is not None:
                     raise bad_field("functionResponse parts belong in a user turn",
                                     f"{where}.functionResponse")
@@ -114,29 +210,30 @@ def chat_messages(body: GenerateContentRequest) -> list[dict[str, Any]]:
             out.append(msg)
             continue
         answered = False
+        parts: list[Any] = []  # texts, and a vision model's images
         for j, p in enumerate(c.parts):
             where = f"contents.{i}.parts.{j}"
-            _refuse_media(p, where)
+            image = _user_media(p, where, media)
+            if image is not None:
+                parts.append(image)
+                continue
             if p.function_call is not None:
                 raise bad_field("functionCall parts belong in a model turn",
                                 f"{where}.functionCall")
             if p.function_response is not None:
                 fr = p.function_response
-                if fr.parts:
-                    raise bad_field("multimodal function responses are not supported by this "
-                                    "local text-only model", f"{where}.functionResponse.parts",
-                                    code="unsupported_content")
+                images = _response_parts(fr, where, media) if fr.parts else []
                 pending = open_calls.get(fr.name) or []
                 call_id = fr.id if fr.id else (pending[0] if pending else f"call_{i}_{j}")
                 if call_id in pending:
                     pending.remove(call_id)
                 out.append({"role": "tool", "tool_call_id": call_id, "name": fr.name,
-                            "content": _response_text(fr.response)})
+                            "content": merge([_response_text(fr.response), *images])})
                 answered = True
             elif p.text is not None and not p.thought:
-                texts.append(p.text)
-        if texts or not answered:
-            out.append({"role": "user", "content": "".join(texts)})
+                parts.append(p.text)
+        if parts or not answered:
+            out.append({"role": "user", "content": merge(parts)})
     return out
 
 
@@ -226,10 +323,12 @@ def _template_kwargs(g: GenerationConfig) -> dict[str, Any]:
 
 def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
-                      context_window: int | None = None) -> ChatRequest:
+                      context_window: int | None = None,
+                      media: MediaReader | None = None) -> ChatRequest:
     """Translate a ``generateContent`` body into the engine's :class:`ChatRequest`
     (``defaults`` fills the sampling fields the body omits; ``maxOutputTokens`` is a cap,
-    as in Google's API: omitted or reaching ``context_window``, the engine fits it).
+    as in Google's API: omitted or reaching ``context_window``, the engine fits it;
+    ``media``: the request's media reader, see :func:`chat_messages`).
 
     Raises:
         APIError: 400 naming the field for what this server cannot honour.
@@ -255,6 +354,7 @@ def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
                      stop=stop_strings(g.stop_sequences), seed=g.seed,
                      presence_penalty=g.presence_penalty, frequency_penalty=g.frequency_penalty)
     tools, force = chat_tools(body, supports_tools)
-    return ChatRequest(messages=chat_messages(body), params=params, tools=tools,
+    messages, images = with_images(chat_messages(body, media))
+    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
                        force_tool=force,
                        response_schema=_schema(g), template_kwargs=_template_kwargs(g))

@@ -28,6 +28,7 @@ from kit.server.content import (
     ChatToolChoice,
     Id,
     LenientModel,
+    MediaReader,
     TemplateKwargs,
     Text,
     TokenCount,
@@ -45,12 +46,13 @@ from kit.server.openai_common import (
 from kit.server.protocol import Protocol, under
 from kit.server.translate import (
     choose_tools,
-    flatten,
     function_schema,
     history_call,
     history_reasoning,
+    message_content,
     thinking_kwargs,
     tool_arguments,
+    with_images,
 )
 
 router = protocol_router(OPENAI_FIELDS)
@@ -79,13 +81,15 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: TemplateKwargs | None = None
 
 
-def _message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """One message for the chat template: content as a string, ``developer`` as ``system``,
-    tool-call arguments as mappings (what templates expect), an assistant turn's
-    ``reasoning_content`` (or ``reasoning``) where templates read it
+def _message(message: ChatMessage, index: int, media: MediaReader | None) -> dict[str, Any]:
+    """One message for the chat template: content as a string (a vision model's user and
+    tool messages with images: the multimodal list, :func:`message_content`),
+    ``developer`` as ``system``, tool-call arguments as mappings (what templates expect),
+    an assistant turn's ``reasoning_content`` (or ``reasoning``) where templates read it
     (:func:`history_reasoning`)."""
-    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
-                           "content": flatten(message.content, f"messages.{index}.content")}
+    role = "system" if message.role == "developer" else message.role
+    out: dict[str, Any] = {"role": role, "content": message_content(
+        message.content, f"messages.{index}.content", media, role)}
     if message.tool_calls:
         out["tool_calls"] = [history_call(call.id, call.function.name,
                                           tool_arguments(call.function.arguments))
@@ -112,18 +116,21 @@ def _tools(body: ChatCompletionRequest,
 
 def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
-                      context_window: int | None = None) -> ChatRequest:
+                      context_window: int | None = None,
+                      media: MediaReader | None = None) -> ChatRequest:
     """Translate a validated Chat Completions request into the engine's
     :class:`ChatRequest`; ``defaults`` fills temperature, top_p, top_k and min_p when the
     request omits them (an omitted max_tokens stays None: the engine fits it to the model
-    and context window, so ``context_window`` is not needed here).
+    and context window, so ``context_window`` is not needed here). ``media``: the
+    request's media reader; with a vision model, ``image_url`` parts of user and tool
+    messages become ``ChatRequest.images`` (None: every media part is refused).
 
     ``reasoning_effort`` becomes the template variables ``reasoning_effort`` and
     ``enable_thinking`` unless ``chat_template_kwargs`` sets them itself.
 
     Raises:
-        APIError: 400 for what this server cannot honour (n > 1, image/audio/file content,
-            a json_schema without a schema).
+        APIError: 400 for what this server cannot honour (n > 1, audio/file content, image
+            content on a text-only model or past a bound, a json_schema without a schema).
         InvalidRequest: ``tool_choice`` that cannot be honoured (e.g. a forced call on a
             model without tool support); a ``reasoning_effort`` not in ``EFFORTS``.
     """
@@ -133,10 +140,12 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
     template_kwargs = dict(body.chat_template_kwargs or {})
     for key, value in thinking_kwargs(body.reasoning_effort).items():
         template_kwargs.setdefault(key, value)
-    messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    messages, images = with_images([_message(m, i, media)
+                                    for i, m in enumerate(body.messages)])
     tools, force = _tools(body, supports_tools)
-    return ChatRequest(messages=messages, params=params, tools=tools, force_tool=force,
-                       response_schema=schema, template_kwargs=template_kwargs)
+    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+                       force_tool=force, response_schema=schema,
+                       template_kwargs=template_kwargs)
 
 
 def _logprobs(entries) -> list[dict[str, Any]]:

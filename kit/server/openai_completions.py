@@ -19,7 +19,7 @@ from kit.engine.types import (
 )
 from kit.server import sse
 from kit.server.adapter import begin, protocol_router, respond
-from kit.server.content import Text, TokenCount
+from kit.server.content import MediaReader, Text, TokenCount
 from kit.server.errors import APIError
 from kit.server.openai_common import (
     ChunkStream,
@@ -102,10 +102,11 @@ def _logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
 
 def to_engine_request(body: CompletionRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
-                      context_window: int | None = None) -> ChatRequest:
+                      context_window: int | None = None,
+                      media: MediaReader | None = None) -> ChatRequest:
     """Translate a validated completions request into the engine's raw-prompt
-    :class:`ChatRequest` (no chat template; ``supports_tools`` and ``context_window`` are
-    not needed here).
+    :class:`ChatRequest` (no chat template; ``supports_tools``, ``context_window`` and
+    ``media`` are not needed here: a prompt is text).
 
     Raises:
         APIError: 400 for n > 1, several prompts, an empty prompt, echo or suffix.

@@ -39,6 +39,7 @@ from kit.server.content import (
     InputItem,
     ItemReference,
     LenientModel,
+    MediaReader,
     MessageItem,
     ReasoningConfig,
     ResponsesFunctionTool,
@@ -55,15 +56,16 @@ from kit.server.openai_common import response_schema
 from kit.server.protocol import Protocol, under
 from kit.server.translate import (
     choose_tools,
-    flatten,
     function_schema,
     history_call,
     history_reasoning,
+    message_content,
     new_id,
     overridden,
     reasoning_text,
     thinking_kwargs,
     tool_arguments,
+    with_images,
 )
 
 #: The Responses API's names for the engine's neutral field names.
@@ -88,11 +90,15 @@ class ResponsesRequest(LenientModel):
     text: TextConfig | None = None
 
 
-def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
-    """The engine's chat messages for ``body.instructions`` and ``body.input``.
+def _messages(body: ResponsesRequest,
+              media: MediaReader | None = None) -> list[dict[str, Any]]:
+    """The engine's chat messages for ``body.instructions`` and ``body.input``; a vision
+    model's ``input_image`` parts (user messages, ``function_call_output`` lists) stay as
+    images (:func:`message_content`).
 
     Raises:
-        APIError: 400 for image/file/audio content and item references.
+        APIError: 400 for file/audio content, images on a text-only model or past a bound,
+            and item references.
     """
     out: list[dict[str, Any]] = []
     if body.instructions:
@@ -104,7 +110,8 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         where = f"input.{i}"
         if isinstance(item, MessageItem):
             role = "system" if item.role in ("system", "developer") else item.role
-            out.append({"role": role, "content": flatten(item.content, f"{where}.content")})
+            out.append({"role": role, "content": message_content(
+                item.content, f"{where}.content", media, role)})
             if role == "assistant":
                 history_reasoning(out[-1], reasoning)
             reasoning = ""
@@ -121,7 +128,8 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             reasoning += reasoning_text((item.model_extra or {}).get("content"))
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id,
-                        "content": flatten(item.output, f"{where}.output")})
+                        "content": message_content(item.output, f"{where}.output", media,
+                                                   "tool")})
         elif isinstance(item, ItemReference):
             raise APIError(400, "item_reference is not supported: this server stores no "
                            "items; send the item itself", param=where,
@@ -147,11 +155,13 @@ def _tools(body: ResponsesRequest,
 
 def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
                       supports_tools: bool = False,
-                      context_window: int | None = None) -> ChatRequest:
+                      context_window: int | None = None,
+                      media: MediaReader | None = None) -> ChatRequest:
     """Translate a validated Responses request into the engine's :class:`ChatRequest`:
     ``defaults`` fills the sampling fields the request omits, ``reasoning.effort`` becomes
     the template variables ``reasoning_effort`` / ``enable_thinking``, ``text.format`` the
-    answer's schema (``context_window`` is not needed here).
+    answer's schema (``context_window`` is not needed here); ``media``: the request's
+    media reader (a vision model's images become ``ChatRequest.images``; None: refused).
 
     Raises:
         APIError: 400 for ``previous_response_id``, item references, media content, a
@@ -167,9 +177,11 @@ def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
                      max_tokens=body.max_output_tokens)
     effort = body.reasoning.effort if body.reasoning else None
     tools, force = _tools(body, supports_tools)
-    return ChatRequest(messages=_messages(body), params=params, tools=tools, force_tool=force,
-                       response_schema=schema, template_kwargs=thinking_kwargs(effort or None,
-                                                         field="reasoning.effort"))
+    messages, images = with_images(_messages(body, media))
+    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+                       force_tool=force, response_schema=schema,
+                       template_kwargs=thinking_kwargs(effort or None,
+                                                       field="reasoning.effort"))
 
 
 class ResponsesRenderer(Renderer):
