@@ -15,7 +15,16 @@ model's sizing (patch 14 x merge 2 = 28-pixel grid, 3136..12845056 pixels), so a
 becomes 504x504 = 36x36 patches = 324 image tokens, as with the real checkpoints. The
 tokenizer is the starter's (SmolLM2, 49,152 tokens) plus Qwen's five vision tokens.
 
-Usage: python bench/random_vlm.py OUT [--seed 0] [--tokenizer DIR] [--check]
+``--shape 3b`` builds the same thing at Qwen2.5-VL-3B-Instruct's shapes instead (its
+config.json: language model 36 layers, hidden 2048, 16 query / 2 KV heads (head_dim 128), MLP
+11008, tied embeddings, mRoPE sections [16, 24, 24]; vision tower 32 blocks, hidden 1280,
+16 heads, MLP 3420, out 2048, 112-pixel windows, full attention in blocks 7/15/23/31), so
+timings on a GPU are the real model's compute, not overhead. Only the vocabulary differs:
+the starter's 49,157 tokens instead of 151,936 (a smaller embedding and output projection;
+one output row per prompt, so it changes TTFT very little). About 3.5 B parameters, ~7 GB in
+bf16: build it on the machine that runs it (random init), don't ship it.
+
+Usage: python bench/random_vlm.py OUT [--shape tiny|3b] [--seed 0] [--tokenizer DIR] [--check]
 """
 
 from __future__ import annotations
@@ -43,6 +52,17 @@ VISION = dict(model_type=MODEL_TYPE, depth=2, hidden_size=64, intermediate_size=
               temporal_patch_size=2, tokens_per_second=2,
               # 112-pixel windows = 4x4 merged tokens; block 1 attends over the whole image
               window_size=112, fullatt_block_indexes=[1])
+# Qwen2.5-VL-3B-Instruct's shapes (its config.json; the vision fields it leaves out take the
+# Qwen2.5-VL vision defaults: depth 32, MLP 3420, 16 heads, windows 112, full attention in
+# blocks 7, 15, 23, 31).
+TEXT_3B = dict(TEXT, hidden_size=2048, num_hidden_layers=36, intermediate_size=11008,
+               num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000,
+               rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
+VISION_3B = dict(VISION, depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                 out_hidden_size=TEXT_3B["hidden_size"], window_size=112,
+                 fullatt_block_indexes=[7, 15, 23, 31])
+#: ``--shape`` -> (language model fields, vision config)
+SHAPES = {"tiny": (TEXT, VISION), "3b": (TEXT_3B, VISION_3B)}
 # Qwen2.5-VL's own image processor settings (CLIP normalisation, pixels as counts).
 PREPROCESSOR = dict(image_processor_type="Qwen2VLImageProcessor",
                     processor_class="Qwen2_5_VLProcessor",
@@ -105,7 +125,8 @@ def _write_tokenizer(src: Path, out: Path) -> tuple[dict[str, int], int]:
     return ids, tk.get_vocab_size(with_added_tokens=True)
 
 
-def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
+def build(out: Path, seed: int = 0, tokenizer: Path | None = None,
+          shape: str = "tiny") -> Path:
     """Write the model folder ``out`` (created if missing) and return it.
 
     Args:
@@ -115,6 +136,8 @@ def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
         seed: seeds mlx's random init; the same seed writes the same weights.
         tokenizer: a folder with tokenizer.json + tokenizer_config.json to extend; ``None``
             builds (or finds) the starter and uses its tokenizer.
+        shape: a key of :data:`SHAPES` ("tiny", or "3b": Qwen2.5-VL-3B-Instruct's shapes,
+            ~7 GB of weights).
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -141,8 +164,8 @@ def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "torch_dtype": "bfloat16",
-        **TEXT,
-        "vision_config": VISION,
+        **SHAPES[shape][0],
+        "vision_config": SHAPES[shape][1],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
@@ -166,8 +189,9 @@ def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
     return out
 
 
-def png_bytes(size: int = 512) -> bytes:
-    """A ``size`` x ``size`` RGB PNG (a colour gradient), encoded in memory."""
+def png_bytes(size: int = 512, seed: int | None = None) -> bytes:
+    """A ``size`` x ``size`` RGB PNG (a colour gradient), encoded in memory; with ``seed``,
+    noise drawn from it is added, so each seed gives a different image."""
     import io
 
     import numpy as np
@@ -176,6 +200,9 @@ def png_bytes(size: int = 512) -> bytes:
     ramp = np.linspace(0, 255, size, dtype=np.uint8)
     rgb = np.stack([np.tile(ramp, (size, 1)), np.tile(ramp[:, None], (1, size)),
                     np.full((size, size), 128, np.uint8)], axis=-1)
+    if seed is not None:
+        noise = np.random.default_rng(seed).integers(0, 64, rgb.shape, dtype=np.uint8)
+        rgb = rgb // 2 + noise
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG")
     return buf.getvalue()
@@ -230,6 +257,9 @@ def check(folder: Path, max_tokens: int = 8) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                    help="tiny (default; ~14 MB) or 3b (Qwen2.5-VL-3B-Instruct's shapes, "
+                         "~7 GB in bf16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="folder whose tokenizer to extend (default: the starter's)")
@@ -238,9 +268,9 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    out = build(args.out, args.seed, args.tokenizer)
+    out = build(args.out, args.seed, args.tokenizer, args.shape)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    print(f"{out}: {MODEL_TYPE}, random bf16, {size / 1e6:.1f} MB, "
+    print(f"{out}: {MODEL_TYPE} ({args.shape}), random bf16, {size / 1e6:.1f} MB, "
           f"built in {time.perf_counter() - t0:.1f} s")
     if args.check:
         r = check(out)
