@@ -34,6 +34,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from kit import mlx_lm_api
 from kit.engine.types import ChatRequest, ImageInput, InvalidRequest
 
 log = logging.getLogger("mlx_kit.engine")
@@ -79,8 +80,6 @@ def load(path: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
         Exception: whatever mlx-vlm raises for a folder it cannot load.
     """
     import mlx_vlm
-
-    from kit import mlx_lm_api
 
     model, processor = mlx_vlm.load(path, trust_remote_code=trust_remote_code)
     eos = getattr(model.config, "eos_token_id", None)
