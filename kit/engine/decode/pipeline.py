@@ -157,9 +157,11 @@ class Pipeline:
         usage = Usage(len(run.prompt), run.n, run.cached,
                       min(run.parser.reasoning_tokens, run.n))
         tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
-        log.info("%s: %s, prompt %d tokens (%d cached), generated %d, ttft %.3f s, "
+        n_images = len(run.job.request.images)
+        log.info("%s: %s, prompt %d tokens (%d cached)%s, generated %d, ttft %.3f s, "
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
-                 run.cached, run.n, run.ttft, tps, finish_reason)
+                 run.cached, f", {n_images} image{'s' * (n_images != 1)}" if n_images else "",
+                 run.n, run.ttft, tps, finish_reason)
         text = "".join(run.texts)
         log.debug("%s: text %r", run.job.request.request_id, text)
         self._served()  # before the client can see the end (and ask /health)
