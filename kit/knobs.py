@@ -175,6 +175,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("max_image_pixels", int, 50_000_000, "Most pixels (width x height) of one image, "
          "read from its header before it is decoded (400 image_too_large above it).",
          unit="pixels", ge=1, le=178_956_970),
+    Knob("max_image_tokens", int, 2048, "Most tokens one image may become on a vision model "
+         "whose processor sizes images by pixels (Qwen2/2.5/3-VL): larger images are scaled "
+         "down to fit (2048: ~1.6 megapixels). Fixed-size models (Gemma 3, SmolVLM...) keep "
+         "their own size.", _STARTS, ge=16, le=65536, unit="tokens"),
     Knob("max_images", int, 16, "Most images in one request (400 too_many_images above it).",
          unit="images", ge=1, le=64),
     Knob("docs", bool, None, "Serve /openapi.json and /docs (default: on for a loopback "

@@ -209,3 +209,32 @@ def test_a_screenshot_inside_a_tool_result_reaches_the_model(vision_server):
     text_only = ask([{"type": "text", "text": "Here it is."}])
     assert with_image.usage.input_tokens == \
         text_only.usage.input_tokens + 2 + IMAGE_TOKENS_512
+
+
+def test_a_retried_request_reuses_its_prompt_cache_and_answers_the_same(vision_server):
+    image = png("navy")  # no other test sends it
+    first = chat(vision_server, image)
+    retry = chat(vision_server, image)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    # all but the last prompt token: mlx-vlm prefills at least one
+    assert retry["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+        retry["usage"]["prompt_tokens"] - 1
+    assert retry["choices"][0]["message"] == first["choices"][0]["message"]
+
+
+def test_a_photo_is_scaled_to_the_image_token_cap(vision_server):
+    from PIL import Image
+
+    from tests.helpers import anthropic_for
+
+    buf = io.BytesIO()
+    Image.new("RGB", (2000, 1500), "olive").save(buf, format="JPEG")  # 3,857 tokens unscaled
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                         "data": base64.b64encode(buf.getvalue()).decode()}}
+    an = anthropic_for(vision_server)
+    counted = an.messages.count_tokens(model="local", messages=[
+        {"role": "user", "content": [block, {"type": "text", "text": QUESTION}]}])
+    text_only = an.messages.count_tokens(model="local", messages=[
+        {"role": "user", "content": QUESTION}])
+    image_tokens = counted.input_tokens - text_only.input_tokens - 2
+    assert 1500 < image_tokens <= 2048  # --max-image-tokens' default

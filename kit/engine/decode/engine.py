@@ -143,7 +143,8 @@ class Engine(ModelTransitions):
                               warmup=check_mode(c.warmup.value, distributed=split is not None),
                               max_batch=self.max_batch, kv_bits=c.kv_bits,
                               kv_group_size=c.kv_group_size,
-                              adapters=parse_adapters(c.adapter))
+                              adapters=parse_adapters(c.adapter),
+                              max_image_tokens=c.max_image_tokens)
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(c.prompt_cache_size, c.prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)

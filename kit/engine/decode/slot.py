@@ -93,7 +93,8 @@ class ModelSlot:
                  trust_remote_code: bool = False, loader: Any = None,
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
-                 kv_group_size: int = 64, adapters: dict[str, Any] | None = None) -> None:
+                 kv_group_size: int = 64, adapters: dict[str, Any] | None = None,
+                 max_image_tokens: int | None = None) -> None:
         # kv_bits/kv_group_size were checked once, by kit.config.EngineConfig
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
@@ -111,6 +112,8 @@ class ModelSlot:
         self.model: Any = None
         self.tokenizer: Any = None
         self.processor: Any = None  # a vision model's (mlx-vlm); None for a text model
+        self.max_image_tokens = max_image_tokens  # serve --max-image-tokens
+        self._vision_for: tuple[Any, bool] | None = None  # (path, is a vision folder)
         self.weights_bytes = 0
         self.ceiling: Any = None
         self.kv_per_token = 0
@@ -153,7 +156,8 @@ class ModelSlot:
             # False, not None: transformers would otherwise ask on stdin (and wait 15 s)
             if vision.is_vision_folder(info.path):
                 self._refuse_for_vision(info)
-                model, tokenizer, processor = vision.load(str(info.path), trust)
+                model, tokenizer, processor = vision.load(str(info.path), trust,
+                                                          self.max_image_tokens)
             elif self._loader is not None:
                 model, tokenizer = self._loader(str(info.path), trust)
             else:
@@ -354,6 +358,14 @@ class ModelSlot:
 
     # -- what the loaded model is ------------------------------------------------------------
 
+    def _vision_folder(self) -> bool:
+        """:func:`kit.engine.decode.vision.is_vision_folder` of the model behind ``local``,
+        read once per model."""
+        if self._vision_for is None or self._vision_for[0] != self.info.path:
+            self._vision_for = (self.info.path, self.split is None and
+                                vision.is_vision_folder(self.info.path))
+        return self._vision_for[1]
+
     @property
     def vision(self) -> bool:
         """Whether the model (loaded, or unloaded with its tokenizer kept) takes images:
@@ -416,9 +428,10 @@ class ModelSlot:
         ``tool_format`` / ``reasoning_format`` (None when unsupported). False/None while
         no tokenizer is loaded."""
         fmt = self.output_format
-        if fmt is None:
+        if fmt is None:  # vision from the folder: requests sent while it (re)loads are
+            # read as the model will take them, not refused as text-only
             return {"tools": False, "reasoning": False, "tool_format": None,
-                    "reasoning_format": None, "vision": False}
+                    "reasoning_format": None, "vision": self._vision_folder()}
         return {"tools": fmt.tools, "reasoning": fmt.reasoning_format is not None,
                 "tool_format": fmt.tool_format if fmt.tools else None,
                 "reasoning_format": fmt.reasoning_format, "vision": self.vision}

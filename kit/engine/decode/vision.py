@@ -71,10 +71,12 @@ def is_vision_folder(path: Path) -> bool:
         return False
 
 
-def load(path: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+def load(path: str, trust_remote_code: bool,
+         max_image_tokens: int | None = None) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, processor)`` of the vision model in ``path``: mlx-vlm's model
-    and processor, and mlx-lm's ``TokenizerWrapper`` of the same folder's tokenizer (what
-    the text path's prompt rendering, output parser and grammar read).
+    and processor (its images capped by :func:`cap_image_tokens`), and mlx-lm's
+    ``TokenizerWrapper`` of the same folder's tokenizer (what the text path's prompt
+    rendering, output parser and grammar read).
 
     Raises:
         Exception: whatever mlx-vlm raises for a folder it cannot load.
@@ -82,6 +84,8 @@ def load(path: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
     import mlx_vlm
 
     model, processor = mlx_vlm.load(path, trust_remote_code=trust_remote_code)
+    if max_image_tokens is not None:
+        cap_image_tokens(processor, max_image_tokens)
     eos = getattr(model.config, "eos_token_id", None)
     tokenizer = mlx_lm_api.load_tokenizer(Path(path), {"trust_remote_code": trust_remote_code},
                                           eos_token_ids=eos)
@@ -90,6 +94,29 @@ def load(path: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
     if template and not getattr(hf, "chat_template", None):
         hf.chat_template = template  # the processor's (chat_template.jinja) is the model's
     return model, tokenizer, processor
+
+
+def cap_image_tokens(processor: Any, max_tokens: int) -> int | None:
+    """Make ``processor`` scale an image down to at most ``max_tokens`` image tokens, for
+    processors that size images by pixel count (Qwen2/2.5/3-VL's ``max_pixels``: one
+    token per ``(patch_size * merge_size)**2`` pixels). A 12-megapixel photo is ~15,000
+    tokens there, whose vision-tower attention alone can exhaust memory. Returns the cap in
+    pixels, or None for a processor of another kind (fixed-size models such as Gemma 3 and
+    SmolVLM bound their own image tokens)."""
+    ip = getattr(processor, "image_processor", None)
+    patch, merge = getattr(ip, "patch_size", None), getattr(ip, "merge_size", None)
+    pixels = getattr(ip, "max_pixels", None)
+    if not (isinstance(patch, int) and isinstance(merge, int) and isinstance(pixels, int)):
+        return None
+    cap = max_tokens * (patch * merge) ** 2
+    if pixels > cap:
+        ip.max_pixels = cap
+        size = getattr(ip, "size", None)
+        if isinstance(size, dict) and "longest_edge" in size:
+            size["longest_edge"] = cap
+        log.info("images are scaled to at most %d tokens (%d pixels; "
+                 "--max-image-tokens)", max_tokens, cap)
+    return min(pixels, cap)
 
 
 def image_parts(messages: list[dict[str, Any]]) -> int:
@@ -104,13 +131,15 @@ def pil_images(images: tuple[ImageInput, ...]) -> list[Any]:
     Raises:
         InvalidRequest: an image cannot be decoded (field ``images.<i>``).
     """
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     out = []
     for i, image in enumerate(images):
         try:
             with Image.open(io.BytesIO(image.data)) as img:
-                out.append(img.convert("RGB"))
+                # upright as the camera meant it (EXIF Orientation), as mlx-vlm's own
+                # load_image does: a phone's portrait photo is stored sideways
+                out.append(ImageOps.exif_transpose(img).convert("RGB"))
         except Exception as e:  # noqa: BLE001 (any decoder error is the image's)
             raise InvalidRequest(f"image {i} cannot be decoded: {e}", code="invalid_image",
                                  field=f"images.{i}") from None
@@ -171,14 +200,23 @@ class VisionCaches:
     def key(model_key: str, images: tuple[ImageInput, ...]) -> tuple:
         return (model_key, *(i.digest for i in images))
 
-    def state(self, key: tuple) -> Any:
-        """The state for ``key`` (a new, empty one if none), now the most recent."""
+    def state(self, key: tuple, ids: list[int] | None = None) -> Any:
+        """The state for ``key`` (a new, empty one if none), now the most recent.
+
+        ``ids``: the prompt about to run. mlx-vlm reuses a cached prefix only when some of
+        the prompt is left to prefill, so a prompt the state holds whole (a retry, a
+        regenerate) would start cold: its record is cut to all but the prompt's last token
+        (mlx-vlm then trims the KV past it and prefills that one token)."""
         from mlx_vlm.generate import PromptCacheState
 
         state = self._states.pop(key, None) or PromptCacheState()
         self._states[key] = state
         while len(self._states) > self.size:
             self._states.popitem(last=False)
+        held = state.token_ids
+        if ids and held is not None and state.cache is not None and \
+                len(held) >= len(ids) and held[:len(ids)] == ids:
+            state.token_ids = list(ids[:-1])
         return state
 
     def reused(self, key: tuple, ids: list[int], config: Any) -> int:
@@ -189,7 +227,7 @@ class VisionCaches:
             return 0
         from mlx_vlm import apc
 
-        n = state.find_prefix_length(ids)
+        n = min(state.find_prefix_length(ids), len(ids) - 1)  # see state()
         if not 0 < n < len(ids):
             return 0
         media = apc.multimodal_token_ids_from_config(config)

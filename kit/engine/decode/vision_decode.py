@@ -33,7 +33,7 @@ def decode(pipeline: Pipeline, job: Job) -> None:
     run = pipeline.prepare(job, running=False)
     slot, caches = pipeline.slot, pipeline.vision_caches
     key = VisionCaches.key(run.key, job.request.images)
-    state = caches.state(key)
+    state = caches.state(key, run.prompt)
     media = dict(run.media or {})
     import mlx.core as mx
 
@@ -54,7 +54,9 @@ def decode(pipeline: Pipeline, job: Job) -> None:
                     tokens.append(int(gen.token))
                 if gen.text:
                     run.emit(run.parser.feed(gen.text))
-                finish_reason = "length" if gen.finish_reason == "length" else "stop"
+                # a stop string the held-back tail completed ends it as a stop
+                finish_reason = "length" if gen.finish_reason == "length" and \
+                    not run.parser.stopped else "stop"
                 whole = not run.parser.stopped
                 break
             if run.n == 0:
