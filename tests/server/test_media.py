@@ -98,7 +98,7 @@ def test_the_count_bound_names_the_first_image_past_it():
     reader = MediaReader(MediaLimits(max_images=1), vision=True)
     reader.image_base64(b64(PNG), "a")
     code, message = code_of(reader.image_base64, b64(PNG), "b")
-    assert code == "too_many_images" and message.startswith("b: more than 1 images")
+    assert code == "too_many_images" and message.startswith("b: more than 1 image in one request")
 
 
 @pytest.mark.parametrize("data,declared,code", [
@@ -119,6 +119,10 @@ def test_audio_is_bounded_then_refused(data, declared, code):
 def test_size_text():
     assert [size_text(n) for n in (12, 2048, 20 * 2**20, 3 * 2**19)] == [
         "12 bytes", "2 KiB", "20 MiB", "1.5 MiB"]
+    # one byte over a limit never prints as the limit itself (a new-user trial saw
+    # "about 1 KiB, over the limit of 1 KiB")
+    assert [size_text(n) for n in (1025, 1244, 20 * 2**20 + 1)] == [
+        "1,025 bytes", "1,244 bytes", "20 MiB (20,971,521 bytes)"]
 
 
 def test_merge_keeps_text_a_string_and_orders_images_among_texts():

@@ -102,8 +102,13 @@ def bad(where: str, message: str, code: str) -> APIError:
 
 def size_text(n: int) -> str:
     """``n`` bytes for a message: ``20 MiB``, ``1.5 MiB``, ``812 KiB``, ``12 bytes``."""
+    # a size a byte over a limit must not print as the limit: bytes where rounding hides
     if n >= _MIB:
-        return f"{n / _MIB:.1f}".removesuffix(".0") + " MiB"
+        shown = f"{n / _MIB:.1f}"
+        mib = shown.removesuffix(".0") + " MiB"
+        return mib if float(shown) * _MIB == n else f"{mib} ({n:,} bytes)"
+    if n >= 1024 and n % 1024:
+        return f"{n:,} bytes"
     return f"{n >> 10} KiB" if n >= 1024 else f"{n} bytes"
 
 
@@ -290,7 +295,8 @@ class MediaReader:
     def _next(self, where: str) -> None:
         self.count += 1
         if self.count > self.limits.max_images:
-            raise bad(where, f"more than {self.limits.max_images} images in one request "
+            n = self.limits.max_images
+            raise bad(where, f"more than {n} image{'s' * (n != 1)} in one request "
                       "(--max-images)", "too_many_images")
 
     def image_base64(self, text: Any, where: str) -> ImageInput:
