@@ -1,5 +1,6 @@
-"""Discovery: every model in the local Hugging Face cache that mlx-lm can load, plus the
-starter, described from the model's own files (no mlx import, no model load).
+"""Discovery: every model in the local Hugging Face cache that mlx-lm (or, for a vision
+model, mlx-vlm) can load, plus the starter, described from the model's own files (no mlx
+import, no model load).
 
 Each entry says: id, size on disk, quantization, context window, capabilities (tool calls,
 reasoning, vision, read from the chat template, tokenizer and config) — or, for an entry
@@ -27,6 +28,7 @@ from kit import STABLE_MODEL_ID, mlx_lm_api
 from kit.formats.select import detect, template_text
 from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
+from kit.models.vision import mlx_vlm_installed, vision_model_type
 
 log = logging.getLogger("mlx_kit.catalog")
 
@@ -106,6 +108,16 @@ def _supported(model_type: str) -> bool:
     return models is not None and (models / f"{remap.get(model_type, model_type)}.py").is_file()
 
 
+def _unsupported(config: dict[str, Any]) -> str:
+    """Why a model whose model_type neither mlx-lm nor mlx-vlm loads cannot be served."""
+    reason = f"model_type {config['model_type']!r} not supported by mlx-lm"
+    if config.get("vision_config") is None:
+        return reason
+    if mlx_vlm_installed():
+        return reason + " or mlx-vlm"
+    return reason + " (a vision model: pip install 'mlx-kit[vision]' adds mlx-vlm)"
+
+
 def _chat_template(folder: Path) -> str:
     for name in ("chat_template.jinja",):
         if (folder / name).is_file():
@@ -165,7 +177,8 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     """Tool calls, reasoning, vision, judged from the chat template, the special tokens at
     the head of tokenizer.json (:func:`kit.formats.detect`: the same rules the engine's
     parser is built from) and config. ``tools`` means tool calls are *parsed*: a template
-    that renders tools in a format no parser reads says False."""
+    that renders tools in a format no parser reads says False. ``vision`` means images
+    are *read*: a model mlx-vlm loads as a vision model (:mod:`kit.models.vision`)."""
 
     template = _chat_template(folder)
     tokenizer = folder / "tokenizer.json"
@@ -174,7 +187,7 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     found = detect(template, special, configured if isinstance(configured, str) else None)
     return Capabilities(
         tools=found.tool_format is not None, reasoning=found.reasoning_format is not None,
-        vision="vision_config" in config or (folder / "preprocessor_config.json").is_file(),
+        vision=vision_model_type(config),
         tool_format=found.tool_format, reasoning_format=found.reasoning_format,
     )
 
@@ -217,9 +230,8 @@ def describe(model_id: str, folder: Path, size_bytes: int | None = None) -> Cata
         return CatalogEntry(**base, loadable=False, reason=reason)
     if not config.get("model_type"):
         return CatalogEntry(**base, loadable=False, reason="config.json has no model_type")
-    if not _supported(config["model_type"]):
-        return CatalogEntry(**base, loadable=False,
-                            reason=f"model_type {config['model_type']!r} not supported by mlx-lm")
+    if not (_supported(config["model_type"]) or base["capabilities"].vision):
+        return CatalogEntry(**base, loadable=False, reason=_unsupported(config))
     if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model",
                                                   "tokenizer_config.json")):
         return CatalogEntry(**base, loadable=False, reason="no tokenizer files")
@@ -293,7 +305,7 @@ def served_entries(catalog: Iterable[CatalogEntry], model_id: str = STARTER_ID, 
         context_window: the loaded model's window in tokens (default: the catalog's).
         loaded: whether that model is in memory now.
         detected: capabilities the engine detected on the loaded model (``tools``,
-            ``reasoning``); they beat the catalog's guess from the template.
+            ``reasoning``, ``vision``); they beat the catalog's guess from its files.
     """
     by_id = {e.id: e for e in catalog}
     head = [api_entry(mid, by_id.get(model_id), real_id=model_id,
