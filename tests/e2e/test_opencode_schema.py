@@ -109,6 +109,18 @@ def test_a_model_name_with_quotes_newlines_and_references_stays_literal(tmp_path
     assert provider["options"]["baseURL"] == url
 
 
+def test_a_vision_models_image_input_passes_validation_and_is_kept(tmp_path):
+    """For a vision model the file adds attachment and modalities: opencode's validator
+    accepts them and its resolved config keeps them (what makes it send images)."""
+    opencode = require_binary("opencode")
+    caps = dict(CAPS, vision=True)
+    ours, theirs = validate(opencode, _render([dict(MODELS[0], capabilities=caps)]), tmp_path)
+    assert dropped(ours, theirs) == []
+    local = theirs["provider"]["mlx-kit"]["models"]["local"]
+    assert local["attachment"] is True
+    assert local["modalities"] == {"input": ["text", "image"], "output": ["text"]}
+
+
 @pytest.mark.parametrize("edit, message", [
     (('"context": 40960', '"context": "big"'),
      'Expected number, got "big" provider.mlx-kit.models.local.limit.context'),
