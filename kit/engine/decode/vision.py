@@ -36,6 +36,7 @@ from typing import Any
 
 from kit import mlx_lm_api
 from kit.engine.types import ChatRequest, ImageInput, InvalidRequest
+from kit.models.vision import is_vision_model, mlx_vlm_installed
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -45,30 +46,21 @@ MAX_STATES = 4
 
 
 def is_vision_folder(path: Path) -> bool:
-    """Whether the model in ``path`` loads through mlx-vlm: config.json has a non-null
-    ``vision_config`` and mlx-vlm has a model for its ``model_type`` (imports mlx-vlm:
-    the engine's process only)."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(config, dict) or not config.get("vision_config"):
-        return False
-    kind = config.get("model_type")
-    if not isinstance(kind, str):
-        return False
-    try:
-        from mlx_vlm.utils import MODEL_REMAPPING
-    except ImportError:  # the text path (mlx-lm) may still load its language model
-        log.warning("%s is a vision model, but mlx-vlm is not installed: it is served as "
-                    "text only (pip install 'mlx-kit[vision]' for image input)", path)
-        return False
-    import importlib.util
-    kind = MODEL_REMAPPING.get(kind, kind)
-    try:
-        return importlib.util.find_spec(f"mlx_vlm.models.{kind}") is not None
-    except (ImportError, ValueError):
-        return False
+    """Whether the model in ``path`` loads through mlx-vlm: the catalog's rule
+    (:func:`kit.models.vision.is_vision_model`: a non-null ``vision_config`` and a
+    ``model_type`` mlx-vlm has a model for). A vision config without mlx-vlm installed is
+    logged, and the text path (mlx-lm) may still load its language model."""
+    if is_vision_model(path):
+        return True
+    if not mlx_vlm_installed():
+        try:
+            config = json.loads((Path(path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        if isinstance(config, dict) and config.get("vision_config"):
+            log.warning("%s is a vision model, but mlx-vlm is not installed: it is served "
+                        "as text only (pip install 'mlx-kit[vision]' for image input)", path)
+    return False
 
 
 def load(path: str, trust_remote_code: bool,
