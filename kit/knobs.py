@@ -179,6 +179,10 @@ KNOBS: tuple[Knob, ...] = (
          "whose processor sizes images by pixels (Qwen2/2.5/3-VL): larger images are scaled "
          "down to fit (2048: ~1.6 megapixels). Fixed-size models (Gemma 3, SmolVLM...) keep "
          "their own size.", _STARTS, ge=16, le=65536, unit="tokens"),
+    Knob("image_dir", "list", (), "Let requests name image files by path (file:// URLs, "
+         "Gemini fileData) inside FOLDER, links resolved (repeatable; comma-separated in "
+         "MLX_KIT_IMAGE_DIRS). Off by default: a request cannot make the server read a "
+         "file.", _STARTS, env="MLX_KIT_IMAGE_DIRS"),
     Knob("max_images", int, 16, "Most images in one request (400 too_many_images above it).",
          unit="images", ge=1, le=64),
     Knob("docs", bool, None, "Serve /openapi.json and /docs (default: on for a loopback "

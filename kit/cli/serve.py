@@ -73,17 +73,20 @@ def _edge_policy(config: EngineConfig):
 def check_startable(config: EngineConfig, world: Any) -> None:
     """What ``serve`` (and ``launch``, before it starts one) refuses beyond the config's own
     validation: a warm-up mode the world does not allow, a disk-tier folder others can
-    write, an adapter folder that is not mlx-lm's format.
+    write, an adapter folder that is not mlx-lm's format, an ``--image-dir`` that is not
+    a folder.
 
     Raises:
         ConfigError: naming the flag (and the adapter's file).
     """
     from kit.engine.decode.warmup import check_mode
     from kit.models.adapters import parse_adapters
+    from kit.server.content.image_files import allowed_folders
 
     check_mode(config.warmup.value, distributed=world is not None)
     check_cache_dir(config.prompt_cache_dir, config.prompt_cache_disk)
     parse_adapters(config.adapter)  # each folder checked now, naming the file
+    allowed_folders(config.image_dir)
 
 
 def _choose_split(info, world, progress):
@@ -185,6 +188,7 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     from kit.engine.proc.process import EngineProcess
     from kit.models.resolve import resolve_model
     from kit.server import create_app
+    from kit.server.content.image_files import allowed_folders
     from kit.server.content.media import MediaLimits
     from kit.server.state import ServerState
     from kit.urls import parse_url
@@ -255,7 +259,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
                             adapters=tuple(n.partition("=")[0] for n in c.adapter),
                             adapters_for=info.id,
                             media_limits=MediaLimits(c.max_image_bytes, c.max_image_pixels,
-                                                     c.max_images))
+                                                     c.max_images,
+                                                     allowed_folders(c.image_dir)))
         # The first catalog scan runs while the engine loads; listening only after it ended
         # means no request ever waits for one (later rescans run in the background).
         concurrent.futures.wait([state.catalog_cache.refresh()], timeout=_FIRST_SCAN_WAIT_S)

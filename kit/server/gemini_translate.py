@@ -23,7 +23,6 @@ from kit.server.content.base import excerpt
 from kit.server.content.media import (
     MediaReader,
     bad,
-    refuse_file,
     refuse_file_id,
     refuse_remote,
 )
@@ -106,15 +105,21 @@ def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput:
               "unsupported_content")
 
 
-def _file(blob: Any, where: str) -> APIError:
-    """The 400 for a ``fileData`` part: nothing is fetched or read from disk."""
+def _file(blob: Any, where: str, media: MediaReader) -> ImageInput:
+    """The image of a ``fileData`` part with a local path inside ``--image-dir``'s folders
+    (:meth:`MediaReader.image_file`); anything else is refused: nothing is fetched, no
+    file is read outside those folders, and no file store exists.
+
+    Raises:
+        APIError: 400 naming ``where``.
+    """
     uri = blob.get("fileUri", blob.get("file_uri")) if isinstance(blob, dict) else None
     head = uri[:16].lower() if isinstance(uri, str) else ""
     if head.startswith(("file:", "/", "~", ".")):
-        return refuse_file(where)
+        return media.image_file(uri, where)
     if head.startswith(("http://", "https://", "gs://")):
-        return refuse_remote(where)
-    return refuse_file_id(where)
+        raise refuse_remote(where)
+    raise refuse_file_id(where)
 
 
 def _user_media(p: Any, where: str, media: MediaReader | None) -> ImageInput | None:
@@ -123,7 +128,7 @@ def _user_media(p: Any, where: str, media: MediaReader | None) -> ImageInput | N
         if p.inline_data is not None:
             return _inline(p.inline_data, f"{where}.inlineData", media)
         if p.file_data is not None:
-            raise _file(p.file_data, f"{where}.fileData")
+            return _file(p.file_data, f"{where}.fileData", media)
     _refuse_media(p, where, media)
     return None
 

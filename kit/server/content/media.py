@@ -34,6 +34,7 @@ import threading
 import warnings
 import wave
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from PIL import Image
@@ -43,6 +44,7 @@ from PIL import GifImagePlugin, JpegImagePlugin, MpoImagePlugin, PngImagePlugin 
 from PIL import WebPImagePlugin  # noqa: F401
 
 from kit.engine.types import ImageInput
+from kit.server.content.image_files import read_image_file
 from kit.server.errors import APIError
 
 _MIB = 1 << 20
@@ -87,11 +89,14 @@ class MediaLimits:
         max_image_bytes: largest image file, decoded bytes.
         max_image_pixels: most pixels (width x height) of one image.
         max_images: most images in one request.
+        image_dirs: resolved folders whose image files a request may name by path
+            (``--image-dir``; :mod:`kit.server.content.image_files`); none by default.
     """
 
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     max_images: int = DEFAULT_MAX_IMAGES
+    image_dirs: tuple[Path, ...] = ()  # --image-dir: folders a request may name files in
 
 
 def bad(where: str, message: str, code: str) -> APIError:
@@ -220,9 +225,11 @@ def refuse_remote(where: str) -> APIError:
 
 
 def refuse_file(where: str) -> APIError:
-    """The 400 for a file on the server's disk (``file://``, a path)."""
-    return bad(where, "files are not read from the server's disk; send the image inline, "
-               f"as a data URL ({_EXAMPLE}) or base64", "unsupported_value")
+    """The 400 for a file on the server's disk (``file://``, a path) when no
+    ``--image-dir`` allows it."""
+    return bad(where, "files are not read from the server's disk (unless it was started "
+               f"with --image-dir); send the image inline, as a data URL ({_EXAMPLE}) or "
+               "base64", "unsupported_value")
 
 
 def refuse_file_id(where: str) -> APIError:
@@ -326,7 +333,7 @@ class MediaReader:
         if head.startswith(("http://", "https://")):
             raise refuse_remote(where)
         if head.startswith("file:") or head.startswith(("/", "~", ".")):
-            raise refuse_file(where)
+            return self.image_file(url, where)
         if not head.startswith("data:"):
             raise bad(where, f"the image URL must be a data URL ({_EXAMPLE})",
                       "invalid_image")
@@ -335,6 +342,21 @@ class MediaReader:
             raise bad(where, f"a data URL must be base64-encoded ({_EXAMPLE})",
                       "invalid_image")
         return self.image_base64(url[comma + 1:], where)
+
+    def image_file(self, uri: str, where: str) -> ImageInput:
+        """The image of a local path or ``file:`` URL, read only inside ``--image-dir``'s
+        folders (:func:`kit.server.content.image_files.read_image_file`).
+
+        Raises:
+            APIError: 400 ``unsupported_value`` without ``--image-dir`` or outside its
+                folders; the file's and the image's bounds.
+        """
+        if not self.limits.image_dirs:
+            raise refuse_file(where)
+        self._next(where)
+        data = read_image_file(uri, self.limits.image_dirs, self.limits.max_image_bytes,
+                               where, bad)
+        return read_image(data, where, self.limits)
 
     def audio_base64(self, text: Any, declared: str | None, where: str) -> NoReturn:
         """Bound base64 audio (:data:`MAX_AUDIO_BYTES`, then :func:`check_audio`), then
