@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
 import pytest
 
 from tests.e2e.test_pi import pi_path
 from tests.e2e.warnings import assert_no_config_warnings
-from tests.helpers import clean_env, free_port, run_kit
+from tests.helpers import clean_env, free_port, require_binary, run_kit
 from tests.server.test_adapters_model import starter_folder
 from tests.server.test_vision_model import IMAGE_TOKENS_512, png
 
@@ -50,90 +49,74 @@ def vlm(hf_home, tmp_path_factory):
     return folder
 
 
+def with_and_without(agent: str, vlm, hf_home, home, cwd, runs, **env_extra) -> tuple:
+    """Launch ``agent`` on the vision model twice, its arguments ``runs[0]`` (attaching the
+    image) then ``runs[1]`` (the same words without it); each must succeed without a
+    config warning. Returns each run's request log lines ``(prompt tokens, _, images)``
+    (the server's, from its debug log); the server is stopped after."""
+    port = free_port()
+    env = clean_env(home, hf_home, MLX_KIT_URL=f"http://127.0.0.1:{port}",
+                    MLX_KIT_TEMPERATURE="0", MLX_KIT_LOG_LEVEL="debug", **env_extra)
+    log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
+    seen = []
+    try:
+        for args in runs:
+            start = len(log.read_text(errors="replace")) if log.exists() else 0
+            r = run_kit(env, "launch", agent, "--model", str(vlm), "--", *args, cwd=cwd,
+                        timeout=400, stdin=subprocess.DEVNULL)
+            assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+            assert_no_config_warnings(agent, r.stdout, r.stderr)
+            seen.append(LINE.findall(log.read_text(errors="replace")[start:]))
+    finally:
+        run_kit(env, "stop", cwd=home, timeout=60)
+    return tuple(seen)
+
+
+def assert_one_image_sent(with_image: list, text_only: list) -> None:
+    """Every request of the first run that carried an image carried one (an agent may send
+    more than one request a run), none of the second did, and the largest prompt grew by
+    at least the image's tokens and its two markers."""
+    assert {images for _, _, images in with_image if images} == {"1"}
+    assert not any(images for _, _, images in text_only)
+    assert max(int(p) for p, _, _ in with_image) - max(int(p) for p, _, _ in text_only) \
+        >= 2 + IMAGE_TOKENS_512
+
+
 @pytest.mark.parametrize("which", ["newest", "oldest"])
 def test_pi_sends_an_image_to_a_vision_model(which, vlm, hf_home, tmp_path):
-    home, port = tmp_path / "home", free_port()
+    home = tmp_path / "home"
     (home / ".pi" / "agent").mkdir(parents=True)
     (home / ".pi" / "agent" / "settings.json").write_text(
         json.dumps({"retry": {"enabled": False}}))
     (home / "shot.png").write_bytes(png("teal"))
-    env = clean_env(home, hf_home, MLX_KIT_URL=f"http://127.0.0.1:{port}",
-                    MLX_KIT_TEMPERATURE="0", MLX_KIT_LOG_LEVEL="debug", PATH=pi_path(which))
-    log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
-    try:
-        prompts = []
-        for attach in (["@shot.png"], []):
-            r = run_kit(env, "launch", "pi", "--model", str(vlm), "--", "-p", *attach,
-                        "What is in this picture?", "--no-session", cwd=home, timeout=300)
-            assert r.returncode == 0, r.stderr
-            assert_no_config_warnings("pi", r.stdout, r.stderr)
-            prompts.append(LINE.findall(log.read_text(errors="replace"))[-1])
-        (with_image, _, images), (text_only, _, none) = prompts
-        assert images == "1" and none == ""
-        # the image's patches and its two markers; pi may add a line naming the file
-        assert int(with_image) - int(text_only) >= 2 + IMAGE_TOKENS_512
-    finally:
-        run_kit(env, "stop", cwd=home, timeout=60)
+    question = ["-p", "What is in this picture?", "--no-session"]
+    assert_one_image_sent(*with_and_without(
+        "pi", vlm, hf_home, home, home, (["-p", "@shot.png", *question[1:]], question),
+        PATH=pi_path(which)))
 
 
 def test_codex_sends_an_image_to_a_vision_model(vlm, hf_home, tmp_path):
     """``codex exec -i shot.png``: Codex attaches the image only when its model catalog
     (mlx-kit's, from /v1/models) lists ``input_modalities`` with ``image``."""
-    from tests.helpers import require_binary
-
     require_binary("codex")
-    home, port = tmp_path / "home", free_port()
+    home = tmp_path / "home"
     home.mkdir()
     (home / "shot.png").write_bytes(png("teal"))
-    env = clean_env(home, hf_home, MLX_KIT_URL=f"http://127.0.0.1:{port}",
-                    MLX_KIT_TEMPERATURE="0", MLX_KIT_LOG_LEVEL="debug")
-    log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
-    try:
-        prompts = []
-        for attach in (["-i", "shot.png"], []):
-            # the prompt first: -i takes every file that follows it
-            r = run_kit(env, "launch", "codex", "--model", str(vlm), "--", "exec",
-                        "--skip-git-repo-check", "What is in this picture?", *attach,
-                        cwd=home, timeout=300, stdin=subprocess.DEVNULL)
-            assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-            assert_no_config_warnings("codex", r.stdout, r.stderr)
-            prompts.append(LINE.findall(log.read_text(errors="replace"))[-1])
-        (with_image, _, images), (text_only, _, none) = prompts
-        assert images == "1" and none == ""
-        assert int(with_image) - int(text_only) >= 2 + IMAGE_TOKENS_512
-    finally:
-        run_kit(env, "stop", cwd=home, timeout=60)
+    # the prompt first: -i takes every file that follows it
+    question = ["exec", "--skip-git-repo-check", "What is in this picture?"]
+    assert_one_image_sent(*with_and_without(
+        "codex", vlm, hf_home, home, home, ([*question, "-i", "shot.png"], question)))
 
 
 def test_opencode_sends_an_image_to_a_vision_model(vlm, hf_home, tmp_path):
     """``opencode run -f shot.png``: opencode attaches the image only when its model config
-    says ``modalities.input`` has ``image`` (mlx-kit's, from /v1/models); it also sends a
-    title request, so each run's largest prompt is compared."""
-    from tests.helpers import require_binary
-
+    says ``modalities.input`` has ``image`` (mlx-kit's, from /v1/models)."""
     require_binary("opencode")
-    home, port = tmp_path / "home", free_port()
+    home = tmp_path / "home"
     (home / "project").mkdir(parents=True)
-    (home / "project" / "shot.png").write_bytes(png("teal"))
-    env = clean_env(home, hf_home, MLX_KIT_URL=f"http://127.0.0.1:{port}",
-                    MLX_KIT_TEMPERATURE="0", MLX_KIT_LOG_LEVEL="debug")
-    log = home / ".local" / "state" / "mlx-kit" / "log" / f"server-{port}.log"
-    try:
-        runs = []
-        for attach in (["-f", str(home / "project" / "shot.png")], []):
-            start = len(log.read_text(errors="replace")) if log.exists() else 0
-            r = run_kit(env, "launch", "opencode", "--model", str(vlm), "--", "run",
-                        "What is in this picture?", *attach, cwd=home / "project",
-                        timeout=400, stdin=subprocess.DEVNULL)
-            assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-            assert_no_config_warnings("opencode", r.stdout, r.stderr)
-            runs.append(LINE.findall(log.read_text(errors="replace")[start:]))
-        with_image, text_only = runs
-        # every request of the run that carried it carried the one image (opencode may
-        # send more than one request per run)
-        assert {images for _, _, images in with_image if images} == {"1"}
-        assert not any(images for _, _, images in text_only)
-        assert max(int(p) for p, _, _ in with_image) - max(int(p) for p, _, _ in text_only) \
-            >= 2 + IMAGE_TOKENS_512
-    finally:
-        run_kit(env, "stop", cwd=home, timeout=60)
+    shot = home / "project" / "shot.png"
+    shot.write_bytes(png("teal"))
+    question = ["run", "What is in this picture?"]
+    assert_one_image_sent(*with_and_without(
+        "opencode", vlm, hf_home, home, home / "project",
+        ([*question, "-f", str(shot)], question)))
