@@ -158,10 +158,11 @@ def _response_parts(fr: Any, where: str, media: MediaReader | None) -> list[Imag
     images = []
     for k, part in enumerate(fr.parts):
         blob = part.get("inlineData", part.get("inline_data"))
+        file = part.get("fileData", part.get("file_data"))
         if blob is not None:
             images.append(_inline(blob, f"{where}.{k}.inlineData", media))
-        elif part.get("fileData", part.get("file_data")) is not None:
-            raise _file(part.get("fileData", part.get("file_data")), f"{where}.{k}.fileData")
+        elif file is not None:
+            images.append(_file(file, f"{where}.{k}.fileData", media))
         else:
             raise bad(f"{where}.{k}", "a function response part holds inlineData",
                       "invalid_value")

@@ -162,6 +162,25 @@ def test_gemini_file_data_is_refused(vision, uri, says):
     assert says in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("uri,says", [
+    ("file:///etc/passwd", "not read from the server's disk"),
+    ("https://example.com/a.png", "not fetched"),
+    ("files/abc", "file ids are not supported"),
+])
+def test_gemini_file_data_in_a_function_response_is_refused_naming_it(vision, uri, says):
+    """Regression: a fileData part inside functionResponse.parts was a 500 (its reader
+    was called with the wrong arguments) instead of the refusal a user turn's gets."""
+    client, _ = vision
+    r = client.post("/v1beta/models/local:generateContent", json={"contents": [
+        {"role": "user", "parts": [{"functionResponse": {
+            "name": "shot", "response": {"output": "ok"},
+            "parts": [{"fileData": {"mimeType": "image/png", "fileUri": uri}}]}}]}]})
+    assert r.status_code == 400
+    where = "contents.0.parts.0.functionResponse.parts.0.fileData"
+    assert r.json()["error"]["message"].startswith(where + ": ")
+    assert says in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("role", ["system", "developer", "assistant"])
 def test_an_image_outside_user_and_tool_messages_is_refused(vision, role):
     client, _ = vision
