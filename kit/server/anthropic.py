@@ -55,7 +55,6 @@ from kit.server.content import (
     ToolUseBlock,
     either,
     number,
-    refuse,
 )
 from kit.server.errors import APIError
 from kit.server.protocol import Protocol, under
@@ -68,11 +67,11 @@ from kit.server.translate import (
     function_schema,
     history_call,
     history_reasoning,
+    media_part,
     merge,
     message_content,
     output_cap,
     overridden,
-    refuse_image_role,
     stop_strings,
     thinking_kwargs,
     with_images,
@@ -172,11 +171,7 @@ def _messages(body: MessagesRequest | CountTokensRequest,
             elif isinstance(b, TextBlock):
                 parts.append(b.text)
             elif isinstance(b, MediaBlock):
-                if media is None or not media.vision:
-                    raise refuse(b.type, f"{where}.{j}")
-                if b.kind == "image" and m.role != "user":
-                    raise refuse_image_role(m.role, f"{where}.{j}")
-                parts.append(b.media_of(f"{where}.{j}", media))
+                parts.append(media_part(b, f"{where}.{j}", media, m.role))
             elif b.type == "thinking" and isinstance((b.model_extra or {}).get("thinking"),
                                                      str):
                 thoughts.append(b.model_extra["thinking"])

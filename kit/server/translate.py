@@ -82,16 +82,26 @@ def message_content(content: str | list | None, where: str, media: MediaReader |
     """
     if media is None or not media.vision or content is None or isinstance(content, str):
         return flatten(content, where)
-    parts: list[str | ImageInput] = []
-    for i, part in enumerate(content):
-        at = f"{where}.{i}"
-        if not isinstance(part, MediaPart):
-            parts.append(part.text_of(at))
-        elif part.kind == "image" and role not in IMAGE_ROLES:
-            raise refuse_image_role(role, at)
-        else:
-            parts.append(part.media_of(at, media))
-    return merge(parts)
+    return merge([media_part(part, f"{where}.{i}", media, role)
+                  if isinstance(part, MediaPart) else part.text_of(f"{where}.{i}")
+                  for i, part in enumerate(content)])
+
+
+def media_part(part: MediaPart, where: str, media: MediaReader | None,
+               role: str) -> ImageInput:
+    """The image of one media part of a ``role`` message (the protocols' parts read their
+    own fields: :meth:`MediaPart.media_of`).
+
+    Raises:
+        APIError: 400 as a text-only model refuses it (``media`` None or not vision), for
+            an image in a role that takes none (:data:`IMAGE_ROLES`), or what
+            ``media_of`` refuses (other media, a source not inline, a bound passed).
+    """
+    if media is None or not media.vision:
+        part.text_of(where)  # raises: the text-only model's 400
+    if part.kind == "image" and role not in IMAGE_ROLES:
+        raise refuse_image_role(role, where)
+    return part.media_of(where, media)
 
 
 #: The roles (the engine's names) whose messages may carry images: what the APIs allow
