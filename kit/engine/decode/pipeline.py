@@ -115,7 +115,6 @@ class Pipeline:
         # a new cache is quantized from its first token with --kv-bits (kit.engine.cache.kv), so
         # cached ones are too: a prefix hit continues in the same precision as a cold run
         if self.slot.vision:  # mlx-vlm's own cache per set of images (kit.engine.decode.vision)
-            media = media or {}
             cache, rest = None, prompt
             cached = self.vision_caches.reused(VisionCaches.key(key, req.images), prompt,
                                                self.slot.model.config)

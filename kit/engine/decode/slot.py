@@ -349,9 +349,7 @@ class ModelSlot:
         self.model = self.mounted = None
         self._trimmable = None
         if not keep_tokenizer:
-            self.processor = None
-        if not keep_tokenizer:
-            self.tokenizer = None
+            self.tokenizer = self.processor = None
             self._grammar_tokenizer = None
         gc.collect()
         mx.clear_cache()

@@ -88,18 +88,18 @@ def load(path: str, trust_remote_code: bool,
     return model, tokenizer, processor
 
 
-def cap_image_tokens(processor: Any, max_tokens: int) -> int | None:
+def cap_image_tokens(processor: Any, max_tokens: int) -> None:
     """Make ``processor`` scale an image down to at most ``max_tokens`` image tokens, for
     processors that size images by pixel count (Qwen2/2.5/3-VL's ``max_pixels``: one
     token per ``(patch_size * merge_size)**2`` pixels). A 12-megapixel photo is ~15,000
-    tokens there, whose vision-tower attention alone can exhaust memory. Returns the cap in
-    pixels, or None for a processor of another kind (fixed-size models such as Gemma 3 and
-    SmolVLM bound their own image tokens)."""
+    tokens there, whose vision-tower attention alone can exhaust memory. A processor of
+    another kind is left as it is (fixed-size models such as Gemma 3 and SmolVLM bound
+    their own image tokens)."""
     ip = getattr(processor, "image_processor", None)
     patch, merge = getattr(ip, "patch_size", None), getattr(ip, "merge_size", None)
     pixels = getattr(ip, "max_pixels", None)
     if not (isinstance(patch, int) and isinstance(merge, int) and isinstance(pixels, int)):
-        return None
+        return
     cap = max_tokens * (patch * merge) ** 2
     if pixels > cap:
         ip.max_pixels = cap
@@ -108,7 +108,6 @@ def cap_image_tokens(processor: Any, max_tokens: int) -> int | None:
             size["longest_edge"] = cap
         log.info("images are scaled to at most %d tokens (%d pixels; "
                  "--max-image-tokens)", max_tokens, cap)
-    return min(pixels, cap)
 
 
 def image_parts(messages: list[dict[str, Any]]) -> int:
@@ -231,6 +230,3 @@ class VisionCaches:
 
     def clear(self) -> None:
         self._states.clear()
-
-    def entries(self) -> int:
-        return sum(1 for s in self._states.values() if s.cache is not None)
