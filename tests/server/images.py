@@ -12,6 +12,9 @@ import struct
 import wave
 import zlib
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -83,6 +86,31 @@ class VisionEngine(RecordingEngine):
     async def count_tokens_async(self, request) -> int:
         self.counted.append(request)
         return 5
+
+
+@pytest.fixture
+def vision():
+    """``(client, engine)``: :func:`vision_client` with the default bounds, for a test
+    (import it into the test module to use it)."""
+    client, engine = vision_client()
+    with client:
+        yield client, engine
+
+
+def openai_sdk(client: TestClient) -> Any:
+    """The official OpenAI SDK on ``client`` (the in-process app), no retries."""
+    import openai
+
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
+                         http_client=client, max_retries=0)
+
+
+def anthropic_sdk(client: TestClient) -> Any:
+    """The official Anthropic SDK on ``client`` (the in-process app), no retries."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url="http://testserver", api_key="unused",
+                               http_client=client, max_retries=0)
 
 
 def vision_client(**limits) -> tuple[TestClient, VisionEngine]:

@@ -17,25 +17,20 @@ from tests.server.images import (
     JPEG,
     PNG,
     WEBP,
+    anthropic_sdk,
     b64,
     block,
     chat_body,
     data_url,
     error,
     image_url,
+    openai_sdk,
     png_header,
     sha,
-    vision_client,
+    vision,  # noqa: F401 (a fixture)
 )
 from tests.server.test_adapters_api import RecordingEngine
 from tests.server.test_metrics import make_app
-
-
-@pytest.fixture
-def vision():
-    client, engine = vision_client()
-    with client:
-        yield client, engine
 
 
 # -- what reaches the engine ---------------------------------------------------------------
@@ -75,11 +70,8 @@ def test_text_stays_a_string_and_no_images_on_a_vision_model(vision):
 
 
 def test_the_openai_sdk_sends_an_image_to_chat_completions(vision):
-    import openai
-
     client, engine = vision
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
-                        http_client=client, max_retries=0)
+    sdk = openai_sdk(client)
     out = sdk.chat.completions.create(model="local", max_tokens=8, messages=[
         {"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                      {"type": "image_url",
@@ -90,11 +82,8 @@ def test_the_openai_sdk_sends_an_image_to_chat_completions(vision):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_input_image_in_a_message_and_a_function_call_output(vision, stream):
-    import openai
-
     client, engine = vision
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused",
-                        http_client=client, max_retries=0)
+    sdk = openai_sdk(client)
     inputs = [
         {"role": "user", "content": [{"type": "input_text", "text": "look"},
                                      {"type": "input_image", "image_url": data_url(PNG),
@@ -117,11 +106,8 @@ def test_responses_input_image_in_a_message_and_a_function_call_output(vision, s
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_image_blocks_and_a_screenshot_in_a_tool_result(vision, stream):
-    import anthropic
-
     client, engine = vision
-    sdk = anthropic.Anthropic(base_url="http://testserver", api_key="unused",
-                              http_client=client, max_retries=0)
+    sdk = anthropic_sdk(client)
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "see"}, block(PNG)]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",

@@ -22,16 +22,10 @@ from tests.server.images import (
     image_url,
     noise_png,
     png_header,
+    vision,  # noqa: F401 (a fixture)
     vision_client,
     wav,
 )
-
-
-@pytest.fixture
-def vision():
-    client, engine = vision_client()
-    with client:
-        yield client, engine
 
 
 # -- bounds: each a 400 naming the part ------------------------------------------------------
