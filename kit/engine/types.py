@@ -102,6 +102,11 @@ class ChatRequest:
         force_tool: None lets the model decide whether to call a tool; ``""`` forces a
             call to one of ``tools``, a name forces a call to that tool (``tool_choice``
             required / named; see :mod:`kit.engine.decode.grammar`).
+        parallel_tool_calls: the model may call several tools in one turn (OpenAI's
+            ``parallel_tool_calls``, not Anthropic's ``disable_parallel_tool_use``): a
+            forced turn's grammar allows one or more calls in the family's markup; False
+            allows one, and an unforced turn ends after its first call
+            (:meth:`kit.formats.output.OutputParser.for_format`).
         response_schema: a JSON schema the answer text must follow (``response_format``;
             ``{"type": "object"}`` for json_object), or None for free text.
         request_id: an id for logs.
@@ -117,6 +122,7 @@ class ChatRequest:
     adapter: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     force_tool: str | None = None
+    parallel_tool_calls: bool = True
     response_schema: dict[str, Any] | None = None
     request_id: str = ""
 

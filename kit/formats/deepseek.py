@@ -56,8 +56,9 @@ from kit.formats.events import TextDelta, ToolCall
 from kit.formats.output import OutputParser, gives_anything
 
 __all__ = ["BLOCKS", "CALL_BEGIN", "CALL_END", "CALLS_BEGIN", "CALLS_END", "DSML",
-           "DSML_STARTS", "SEP", "DeepSeekOutputParser", "call_end", "grammar_body",
-           "parse_partial", "parse_tool_call", "tool_call_end", "tool_call_start"]
+           "DSML_STARTS", "GRAMMAR_BETWEEN", "GRAMMAR_CLOSE", "SEP", "DeepSeekOutputParser",
+           "call_end", "grammar_body", "parse_partial", "parse_tool_call", "tool_call_end",
+           "tool_call_start"]
 
 # mlx-lm's parser-module contract; the DSML starts are added by DeepSeekOutputParser
 tool_call_start = CALLS_BEGIN
@@ -77,16 +78,22 @@ def call_end(text: str) -> tuple[int, int] | None:
 # ---------------------------------------------------------------------------- forced calls
 
 def grammar_body(name: str, args: str) -> str:
-    """The Lark expression (llguidance dialect) of a forced call's body after
-    ``<｜tool▁calls▁begin｜>`` (which the prompt ends with): one call in the V3.1 form,
-    ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜><｜tool▁calls▁end｜>``, the
-    simplest of the sub-formats to constrain (the arguments are one JSON object) and one
-    :func:`parse_tool_call` reads whichever DeepSeek model wrote it. ``args``: the Lark
-    expression of the arguments object (e.g. a ``%json`` rule's name). The markers are
-    text literals: the grammar gets no vocab to name them as special tokens by, and the
-    parser reads text."""
-    head, tail = f"{CALL_BEGIN}{name}{SEP}", CALL_END + CALLS_END
-    return f"{json.dumps(head)} {args} {json.dumps(tail)}"
+    """The Lark expression (llguidance dialect) of one forced call after
+    ``<｜tool▁calls▁begin｜>`` (which the prompt ends with): the V3.1 form,
+    ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>``, the simplest of the
+    sub-formats to constrain (the arguments are one JSON object) and one
+    :func:`parse_tool_call` reads whichever DeepSeek model wrote it; more calls follow
+    directly (:data:`GRAMMAR_BETWEEN`), and :data:`GRAMMAR_CLOSE` ends the block. ``args``:
+    the Lark expression of the arguments object (e.g. a ``%json`` rule's name). The
+    markers are text literals: the grammar gets no vocab to name them as special tokens
+    by, and the parser reads text."""
+    head = f"{CALL_BEGIN}{name}{SEP}"
+    return f"{json.dumps(head)} {args} {json.dumps(CALL_END)}"
+
+
+#: What a forced turn writes between two calls of its block (V3.1's template: nothing) and
+#: after the last (:class:`kit.engine.decode.tool_grammar.CallSequence`).
+GRAMMAR_BETWEEN, GRAMMAR_CLOSE = "", CALLS_END
 
 
 # ---------------------------------------------------------------------------- engine parser

@@ -379,6 +379,7 @@ class LlamaOutputParser(OutputParser):
 
 
 #: start inside a would-be call: the answer's first characters decide (see call_end). A
-#: forced call's body is constrained by the json_tools grammar, ``{"name": ..., "arguments":
-#: {...}}`` (whitespace around it): one of the two keys Llama models write, both parsed here.
-OVERRIDES = {"parser_class": LlamaOutputParser, "initial": "tool", "grammar": "json_tools"}
+#: forced call's body is json_tools', ``{"name": ..., "arguments": {...}}`` (whitespace
+#: around it): one of the two keys Llama models write, both parsed here; its own grammar key
+#: (llama3_json) because a forced turn holds one call, as Llama 3's templates take.
+OVERRIDES = {"parser_class": LlamaOutputParser, "initial": "tool", "grammar": "llama3_json"}

@@ -92,17 +92,26 @@ class OutputParser:
         self.stopped = False  # a stop string matched
         self.stop_string: str | None = None
         self.new_call_id = _openai_call_id  # ids of calls that carry none (see CALL_IDS)
+        # one call per turn (``parallel_tool_calls`` false): see for_format
+        self.single_call = False
 
     @classmethod
     def for_format(cls, fmt: OutputFormat, prompt_tail: str, *, stops: Sequence[str] = (),
                    tools: list[dict] | None = None, in_tool_call: bool = False,
-                   tokenizer: Any = None) -> OutputParser:
+                   tokenizer: Any = None, parallel: bool = True) -> OutputParser:
         """The parser for a model's :class:`~kit.formats.OutputFormat`, starting in
         reasoning when ``prompt_tail`` (the prompt's last text, special tokens included)
         opened a think block it did not close, or inside a tool call when
         ``in_tool_call`` (the prompt ends with a forced call's start marker). Tool calls
         are parsed only when the request sent ``tools``. ``tokenizer``: mlx-lm's
-        ``TokenizerWrapper``, for the response transitions a checkpoint's config may add."""
+        ``TokenizerWrapper``, for the response transitions a checkpoint's config may add.
+
+        ``parallel`` False (``parallel_tool_calls: false``): one call per turn, for the
+        turns no grammar holds to one (unforced). Generation ends as soon as the first
+        call's markup closes (``stopped``, as at a stop string; nothing after the call
+        comes back). A format that writes several calls in one block closes the block
+        only after the last (Kimi's section, DeepSeek's block; Mistral's calls run to
+        EOS): there the others were generated, and only the first is returned."""
         think = fmt.think
         initial = fmt.initial or "normal"
         if think and prompt_tail.rfind(think[0]) > prompt_tail.rfind(think[1]):
@@ -124,6 +133,7 @@ class OutputParser:
                       extra=extra, call_end=fmt.call_end if tool else None,
                       parse_partial=fmt.parse_partial if tool else None)
         parser.new_call_id = CALL_IDS.get(fmt.tool_format or "", _openai_call_id)
+        parser.single_call = not parallel
         return parser
 
     def _events(self, segments: list[tuple[str | None, str]]) -> list[Any]:
@@ -169,6 +179,8 @@ class OutputParser:
         for call in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(call, dict) or "name" not in call:
                 continue
+            if self.single_call and self.tool_calls:
+                break  # one call per turn: the first is the one returned
             args = call.get("arguments", {})
             calls.append(ToolCall(id=call.get("id") or self.new_call_id(),
                                   name=str(call["name"]), index=self.tool_calls,
@@ -185,6 +197,8 @@ class OutputParser:
             # nesting, MemoryError...) is the model's output, not the server's: text
             log.warning("could not parse a tool call (%s); returning it as text", e)
             return [TextDelta(text)]
+        if not calls and self.single_call and self.tool_calls:
+            return []  # a call after the one a single-call turn returns
         return calls or [TextDelta(text)]
 
     def feed(self, text: str) -> list[Any]:
@@ -206,6 +220,12 @@ class OutputParser:
         if self._stops:
             self._raw = (self._raw + text)[-4096:]
         events = self._events(segments)
+        if self.single_call and any(isinstance(e, ToolCall) for e in events):
+            # one call per turn: generation ends with the first call, as at a stop string
+            events = events[:next(i for i, e in enumerate(events) if isinstance(e, ToolCall))
+                            + 1]
+            self.stopped, self._said, self._tool_text = True, True, ""
+            return events
         # after _events: the text after a call's end is read there, and may hold the stop
         if self._state[0] is None:
             self.stopped = True

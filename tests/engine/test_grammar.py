@@ -51,6 +51,7 @@ CALLS = {
     "harmony": ('get_weather<|channel|>commentary <|constrain|>json<|message|>'
                 '{"city": "Zürich 東京", "options": {"units": "metric", "days": 3}}'),
 }
+CALLS["llama3_json"] = CALLS["json_tools"]  # after <|python_tag|>: the same body
 #: the formats whose parser is on this branch (the others' rows run once theirs lands)
 PARSED = sorted(f for f in CALLS if known(f))
 BAD_TYPE = {f: text.replace("3", '"3"', 1) if f != "gemma4" else text.replace(
@@ -140,7 +141,8 @@ def test_a_tool_without_parameters_is_forced_to_a_call_without_arguments(
              "gemma4": "call:now{}<tool_call|>",
              "deepseek": "<｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
                          "<｜tool▁calls▁end｜>",
-             "harmony": "now<|channel|>commentary <|constrain|>json<|message|>{}"}[fmt]
+             "harmony": "now<|channel|>commentary <|constrain|>json<|message|>{}",
+             "llama3_json": '\n{"name": "now", "arguments": {}}\n'}[fmt]
     assert _accepts(tokenizers, grammar, empty)
 
 
@@ -185,7 +187,8 @@ def special_tokenizers():
     return hf, ll_tokenizer(SimpleNamespace(_tokenizer=hf, eos_token_ids=[hf.eos_token_id]))
 
 
-@pytest.mark.parametrize("fmt", sorted(set(CALLS) - {"json_tools"}))  # (no marker in its body)
+@pytest.mark.parametrize("fmt", sorted(set(CALLS) - {"json_tools", "llama3_json"}))  # (no
+# marker in their bodies)
 def test_a_forced_call_matches_markers_that_are_special_tokens_as_those_tokens(
         special_tokenizers, fmt):
     # Regression: with gpt-oss's <|channel|> a special token, llguidance offered that

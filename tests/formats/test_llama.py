@@ -186,8 +186,9 @@ def test_without_tools_in_the_request_a_call_is_answer_text():
 
 def test_a_forced_call_is_parsed_from_its_first_token():
     # the prompt ends with the start marker; the output is the call's body, constrained by
-    # the json_tools body grammar (kit/engine/decode/grammar.py), whose text is this
-    assert LLAMA3.grammar == LLAMA4.grammar == "json_tools"
+    # the json_tools body (kit/engine/decode/tool_grammar.py), one call per turn, whose text
+    # is this
+    assert LLAMA3.grammar == LLAMA4.grammar == "llama3_json"
     body = '\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n'
     for label, chunks in splits(body):
         assert replay(chunks, in_tool_call=True) == (None, None, [("get_time", {"tz": "UTC"})])

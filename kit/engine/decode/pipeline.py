@@ -126,7 +126,7 @@ class Pipeline:
         parser = OutputParser(stops=params.stop) if req.raw else OutputParser.for_format(
             self.slot.output_format, self.prompts.tail_text(prompt), stops=params.stop,
             tools=req.tools, in_tool_call=req.force_tool is not None and bool(forced),
-            tokenizer=tok)
+            tokenizer=tok, parallel=req.parallel_tool_calls)
         waited = self.admission.deferred
         try:  # the last step that may refuse it: nothing after it can fail (no leak)
             n_max, asked = self.admission.admit(job, req.request_id, len(prompt), n_max,

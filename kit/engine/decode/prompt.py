@@ -201,7 +201,9 @@ class Prompts:
                     t for t in request.tools
                     if (t.get("function") or {}).get("name") == request.force_tool]
                 start = list(tok.encode(fmt.tool[0], add_special_tokens=False))
-                return tool_call_grammar(fmt.grammar, tools), close + start, "tools"
+                grammar = tool_call_grammar(fmt.grammar, tools,
+                                            parallel=request.parallel_tool_calls)
+                return grammar, close + start, "tools"
             if request.response_schema is not None and not request.raw:
                 return json_grammar(request.response_schema), close, "schema"
         except ValueError as e:

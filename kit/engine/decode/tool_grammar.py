@@ -19,22 +19,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kit.formats.select import ours
 
 
 class _Rules:
-    """The Lark rules one forced call's grammar is built from (``add`` names a rule once)."""
+    """The Lark rules one tool's calls are built from: ``add`` names a rule body once
+    (the same body again gets the same name, so a tool's arguments are one rule however
+    many numbered calls refer to them)."""
 
     def __init__(self, prefix: str) -> None:
-        self.prefix, self.lines, self._n = prefix, [], 0
+        self.prefix, self.lines, self._names = prefix, [], {}
 
     def add(self, body: str) -> str:
-        name = f"{self.prefix}_{self._n}"
-        self._n += 1
-        self.lines.append(f"{name}: {body}")
-        return name
+        if body not in self._names:
+            self._names[body] = f"{self.prefix}_{len(self._names)}"
+            self.lines.append(f"{self._names[body]}: {body}")
+        return self._names[body]
 
 
 def _properties(schema: Any) -> list[tuple[str, Any, bool]]:
@@ -128,50 +131,50 @@ _GEMMA_QUOTE = '<|"|>'
 
 
 def _json_tools_body(rules: _Rules, name: str, params: Any) -> str:
-    """``<tool_call>`` + ``{"name": ..., "arguments": ...}`` (Hermes, Qwen 2.5/3,
-    SmolLM3...); its parser reads the body up to the end marker or EOS."""
+    """``{"name": ..., "arguments": ...}`` between newlines, after ``<tool_call>``
+    (Hermes, Qwen 2.5/3, SmolLM3...; Llama's after ``<|python_tag|>``); its parser reads
+    the body up to the end marker or EOS."""
     head = '\n{"name": ' + json.dumps(name) + ', "arguments": '
     return f"{_lark_str(head)} {_args(rules, params)} {_lark_str('}' + chr(10))}"
 
 
 def _qwen3_coder_body(rules: _Rules, name: str, params: Any) -> str:
-    """``<tool_call>`` + ``<function=NAME>`` and one ``<parameter=KEY>`` block per
-    argument (Qwen3-Coder's template), then the end marker."""
+    """``<function=NAME>`` and one ``<parameter=KEY>`` block per argument between
+    newlines, after ``<tool_call>`` (Qwen3-Coder's template); ``</tool_call>`` follows."""
     params_rule = _key_value_body(
         rules, _object(params), lambda k: (f"<parameter={k}>\n", "\n</parameter>\n"))
     return (f"{_lark_str(chr(10) + '<function=' + name + '>' + chr(10))} {params_rule} "
-            f"{_lark_str('</function>' + chr(10) + '</tool_call>')}")
+            f"{_lark_str('</function>' + chr(10))}")
 
 
 def _glm47_body(rules: _Rules, name: str, params: Any) -> str:
-    """``<tool_call>`` + ``NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...``
-    (GLM-4.7's template: no newlines between), then the end marker."""
+    """``NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...`` after
+    ``<tool_call>`` (GLM-4.7's template: no newlines between); ``</tool_call>`` follows."""
     params_rule = _key_value_body(
         rules, _object(params), lambda k: (f"<arg_key>{k}</arg_key><arg_value>", "</arg_value>"))
-    return f"{_lark_str(name)} {params_rule} {_lark_str('</tool_call>')}"
+    return f"{_lark_str(name)} {params_rule}"
 
 
 def _mistral_body(rules: _Rules, name: str, params: Any) -> str:
-    """``[TOOL_CALLS]`` + ``NAME[ARGS]{...}`` (Mistral's v11+ tokenizers: Devstral,
-    Magistral, Mistral Small 3.2); no end marker: EOS ends the call."""
+    """``NAME[ARGS]{...}`` after ``[TOOL_CALLS]`` (Mistral's v11+ tokenizers: Devstral,
+    Magistral, Mistral Small 3.2); no end marker: EOS ends the calls."""
     return f"{_lark_str(name + '[ARGS]')} {_args(rules, params)}"
 
 
-def _kimi_k2_body(rules: _Rules, name: str, params: Any) -> str:
-    """``<|tool_calls_section_begin|>`` + one ``<|tool_call_begin|>functions.NAME:0
-    <|tool_call_argument_begin|>{...}<|tool_call_end|>``, then the section's end (Kimi
-    K2's template; the ``functions.NAME:IDX`` id is the call's id)."""
-    head = f"<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
-    return (f"{_lark_str(head)} {_args(rules, params)} "
-            f"{_lark_str('<|tool_call_end|><|tool_calls_section_end|>')}")
+def _kimi_k2_body(rules: _Rules, name: str, params: Any, index: int = 0) -> str:
+    """``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
+    <|tool_call_end|>`` inside ``<|tool_calls_section_begin|>`` (Kimi K2's template; the
+    ``functions.NAME:IDX`` id is the call's id, IDX the call's ``index`` in the turn)."""
+    head = f"<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>"
+    return f"{_lark_str(head)} {_args(rules, params)} {_lark_str('<|tool_call_end|>')}"
 
 
 def _gemma4_body(rules: _Rules, name: str, params: Any) -> str:
-    """``<|tool_call>`` + ``call:NAME{key:value,...}`` in Gemma 4's value syntax, then
-    the end marker."""
+    """``call:NAME{key:value,...}`` in Gemma 4's value syntax after ``<|tool_call>``;
+    ``<tool_call|>`` follows."""
     obj = _object(params)
     args = _gemma_value(rules, obj) if _properties(obj) else rules.add('"{}"')
-    return f"{_lark_str('call:' + name)} {args} {_lark_str('<tool_call|>')}"
+    return f"{_lark_str('call:' + name)} {args}"
 
 
 def _harmony_body(rules: _Rules, name: str, params: Any) -> str:
@@ -182,19 +185,23 @@ def _harmony_body(rules: _Rules, name: str, params: Any) -> str:
     return f"{_lark_str(head)} {_args(rules, params)}"
 
 
-def _module_body(family: str) -> Callable[[_Rules, str, Any], str] | None:
-    """The body of a format of ours whose module writes its own
-    (``kit/formats/<family>.py`` ``grammar_body(name, args) -> Lark expression``, the
-    arguments one JSON object, e.g. DeepSeek's V3.1 form), or None."""
+def _module_format(family: str) -> tuple[Callable[..., str], CallSequence] | None:
+    """The call body and sequence of a format of ours whose module writes its own
+    (``kit/formats/<family>.py``: ``grammar_body(name, args) -> Lark expression`` of one
+    call, the arguments one JSON object, e.g. DeepSeek's V3.1 form, and
+    ``GRAMMAR_BETWEEN`` / ``GRAMMAR_CLOSE``, :class:`CallSequence`'s fields), or None."""
 
     if not ours(family):
         return None
     import importlib
 
-    body = getattr(importlib.import_module(f"kit.formats.{family}"), "grammar_body", None)
+    module = importlib.import_module(f"kit.formats.{family}")
+    body = getattr(module, "grammar_body", None)
     if body is None:
         return None
-    return lambda rules, name, params: body(name, _args(rules, params))
+    sequence = CallSequence(getattr(module, "GRAMMAR_BETWEEN", None),
+                            getattr(module, "GRAMMAR_CLOSE", ""))
+    return (lambda rules, name, params: body(name, _args(rules, params))), sequence
 
 
 def _object(params: Any) -> Any:
@@ -206,17 +213,63 @@ def _args(rules: _Rules, params: Any) -> str:
     return rules.add(json_rule(params, tool=True))
 
 
-#: Lark grammar of a tool call's body (after the format's start marker, which the prompt
-#: ends with) per tool format (:attr:`kit.formats.OutputFormat.grammar`, the tool format's
-#: name), given the rules to add to, one tool's name and its parameters' JSON schema; it
-#: returns the body's expression. A format of ours whose module has ``grammar_body``
-#: (DeepSeek's) is found there (:func:`_module_body`). Each follows the call markup of the
-#: family's published chat template; tests/engine/test_grammar.py parses a call each one
-#: allows with the format's own parser.
-TOOL_CALL_BODIES: dict[str, Callable[[_Rules, str, Any], str]] = {
-    "json_tools": _json_tools_body, "qwen3_coder": _qwen3_coder_body,
-    "glm47": _glm47_body, "mistral": _mistral_body, "kimi_k2": _kimi_k2_body,
-    "gemma4": _gemma4_body, "harmony": _harmony_body}
+#: Lark grammar of one tool call's body per tool format (:attr:`kit.formats.OutputFormat.
+#: grammar`, the tool format's name), given the rules to add to, one tool's name and its
+#: parameters' JSON schema (and, for a :attr:`CallSequence.numbered` format, the call's
+#: ``index`` in the turn); it returns the body's expression. The first body follows the
+#: format's start marker, which the prompt ends with; :data:`CALL_SEQUENCES` says what
+#: comes between bodies and after the last. A format of ours whose module has
+#: ``grammar_body`` (DeepSeek's) is found there (:func:`_module_format`). Each follows the
+#: call markup of the family's published chat template; tests/engine/test_grammar.py
+#: parses calls each one allows with the format's own parser.
+TOOL_CALL_BODIES: dict[str, Callable[..., str]] = {
+    "json_tools": _json_tools_body, "llama3_json": _json_tools_body,
+    "qwen3_coder": _qwen3_coder_body, "glm47": _glm47_body, "mistral": _mistral_body,
+    "kimi_k2": _kimi_k2_body, "gemma4": _gemma4_body, "harmony": _harmony_body}
+
+
+@dataclass(frozen=True)
+class CallSequence:
+    """How a format writes one or more calls in one turn, around the bodies of
+    :data:`TOOL_CALL_BODIES`: ``body (between body)* close``.
+
+    Attributes:
+        between: the markup between two calls (the end of one, the start of the next, as
+            the family's template renders a turn with several calls); None: one call per
+            turn (gpt-oss ends a call with ``<|call|>``, an EOS token; Llama 3's templates
+            refuse a turn with more than one call).
+        close: the markup after the last call (the section's or the call's end).
+        close_optional: the format's parser also reads a last call that EOS ends without
+            ``close`` (json_tools), so the model may stop either way.
+        numbered: each call's markup carries its index in the turn (Kimi's
+            ``functions.NAME:IDX``): the bodies take ``index``, and a turn holds at most
+            :data:`MAX_NUMBERED_CALLS` calls (a grammar cannot count without bound).
+    """
+
+    between: str | None
+    close: str = ""
+    close_optional: bool = False
+    numbered: bool = False
+
+
+#: The call sequences of the formats in :data:`TOOL_CALL_BODIES`, from each family's chat
+#: template (how it renders an assistant turn with several ``tool_calls``) and read back by
+#: its parser as several calls (tests/engine/test_grammar_parallel.py checks both).
+CALL_SEQUENCES: dict[str, CallSequence] = {
+    # Qwen3 / Hermes: "<tool_call>\n{...}\n</tool_call>" per call, "\n" between
+    "json_tools": CallSequence("</tool_call>\n<tool_call>", "</tool_call>",
+                               close_optional=True),
+    "llama3_json": CallSequence(None),
+    "qwen3_coder": CallSequence("</tool_call>\n<tool_call>", "</tool_call>"),
+    "glm47": CallSequence("</tool_call><tool_call>", "</tool_call>"),  # nothing between
+    "mistral": CallSequence("[TOOL_CALLS]"),  # "[TOOL_CALLS]NAME[ARGS]{...}" per call
+    "kimi_k2": CallSequence("", "<|tool_calls_section_end|>", numbered=True),  # one section
+    "gemma4": CallSequence("<tool_call|><|tool_call>", "<tool_call|>"),
+    "harmony": CallSequence(None),
+}
+
+#: The most calls a forced turn of a numbered format (Kimi) may hold.
+MAX_NUMBERED_CALLS = 16
 
 #: JSON layout of constrained output: compact separators, no free whitespace (what models
 #: write most often, and the fewest tokens).
@@ -273,10 +326,14 @@ def _closed(schema: Any) -> Any:
     return out
 
 
-def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
-    """The Lark grammar of one tool-call body choosing among ``tools`` (OpenAI function
-    schemas ``{"type": "function", "function": {"name", "parameters"}}``), or None when
-    the body format of ``family`` (an mlx-lm tool-parser name) is not known.
+def tool_call_grammar(family: str | None, tools: list[dict[str, Any]], *,
+                      parallel: bool = False) -> str | None:
+    """The Lark grammar of a forced turn's calls, each choosing among ``tools`` (OpenAI
+    function schemas ``{"type": "function", "function": {"name", "parameters"}}``): one
+    call, or with ``parallel`` one or more in the format's own sequence
+    (:data:`CALL_SEQUENCES`; still one where the format takes one per turn), then the
+    format's close and EOS. None when the body format of ``family`` (an mlx-lm
+    tool-parser name) is not known.
 
     Raises:
         ValueError: a tool's parameters are not a JSON schema object, or are nested too
@@ -284,23 +341,43 @@ def tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | 
             per property: a hostile schema must be a 400, not a crash).
     """
     try:
-        return _tool_call_grammar(family, tools)
+        return _tool_call_grammar(family, tools, parallel)
     except RecursionError:
         raise ValueError("the tool's schema is too deeply nested or has too many properties "
                          "to constrain a call to it") from None
 
 
-def _tool_call_grammar(family: str | None, tools: list[dict[str, Any]]) -> str | None:
-    body = TOOL_CALL_BODIES.get(family or "") or (_module_body(family) if family else None)
-    if body is None or not tools:
+def _tool_call_grammar(family: str | None, tools: list[dict[str, Any]],
+                       parallel: bool) -> str | None:
+    name = family or ""
+    found = (TOOL_CALL_BODIES[name], CALL_SEQUENCES[name]) if name in TOOL_CALL_BODIES \
+        else _module_format(name) if name else None
+    if found is None or not tools:
         return None
-    lines, alts = [], []
+    body, seq = found
+    parallel = parallel and seq.between is not None
+    count = MAX_NUMBERED_CALLS if parallel and seq.numbered else 1
+    lines, alts = [], [[] for _ in range(count)]  # alts[k]: call k's alternatives
     for i, tool in enumerate(tools):
         fn = tool.get("function") or {}
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise ValueError("the schema must be a JSON object")
         rules = _Rules(f"t{i}")
-        alts.append(body(rules, str(fn.get("name", "")), params))
+        for k in range(count):
+            alts[k].append(body(rules, str(fn.get("name", "")), params, index=k)
+                           if seq.numbered else body(rules, str(fn.get("name", "")), params))
         lines += rules.lines
-    return "start: " + " | ".join(alts) + "\n" + "\n".join(lines) + "\n"
+    calls = [f"call_{k}: " + " | ".join(a) for k, a in enumerate(alts)]
+    close = f"{_lark_str(seq.close)}{'?' if seq.close_optional else ''}" if seq.close \
+        else ""
+    between = f"{_lark_str(seq.between)} " if seq.between else ""
+    if not parallel:
+        start = f"call_0 {close}"
+    elif not seq.numbered:
+        start = f"call_0 ({between}call_0)* {close}"
+    else:  # call k is call_k: more_k is "" or the next call and what may follow it
+        start = f"call_0 more_1 {close}"
+        calls += [f'more_{k}: "" | {between}call_{k} more_{k + 1}'
+                  for k in range(1, count)] + [f'more_{count}: ""']
+    return "start: " + start.strip() + "\n" + "\n".join(calls + lines) + "\n"
