@@ -238,7 +238,8 @@ def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
     becomes None, which the engine fits to what is left of the window. ``thinking`` and
     ``output_config.effort`` become template variables (:func:`thinking_options`).
     ``media``: the request's media reader (a vision model's images become
-    ``ChatRequest.images``; None: refused).
+    ``ChatRequest.images``; None: refused). ``tool_choice.disable_parallel_tool_use``
+    allows one call per turn (``auto``: at most one; ``any`` / ``tool``: exactly one).
 
     Raises:
         APIError: 400 for document and other non-text content, images that cannot be
@@ -252,7 +253,9 @@ def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
     tools, force = _tools(body, supports_tools)
     messages, images = with_images(_messages(body, media))
     return ChatRequest(messages=messages, images=images, params=params, tools=tools,
-                       force_tool=force, template_kwargs=thinking_options(body))
+                       force_tool=force, template_kwargs=thinking_options(body),
+                       parallel_tool_calls=not getattr(body.tool_choice,
+                                                       "disable_parallel_tool_use", None))
 
 
 def _usage(fin: Finished | None) -> dict[str, int]:

@@ -362,5 +362,5 @@ def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
     tools, force = chat_tools(body, supports_tools)
     messages, images = with_images(chat_messages(body, media))
     return ChatRequest(messages=messages, images=images, params=params, tools=tools,
-                       force_tool=force,
+                       force_tool=force, parallel_tool_calls=True,  # Gemini has no switch
                        response_schema=_schema(g), template_kwargs=_template_kwargs(g))

@@ -77,6 +77,8 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ChatResponseFormat | None = None
     tools: list[ChatTool] | None = None
     tool_choice: either(Literal["auto", "none", "required"], ChatToolChoice) | None = None
+    # absent or true: one or more calls per turn; false: at most one (ChatRequest's field)
+    parallel_tool_calls: bool | None = None
     reasoning_effort: Id | None = None
     chat_template_kwargs: TemplateKwargs | None = None
 
@@ -126,7 +128,8 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
     messages become ``ChatRequest.images`` (None: every media part is refused).
 
     ``reasoning_effort`` becomes the template variables ``reasoning_effort`` and
-    ``enable_thinking`` unless ``chat_template_kwargs`` sets them itself.
+    ``enable_thinking`` unless ``chat_template_kwargs`` sets them itself;
+    ``parallel_tool_calls: false`` allows one call per turn (absent or true: several).
 
     Raises:
         APIError: 400 for what this server cannot honour (n > 1, audio/file content, image
@@ -145,6 +148,7 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
     tools, force = _tools(body, supports_tools)
     return ChatRequest(messages=messages, images=images, params=params, tools=tools,
                        force_tool=force, response_schema=schema,
+                       parallel_tool_calls=body.parallel_tool_calls is not False,
                        template_kwargs=template_kwargs)
 
 

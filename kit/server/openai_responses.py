@@ -7,7 +7,8 @@ messages -> system; ``function_call`` items -> assistant ``tool_calls``;
 reasoning of the assistant turn after it (:func:`~kit.server.translate.history_reasoning`);
 hosted-tool items are dropped. Nothing is stored (``store`` is accepted; ``previous_response_id`` and
 ``item_reference`` items are refused with 400). Codex's ``include``, ``reasoning``,
-``prompt_cache_key``, ``parallel_tool_calls`` are accepted. Items, content parts and roles
+``prompt_cache_key`` are accepted; ``parallel_tool_calls: false`` allows one call per turn
+(absent or true: several), and the response echoes it. Items, content parts and roles
 are typed (:mod:`kit.server.content`): an unknown one is a 400 naming it.
 """
 
@@ -81,6 +82,7 @@ class ResponsesRequest(LenientModel):
     instructions: Text | None = None
     tools: list[ResponsesTool] | None = None
     tool_choice: either(Literal["auto", "none", "required"], ResponsesToolChoice) | None = None
+    parallel_tool_calls: bool | None = None  # absent: true, as OpenAI's default
     max_output_tokens: TokenCount | None = None
     temperature: float | None = number(0, 2)
     top_p: float | None = number(0, 1, above=True)
@@ -180,6 +182,7 @@ def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
     messages, images = with_images(_messages(body, media))
     return ChatRequest(messages=messages, images=images, params=params, tools=tools,
                        force_tool=force, response_schema=schema,
+                       parallel_tool_calls=body.parallel_tool_calls is not False,
                        template_kwargs=thinking_kwargs(effort or None,
                                                        field="reasoning.effort"))
 
@@ -316,7 +319,8 @@ def _base(body: ResponsesRequest, req: ChatRequest, started: Started) -> dict[st
     """The response object's fields every event and the body repeat."""
     return {"id": req.request_id, "object": "response", "created_at": int(time.time()),
             "model": started.model, "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens, "parallel_tool_calls": False,
+            "max_output_tokens": body.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": None,
             "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else {},
             "store": False, "temperature": req.params.temperature, "top_p": req.params.top_p,
