@@ -74,6 +74,24 @@ class ImageInput:
     digest: str
 
 
+@dataclass(frozen=True)
+class AudioInput:
+    """One audio clip a request carries, checked by the HTTP side before it reaches the
+    engine (:mod:`kit.server.content.audio`: a PCM WAV file, bytes and duration bounded).
+
+    Attributes:
+        data: the WAV file's bytes as the client sent them.
+        seconds: its duration (frames / frame rate, from its header, checked whole).
+        sample_rate: frames per second (the model's processor resamples to its own).
+        digest: SHA-256 of ``data``, hex (the prompt cache keys turns by it).
+    """
+
+    data: bytes
+    seconds: float
+    sample_rate: int
+    digest: str
+
+
 @dataclass
 class ChatRequest:
     """One chat generation.
@@ -87,6 +105,8 @@ class ChatRequest:
             client sent them.
         images: the images of the ``{"type": "image"}`` parts, in message order (the
             i-th such part across ``messages`` is ``images[i]``); empty for text.
+        audio: the clips of the ``{"type": "audio"}`` parts, the same way (a model whose
+            processor takes audio; :mod:`kit.engine.decode.vision`).
         params: sampling parameters.
         prompt: raw prompt text, used as is instead of ``messages`` and the chat template
             (legacy completions); no reasoning or tool-call parsing then.
@@ -115,6 +135,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     params: SamplingParams = field(default_factory=SamplingParams)
     images: tuple[ImageInput, ...] = ()
+    audio: tuple[AudioInput, ...] = ()
     prompt: str | None = None
     prompt_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -74,7 +74,7 @@ from kit.server.translate import (
     overridden,
     stop_strings,
     thinking_kwargs,
-    with_images,
+    with_media,
 )
 
 #: Anthropic's names for the engine's neutral fields are the neutral names themselves
@@ -251,8 +251,7 @@ def to_engine_request(body: MessagesRequest, defaults: SamplingParams,
     params = replace(params, max_tokens=output_cap(body.max_tokens, context_window),
                      stop=stop_strings(body.stop_sequences))
     tools, force = _tools(body, supports_tools)
-    messages, images = with_images(_messages(body, media))
-    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+    return ChatRequest(**with_media(_messages(body, media)), params=params, tools=tools,
                        force_tool=force, template_kwargs=thinking_options(body),
                        parallel_tool_calls=not getattr(body.tool_choice,
                                                        "disable_parallel_tool_use", None))
@@ -369,8 +368,8 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict:
     state: ServerState = request.app.state.kit
     await state.resolve(body.model)
     media = state.media_reader()
-    messages, images = with_images(await off_loop(media, _messages, body, media))
-    req = ChatRequest(messages=messages, images=images,
+    messages = await off_loop(media, _messages, body, media)
+    req = ChatRequest(**with_media(messages),
                       tools=_tools(body, state.engine.capabilities()["tools"])[0])
     return {"input_tokens": await state.count_tokens(req)}
 

@@ -39,7 +39,7 @@ from kit.server.gemini_translate import (
 )
 from kit.server.protocol import Protocol
 from kit.server.state import ServerState
-from kit.server.translate import call_arguments, with_images
+from kit.server.translate import call_arguments, with_media
 
 router = protocol_router(GEMINI_FIELDS)
 
@@ -170,8 +170,8 @@ async def count_tokens(model: str, body: CountTokensRequest, request: Request) -
     else:
         raise bad_field("contents or generateContentRequest is required", "contents")
     media = state.media_reader()
-    messages, images = with_images(await off_loop(media, chat_messages, inner, media))
-    n = await state.count_tokens(ChatRequest(messages=messages, images=images, tools=tools))
+    messages = await off_loop(media, chat_messages, inner, media)
+    n = await state.count_tokens(ChatRequest(**with_media(messages), tools=tools))
     return {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
 
 

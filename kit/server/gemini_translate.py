@@ -18,7 +18,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from kit.engine.types import ChatRequest, ImageInput, SamplingParams
+from kit.engine.types import AudioInput, ChatRequest, ImageInput, SamplingParams
 from kit.server.content.base import excerpt
 from kit.server.content.media import (
     MediaReader,
@@ -44,7 +44,7 @@ from kit.server.translate import (
     refuse_image_role,
     stop_strings,
     thinking_kwargs,
-    with_images,
+    with_media,
 )
 
 #: Gemini's names for the engine's neutral field names.
@@ -84,9 +84,10 @@ def _refuse_media(part: Any, where: str, media: MediaReader | None = None,
                         f"{where}.{name}", code="unsupported_content")
 
 
-def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput:
+def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput | AudioInput:
     """A vision model's image of an ``inlineData`` blob (``{mimeType, data}``, base64);
-    ``audio/*`` is bounded, then refused; any other type refused.
+    ``audio/*`` is bounded, then read by a model that takes audio (WAV) or refused; any
+    other type refused.
 
     Raises:
         APIError: 400 naming ``where`` (the ``inlineData`` field's path).
@@ -99,7 +100,7 @@ def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput:
     if mime.startswith("image/"):
         return media.image_base64(blob.get("data"), where)
     if mime.startswith("audio/"):
-        media.audio_base64(blob.get("data"), mime, where)
+        return media.audio_base64(blob.get("data"), mime, where)
     raise bad(where, f"{excerpt(mime or 'an untyped blob', 60)} content is not supported "
               "by this model (images are: image/png, image/jpeg, image/webp, image/gif)",
               "unsupported_content")
@@ -122,7 +123,8 @@ def _file(blob: Any, where: str, media: MediaReader) -> ImageInput:
     raise refuse_file_id(where)
 
 
-def _user_media(p: Any, where: str, media: MediaReader | None) -> ImageInput | None:
+def _user_media(p: Any, where: str,
+                media: MediaReader | None) -> ImageInput | AudioInput | None:
     """The image of a user turn's part on a vision model (None: not a media part)."""
     if media is not None and media.vision:
         if p.inline_data is not None:
@@ -144,7 +146,8 @@ def _system(content: Content | None, media: MediaReader | None) -> list[dict[str
     return [{"role": "system", "content": "".join(texts)}] if texts else []
 
 
-def _response_parts(fr: Any, where: str, media: MediaReader | None) -> list[ImageInput]:
+def _response_parts(fr: Any, where: str,
+                    media: MediaReader | None) -> list[ImageInput | AudioInput]:
     """The images of a multimodal function response (``functionResponse.parts``, each
     ``{"inlineData": {...}}``) on a vision model.
 
@@ -183,7 +186,7 @@ def chat_messages(body: GenerateContentRequest,
     """The chat messages for ``body`` (see the module docstring); on a vision model
     (``media.vision``) the ``inlineData`` images of user turns and of function responses'
     ``parts`` stay as images (:func:`~kit.server.translate.merge`; the
-    :class:`ImageInput` items are swapped by :func:`~kit.server.translate.with_images`).
+    :class:`ImageInput` items are swapped by :func:`~kit.server.translate.with_media`).
 
     Raises:
         APIError: 400 for media parts the model cannot take (any on a text-only model;
@@ -360,7 +363,6 @@ def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
                      stop=stop_strings(g.stop_sequences), seed=g.seed,
                      presence_penalty=g.presence_penalty, frequency_penalty=g.frequency_penalty)
     tools, force = chat_tools(body, supports_tools)
-    messages, images = with_images(chat_messages(body, media))
-    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+    return ChatRequest(**with_media(chat_messages(body, media)), params=params, tools=tools,
                        force_tool=force, parallel_tool_calls=True,  # Gemini has no switch
                        response_schema=_schema(g), template_kwargs=_template_kwargs(g))

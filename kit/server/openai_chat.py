@@ -52,7 +52,7 @@ from kit.server.translate import (
     message_content,
     thinking_kwargs,
     tool_arguments,
-    with_images,
+    with_media,
 )
 
 router = protocol_router(OPENAI_FIELDS)
@@ -143,10 +143,9 @@ def to_engine_request(body: ChatCompletionRequest, defaults: SamplingParams,
     template_kwargs = dict(body.chat_template_kwargs or {})
     for key, value in thinking_kwargs(body.reasoning_effort).items():
         template_kwargs.setdefault(key, value)
-    messages, images = with_images([_message(m, i, media)
-                                    for i, m in enumerate(body.messages)])
+    messages = [_message(m, i, media) for i, m in enumerate(body.messages)]
     tools, force = _tools(body, supports_tools)
-    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+    return ChatRequest(**with_media(messages), params=params, tools=tools,
                        force_tool=force, response_schema=schema,
                        parallel_tool_calls=body.parallel_tool_calls is not False,
                        template_kwargs=template_kwargs)

@@ -66,7 +66,7 @@ from kit.server.translate import (
     reasoning_text,
     thinking_kwargs,
     tool_arguments,
-    with_images,
+    with_media,
 )
 
 #: The Responses API's names for the engine's neutral field names.
@@ -179,8 +179,7 @@ def to_engine_request(body: ResponsesRequest, defaults: SamplingParams,
                      max_tokens=body.max_output_tokens)
     effort = body.reasoning.effort if body.reasoning else None
     tools, force = _tools(body, supports_tools)
-    messages, images = with_images(_messages(body, media))
-    return ChatRequest(messages=messages, images=images, params=params, tools=tools,
+    return ChatRequest(**with_media(_messages(body, media)), params=params, tools=tools,
                        force_tool=force, response_schema=schema,
                        parallel_tool_calls=body.parallel_tool_calls is not False,
                        template_kwargs=thinking_kwargs(effort or None,

@@ -91,10 +91,12 @@ class ServerState:
 
     def media_reader(self) -> MediaReader:
         """A new request's :class:`~kit.server.content.media.MediaReader`: the server's
-        image bounds, and whether the model loaded now takes images (the engine's
-        ``capabilities()["vision"]``; a text-only model refuses every media part unread)."""
-        vision = bool(self.engine.capabilities().get("vision", False))
-        return MediaReader(self.media_limits, vision=vision)
+        image bounds, and whether the model loaded now takes images and audio (the engine's
+        ``capabilities()["vision"]`` and ``["audio"]``; a text-only model refuses every
+        media part unread)."""
+        caps = self.engine.capabilities()
+        return MediaReader(self.media_limits, vision=bool(caps.get("vision", False)),
+                           audio=bool(caps.get("audio", False)))
 
     def catalog(self) -> list[CatalogEntry]:
         """The model catalog's last snapshot (:class:`~kit.models.catalog.CatalogCache`: a

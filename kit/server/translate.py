@@ -16,7 +16,7 @@ import uuid
 from dataclasses import replace
 from typing import Any, Iterable
 
-from kit.engine.types import ImageInput, SamplingParams, ToolCall
+from kit.engine.types import AudioInput, ImageInput, SamplingParams, ToolCall
 from kit.errors import InvalidRequest
 from kit.formats.base import EFFORTS as _EFFORTS
 from kit.server.content.base import MediaPart, excerpt
@@ -68,7 +68,8 @@ def message_content(content: str | list | None, where: str, media: MediaReader |
     model, ``media.vision``), the multimodal list ``[{"type": "text", "text": str},
     <ImageInput>, ...]`` in the client's order, adjacent texts joined as :func:`flatten`
     joins them. The :class:`ImageInput` items stand where the ``{"type": "image"}`` parts
-    go: :func:`with_images` swaps them once the request's messages are built.
+    go (and :class:`AudioInput` items where ``{"type": "audio"}`` parts go, on a model that
+    takes audio): :func:`with_media` swaps them once the request's messages are built.
 
     Args:
         content: a string, None, or a list of parts of :mod:`kit.server.content`.
@@ -88,9 +89,9 @@ def message_content(content: str | list | None, where: str, media: MediaReader |
 
 
 def media_part(part: MediaPart, where: str, media: MediaReader | None,
-               role: str) -> ImageInput:
-    """The image of one media part of a ``role`` message (the protocols' parts read their
-    own fields: :meth:`MediaPart.media_of`).
+               role: str) -> ImageInput | AudioInput:
+    """The image (or audio clip) of one media part of a ``role`` message (the protocols'
+    parts read their own fields: :meth:`MediaPart.media_of`).
 
     Raises:
         APIError: 400 as a text-only model refuses it (``media`` None or not vision), for
@@ -99,8 +100,8 @@ def media_part(part: MediaPart, where: str, media: MediaReader | None,
     """
     if media is None or not media.vision:
         part.text_of(where)  # raises: the text-only model's 400
-    if part.kind == "image" and role not in IMAGE_ROLES:
-        raise refuse_image_role(role, where)
+    if part.kind in ("image", "audio") and role not in IMAGE_ROLES:
+        raise refuse_image_role(role, where, "images" if part.kind == "image" else "audio")
     return part.media_of(where, media)
 
 
@@ -110,18 +111,19 @@ def media_part(part: MediaPart, where: str, media: MediaReader | None,
 IMAGE_ROLES = ("user", "tool")
 
 
-def refuse_image_role(role: str, where: str) -> APIError:
-    """The 400 for an image in a ``role`` message that takes none (see :data:`IMAGE_ROLES`)."""
+def refuse_image_role(role: str, where: str, kind: str = "images") -> APIError:
+    """The 400 for an image (``kind`` ``audio``: a clip) in a ``role`` message that takes
+    none (see :data:`IMAGE_ROLES`)."""
     article = "an" if role[:1] in ("a", "e", "i", "o", "u") else "a"
-    return APIError(400, f"{where}: {article} {role} message cannot carry images (user "
+    return APIError(400, f"{where}: {article} {role} message cannot carry {kind} (user "
                     "messages and tool results can)", param=where, code="unsupported_content")
 
 
-def merge(parts: list[str | ImageInput]) -> str | list:
-    """Texts and images in order as a message's content: the texts joined when there is no
-    image, else ``{"type": "text"}`` items (adjacent texts joined, empty ones dropped)
-    around the images (see :func:`message_content`)."""
-    if not any(isinstance(p, ImageInput) for p in parts):
+def merge(parts: list[str | ImageInput | AudioInput]) -> str | list:
+    """Texts, images and audio clips in order as a message's content: the texts joined
+    when there is no media, else ``{"type": "text"}`` items (adjacent texts joined, empty
+    ones dropped) around the media (see :func:`message_content`)."""
+    if all(isinstance(p, str) for p in parts):
         return "".join(parts)  # type: ignore[arg-type]
     out: list[Any] = []
     text: list[str] = []
@@ -138,13 +140,15 @@ def merge(parts: list[str | ImageInput]) -> str | list:
     return out
 
 
-def with_images(messages: list[dict[str, Any]]
-                ) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
-    """The messages with each :class:`ImageInput` of their content lists replaced by
-    ``{"type": "image"}``, and the images in that order (``ChatRequest.images``: the i-th
-    image part across the messages is the i-th image), whatever order the protocol built
-    the messages in. Returns ``messages`` as they are when no content is a list."""
+def with_media(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A :class:`ChatRequest`'s ``messages``, ``images`` and ``audio``: the messages with
+    each :class:`ImageInput` of their content lists replaced by ``{"type": "image"}`` and
+    each :class:`AudioInput` by ``{"type": "audio"}``, and the images and clips in that
+    order (the i-th image part across the messages is ``images[i]``, the same for audio),
+    whatever order the protocol built the messages in. The messages are returned as they
+    are when no content is a list."""
     images: list[ImageInput] = []
+    audio: list[AudioInput] = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):
@@ -152,7 +156,10 @@ def with_images(messages: list[dict[str, Any]]
                 if isinstance(item, ImageInput):
                     images.append(item)
                     content[k] = {"type": "image"}
-    return messages, tuple(images)
+                elif isinstance(item, AudioInput):
+                    audio.append(item)
+                    content[k] = {"type": "audio"}
+    return {"messages": messages, "images": tuple(images), "audio": tuple(audio)}
 
 
 def function_schema(name: str, description: str | None,

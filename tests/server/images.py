@@ -73,15 +73,16 @@ def wav(frames: int = 800, rate: int = 8000) -> bytes:
 
 
 class VisionEngine(RecordingEngine):
-    """The recording stand-in engine, as a model that takes images; it keeps the requests
-    it counts tokens of too."""
+    """The recording stand-in engine, as a model that takes images (and audio, with
+    ``audio``); it keeps the requests it counts tokens of too."""
 
-    def __init__(self) -> None:
+    def __init__(self, audio: bool = False) -> None:
         super().__init__()
         self.counted = []
+        self.audio = audio
 
     def capabilities(self) -> dict:
-        return {**super().capabilities(), "vision": True}
+        return {**super().capabilities(), "vision": True, "audio": self.audio}
 
     async def count_tokens_async(self, request) -> int:
         self.counted.append(request)
@@ -113,10 +114,11 @@ def anthropic_sdk(client: TestClient) -> Any:
                                http_client=client, max_retries=0)
 
 
-def vision_client(**limits) -> tuple[TestClient, VisionEngine]:
-    """A client of the app on a :class:`VisionEngine` with ``limits`` (MediaLimits fields;
-    use it as a context manager, or not: the stand-in needs no lifespan)."""
-    engine = VisionEngine()
+def vision_client(audio: bool = False, **limits) -> tuple[TestClient, VisionEngine]:
+    """A client of the app on a :class:`VisionEngine` (one that takes audio too, with
+    ``audio``) with ``limits`` (MediaLimits fields; use it as a context manager, or not:
+    the stand-in needs no lifespan)."""
+    engine = VisionEngine(audio)
     return TestClient(make_app(engine, media_limits=MediaLimits(**limits))), engine
 
 

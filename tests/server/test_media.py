@@ -1,6 +1,7 @@
-"""kit/server/content/media.py alone: base64 bounded before it is decoded, images read by
-their content and bounded, audio bounded then refused; and translate's multimodal content
-(merge, with_images). The same through every protocol: tests/server/test_images_api.py."""
+"""kit/server/content/media.py and audio.py alone: base64 bounded before it is decoded,
+images read by their content and bounded, audio bounded, then read by a model that takes
+audio and refused by any other; and translate's multimodal content (merge, with_media).
+The same through every protocol: tests/server/test_images_api.py."""
 
 from __future__ import annotations
 
@@ -9,18 +10,17 @@ import base64
 import pytest
 from PIL import Image
 
-from kit.engine.types import ImageInput
+from kit.engine.types import AudioInput, ImageInput
+from kit.server.content.audio import MAX_AUDIO_BYTES, MAX_AUDIO_CLIPS
 from kit.server.content.media import (
-    MAX_AUDIO_BYTES,
     MediaLimits,
     MediaReader,
-    check_audio,
     decode_base64,
     read_image,
     size_text,
 )
 from kit.server.errors import APIError
-from kit.server.translate import merge, with_images
+from kit.server.translate import merge, with_media
 from tests.server.images import b64, data_url, image, sha, wav
 
 PNG = image("PNG")
@@ -112,8 +112,45 @@ def test_the_count_bound_names_the_first_image_past_it():
     (b"\xff\xfb\x90\x00" * 10, "mp3", "unsupported_content"),
     (b"\xff\xfb\x90\x00" * 10, "wav", "invalid_audio"),
 ])
-def test_audio_is_bounded_then_refused(data, declared, code):
-    assert code_of(check_audio, data, declared, "a.1")[0] == code
+def test_audio_is_bounded_then_refused_by_a_model_that_takes_none(data, declared, code):
+    reader = MediaReader(vision=True)
+    assert code_of(reader.audio_base64, b64(data), declared, "a.1")[0] == code
+
+
+@pytest.mark.parametrize("data,declared,code,says", [
+    (wav(frames=601, rate=1), None, "audio_too_long", "601 s long"),
+    (wav()[:60], "wav", "invalid_audio", "truncated"),
+    (b"\xff\xfb\x90\x00" * 10, "mp3", "unsupported_content", "mp3 audio is not read: send WAV"),
+    (b"\xff\xfb\x90\x00" * 10, None, "unsupported_content", "not WAV is not read"),
+])
+def test_a_model_that_takes_audio_still_bounds_it_and_reads_only_wav(data, declared, code, says):
+    reader = MediaReader(vision=True, audio=True)
+    got, message = code_of(reader.audio_base64, b64(data), declared, "a.1")
+    assert got == code and says in message
+
+
+def test_a_model_that_takes_audio_gets_the_clip_with_its_duration_rate_and_digest():
+    data = wav(frames=24000, rate=8000)
+    clip = MediaReader(vision=True, audio=True).audio_base64(b64(data), "wav", "a.0")
+    assert (clip.data, clip.seconds, clip.sample_rate, clip.digest) == (data, 3.0, 8000,
+                                                                        sha(data))
+
+
+def test_the_audio_bounds_count_clips_and_seconds_over_the_whole_request():
+    reader = MediaReader(vision=True, audio=True)
+    for i in range(MAX_AUDIO_CLIPS):
+        reader.audio_base64(b64(wav(frames=1, rate=1)), None, f"a.{i}")
+    code, message = code_of(reader.audio_base64, b64(wav(frames=1, rate=1)), None, "b")
+    assert code == "too_much_audio" and message.startswith("b: more than 16 audio clips")
+    reader = MediaReader(vision=True, audio=True)
+    reader.audio_base64(b64(wav(frames=400, rate=1)), None, "a")
+    code, message = code_of(reader.audio_base64, b64(wav(frames=201, rate=1)), None, "b")
+    assert code == "too_much_audio" and "601 s long in all" in message
+
+
+def test_audio_is_never_taken_by_a_reader_without_vision():
+    # a text-only model's reader: the translation refuses media parts before reading
+    assert MediaReader(vision=False, audio=True).audio is False
 
 
 def test_size_text():
@@ -130,7 +167,20 @@ def test_merge_keeps_text_a_string_and_orders_images_among_texts():
     assert merge(["a", "", "b"]) == "ab"
     assert merge(["a", "b", img, "", img, "c"]) == [
         {"type": "text", "text": "ab"}, img, img, {"type": "text", "text": "c"}]
-    messages, images = with_images([{"role": "user", "content": merge([img, "x"])},
-                                    {"role": "assistant", "content": "y"}])
-    assert messages[0]["content"] == [{"type": "image"}, {"type": "text", "text": "x"}]
-    assert images == (img,)
+    got = with_media([{"role": "user", "content": merge([img, "x"])},
+                      {"role": "assistant", "content": "y"}])
+    assert got["messages"][0]["content"] == [{"type": "image"}, {"type": "text", "text": "x"}]
+    assert got["images"] == (img,) and got["audio"] == ()
+
+
+def test_with_media_orders_images_and_audio_apart_in_message_order():
+    img = ImageInput(PNG, "image/png", 8, 8, sha(PNG))
+    data = wav()
+    clip = AudioInput(data, 0.1, 8000, sha(data))
+    got = with_media([{"role": "user", "content": merge(["hear", clip, img])},
+                      {"role": "tool", "content": merge([img, clip, "z"])}])
+    assert got["messages"][0]["content"] == [{"type": "text", "text": "hear"},
+                                             {"type": "audio"}, {"type": "image"}]
+    assert got["messages"][1]["content"] == [{"type": "image"}, {"type": "audio"},
+                                             {"type": "text", "text": "z"}]
+    assert got["images"] == (img, img) and got["audio"] == (clip, clip)

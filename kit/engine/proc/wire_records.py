@@ -66,11 +66,17 @@ IMAGE_BYTES = 64 * _MIB
 #: the media types an image crosses with (kit/server/content/media.py reads no other)
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+#: the most audio clips one request carries, the largest, and the longest (the HTTP side's
+#: bounds, kit/server/content/audio.py, are below these)
+MAX_AUDIO = 64
+AUDIO_BYTES = 64 * _MIB
+AUDIO_SECONDS = 3600.0
 
 
-def _bounded_images(request: ChatRequest) -> ChatRequest:
+def _bounded_media(request: ChatRequest) -> ChatRequest:
     """``request`` when its images are within the wire's bounds (:data:`MAX_IMAGES`,
-    :data:`IMAGE_BYTES`, :data:`IMAGE_TYPES`, a size, a SHA-256 digest).
+    :data:`IMAGE_BYTES`, :data:`IMAGE_TYPES`, a size, a SHA-256 digest), and its audio
+    clips within theirs (:data:`MAX_AUDIO`, :data:`AUDIO_BYTES`, :data:`AUDIO_SECONDS`).
 
     Raises:
         ValueError: naming the image and the bound (the receiver's WireError).
@@ -87,11 +93,21 @@ def _bounded_images(request: ChatRequest) -> ChatRequest:
             raise ValueError(f"image {i}'s size is out of range")
         if not _DIGEST.fullmatch(image.digest):
             raise ValueError(f"image {i}'s digest is not a SHA-256 in hex")
+    if len(request.audio) > MAX_AUDIO:
+        raise ValueError(f"{len(request.audio)} audio clips, past the bound of {MAX_AUDIO}")
+    for i, clip in enumerate(request.audio):
+        if len(clip.data) > AUDIO_BYTES:
+            raise ValueError(f"audio {i} is {len(clip.data)} bytes, past the bound of "
+                             f"{AUDIO_BYTES}")
+        if not (0 <= clip.seconds <= AUDIO_SECONDS and 0 < clip.sample_rate < 1 << 24):
+            raise ValueError(f"audio {i}'s duration or sample rate is out of range")
+        if not _DIGEST.fullmatch(clip.digest):
+            raise ValueError(f"audio {i}'s digest is not a SHA-256 in hex")
     return request
 
 
-#: A ChatRequest whose images are bounded (:func:`_bounded_images`).
-_Request = Annotated[ChatRequest, AfterValidator(_bounded_images)]
+#: A ChatRequest whose images and audio are bounded (:func:`_bounded_media`).
+_Request = Annotated[ChatRequest, AfterValidator(_bounded_media)]
 
 
 class _Rec(BaseModel):
@@ -179,7 +195,7 @@ def rebuild_error(record: ErrorRecord) -> KitError:
 
 class Gen(_Rec):
     """``("gen", jid, ChatRequest)``: run a request; its events come back under ``jid``
-    (its images' bytes as base64, bounded: :func:`_bounded_images`)."""
+    (its images' bytes as base64, bounded: :func:`_bounded_media`)."""
     KIND, TAG, MAX_BYTES, STREAM = 1, "gen", REQUEST_BYTES, "ev"
     request: _Request
 

@@ -18,10 +18,8 @@ What a request may carry (every refusal is a 400 whose ``param`` is the part's p
   trusted and a disagreeing one is not an error: the image goes on with its real type. A
   file that is none of them, or that does not decode to its end (truncated, corrupt), is
   ``invalid_image``.
-- audio: WAV (PCM) is parsed with :mod:`wave` and bounded (:data:`MAX_AUDIO_BYTES`,
-  :data:`MAX_AUDIO_SECONDS`; ``audio_too_large``, ``audio_too_long``, ``invalid_audio``),
-  then refused (``unsupported_content``): no model this server loads takes audio. The
-  bounds come first so a bad file is named as such.
+- audio: WAV (PCM), bounded by :mod:`kit.server.content.audio`, then read by a model that
+  takes audio (``capabilities.audio``) and refused by any other (``unsupported_content``).
 """
 
 from __future__ import annotations
@@ -32,10 +30,9 @@ import hashlib
 import io
 import threading
 import warnings
-import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from PIL import Image
 # the plugins of the formats read; registered by their import (Image.open(formats=...)
@@ -43,7 +40,14 @@ from PIL import Image
 from PIL import GifImagePlugin, JpegImagePlugin, MpoImagePlugin, PngImagePlugin  # noqa: F401
 from PIL import WebPImagePlugin  # noqa: F401
 
-from kit.engine.types import ImageInput
+from kit.engine.types import AudioInput, ImageInput
+from kit.server.content.audio import (
+    MAX_AUDIO_BYTES,
+    AudioBudget,
+    read_wav,
+    refuse_audio,
+    refuse_format,
+)
 from kit.server.content.image_files import read_image_file
 from kit.server.errors import APIError
 
@@ -52,11 +56,6 @@ _MIB = 1 << 20
 DEFAULT_MAX_IMAGE_BYTES = 20 * _MIB  # OpenAI's and Gemini's inline limit per request
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000  # a 7071x7071 image; vision encoders resize far below
 DEFAULT_MAX_IMAGES = 16
-
-#: Audio bounds (no knobs: audio is refused after them). 25 MiB is OpenAI's audio upload
-#: limit; 10 minutes is far above what an agent sends.
-MAX_AUDIO_BYTES = 25 * _MIB
-MAX_AUDIO_SECONDS = 600.0
 
 #: Pillow's format name -> the media type the engine gets. MPO is a JPEG with extra
 #: pictures (phone cameras); the first is the image.
@@ -238,66 +237,26 @@ def refuse_file_id(where: str) -> APIError:
                f"image inline, as a data URL ({_EXAMPLE}) or base64", "unsupported_value")
 
 
-def refuse_audio(where: str) -> APIError:
-    """The 400 for audio that passed its bounds: no model here takes audio."""
-    return bad(where, "audio content is not supported by this model", "unsupported_content")
-
-
-def check_audio(data: bytes, declared: str | None, where: str) -> NoReturn:
-    """Bound ``data`` (already within :data:`MAX_AUDIO_BYTES`) as audio, then refuse it.
-    A RIFF/WAVE file is parsed (:mod:`wave`: PCM only) and bounded to
-    :data:`MAX_AUDIO_SECONDS`, and must hold every frame its header counts; other content
-    declared ``wav`` is invalid; any other format goes straight to the refusal.
-
-    Args:
-        declared: the format the client named (``wav``, ``mp3``, ``audio/wav``...), or None.
-    Raises:
-        APIError: always: 400 ``invalid_audio``, ``audio_too_long``, else
-            ``unsupported_content``.
-    """
-    wav = (declared or "").lower().removeprefix("audio/").removeprefix("x-") in (
-        "wav", "wave", "vnd.wave")
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        if wav:
-            raise bad(where, "the audio is not a WAV file (no RIFF/WAVE header)",
-                      "invalid_audio")
-        raise refuse_audio(where)
-    try:
-        with wave.open(io.BytesIO(data)) as w:
-            frames, rate = w.getnframes(), w.getframerate()
-            frame_bytes = w.getsampwidth() * w.getnchannels()
-            if rate <= 0 or frame_bytes <= 0:
-                raise wave.Error("no frame rate or sample width")
-            seconds = frames / rate
-            if seconds > MAX_AUDIO_SECONDS:
-                raise bad(where, f"the audio is {seconds:.0f} s long, over the limit of "
-                          f"{MAX_AUDIO_SECONDS:.0f} s", "audio_too_long")
-            whole = len(w.readframes(frames)) == frames * frame_bytes
-    except APIError:
-        raise
-    except Exception:  # wave.Error, EOFError, struct.error...: not a PCM WAV file
-        raise bad(where, "the audio is not a readable PCM WAV file", "invalid_audio") from None
-    if not whole:
-        raise bad(where, "the audio is truncated (fewer frames than its header says)",
-                  "invalid_audio")
-    raise refuse_audio(where)
-
-
 class MediaReader:
     """One request's media, as its translation meets them: whether the loaded model takes
-    images, the server's bounds, and how many images were read so far (the count bound).
+    images and audio, the server's bounds, and how many images and clips were read so far
+    (the count bounds).
 
     Attributes:
         limits: the bounds.
         vision: the loaded model takes images (``capabilities()["vision"]``); when False the
             translation refuses every media part as a text-only model does, unread.
+        audio: it takes audio too (``capabilities()["audio"]``; only a vision model does).
         count: images read so far.
     """
 
-    def __init__(self, limits: MediaLimits | None = None, vision: bool = False) -> None:
+    def __init__(self, limits: MediaLimits | None = None, vision: bool = False,
+                 audio: bool = False) -> None:
         self.limits = limits or MediaLimits()
         self.vision = vision
+        self.audio = audio and vision
         self.count = 0
+        self._clips = AudioBudget()
 
     def _next(self, where: str) -> None:
         self.count += 1
@@ -358,15 +317,23 @@ class MediaReader:
                                where, bad)
         return read_image(data, where, self.limits)
 
-    def audio_base64(self, text: Any, declared: str | None, where: str) -> NoReturn:
-        """Bound base64 audio (:data:`MAX_AUDIO_BYTES`, then :func:`check_audio`), then
-        refuse it.
+    def audio_base64(self, text: Any, declared: str | None, where: str) -> AudioInput:
+        """The clip of base64 ``text``, bounded (:data:`MAX_AUDIO_BYTES`, then
+        :func:`~kit.server.content.audio.read_wav`), on a model that takes audio.
 
+        Args:
+            declared: the format the client named (``wav``, ``audio/wav``...), or None.
         Raises:
-            APIError: always (see :func:`check_audio`).
+            APIError: 400 past a bound or for a file that is not PCM WAV; after the bounds,
+                ``unsupported_content`` on a model that takes no audio.
         """
         data = decode_base64(text, where, MAX_AUDIO_BYTES, "audio")
-        check_audio(data, declared, where)
+        clip = read_wav(data, declared, where)
+        if not self.audio:
+            raise refuse_audio(where)
+        if clip is None:
+            raise refuse_format(declared, where)
+        return self._clips.add(clip, where)
 
     def refuse(self, kind: str, where: str) -> APIError:
         """The 400 ``unsupported_content`` for content a vision model cannot take either
@@ -377,6 +344,6 @@ class MediaReader:
 
 
 __all__ = ["DEFAULT_MAX_IMAGES", "DEFAULT_MAX_IMAGE_BYTES", "DEFAULT_MAX_IMAGE_PIXELS",
-           "FORMATS", "MAX_AUDIO_BYTES", "MAX_AUDIO_SECONDS", "MediaLimits", "MediaReader",
-           "bad", "check_audio", "decode_base64", "read_image", "refuse_audio",
+           "FORMATS", "MediaLimits", "MediaReader",
+           "bad", "decode_base64", "read_image",
            "refuse_file", "refuse_file_id", "refuse_remote", "size_text"]

@@ -3,7 +3,7 @@ and Responses (input items, parts, tools, text.format)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NoReturn, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
@@ -20,7 +20,7 @@ from kit.server.content.base import (
     either,
     one_of,
 )
-from kit.engine.types import ImageInput
+from kit.engine.types import AudioInput, ImageInput
 from kit.server.content.media import MediaReader, bad, refuse_file_id
 
 
@@ -38,28 +38,30 @@ def _image_url(value: Any) -> Any:
     return value.get("url") if isinstance(value, dict) else value
 
 
-def _audio(part: MediaPart, where: str, media: MediaReader) -> NoReturn:
-    """``input_audio: {"data": base64, "format": "wav"|"mp3"}``: bounded, then refused."""
+def _audio(part: MediaPart, where: str, media: MediaReader) -> AudioInput:
+    """``input_audio: {"data": base64, "format": "wav"|"mp3"}``: bounded, then read by a
+    model that takes audio (WAV only) or refused (:meth:`MediaReader.audio_base64`)."""
     audio = (part.model_extra or {}).get("input_audio")
     if not isinstance(audio, dict):
         raise bad(where, "input_audio must be an object with data and format",
                   "invalid_audio")
     fmt = audio.get("format")
-    media.audio_base64(audio.get("data"), fmt if isinstance(fmt, str) else None, where)
+    return media.audio_base64(audio.get("data"), fmt if isinstance(fmt, str) else None,
+                              where)
 
 
 class ChatMedia(MediaPart):
-    """``image_url`` (read by a vision model), ``input_audio`` (bounded, then refused),
-    ``file`` (refused)."""
+    """``image_url`` (read by a vision model), ``input_audio`` (bounded, then read by a
+    model that takes audio or refused), ``file`` (refused)."""
 
     type: Literal["image_url", "input_audio", "file"]
 
-    def media_of(self, where: str, media: MediaReader) -> ImageInput:
+    def media_of(self, where: str, media: MediaReader) -> ImageInput | AudioInput:
         if self.type == "image_url":
             return media.image_url(_image_url((self.model_extra or {}).get("image_url")),
                                    where)
         if self.type == "input_audio":
-            _audio(self, where, media)
+            return _audio(self, where, media)
         raise media.refuse(self.type, where)
 
 
@@ -135,18 +137,18 @@ class InputRefusal(RefusalPart):
 
 class InputMedia(MediaPart):
     """``input_image`` (a data URL in ``image_url``; a ``file_id`` is refused),
-    ``input_audio`` (bounded, then refused), ``input_file`` (refused)."""
+    ``input_audio`` (as chat's), ``input_file`` (refused)."""
 
     type: Literal["input_image", "input_file", "input_audio"]
 
-    def media_of(self, where: str, media: MediaReader) -> ImageInput:
+    def media_of(self, where: str, media: MediaReader) -> ImageInput | AudioInput:
         extra = self.model_extra or {}
         if self.type == "input_image":
             if extra.get("image_url") is None and extra.get("file_id") is not None:
                 raise refuse_file_id(where)
             return media.image_url(_image_url(extra.get("image_url")), where)
         if self.type == "input_audio":
-            _audio(self, where, media)
+            return _audio(self, where, media)
         raise media.refuse(self.type, where)
 
 
