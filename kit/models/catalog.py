@@ -28,7 +28,7 @@ from kit import STABLE_MODEL_ID, mlx_lm_api
 from kit.formats.select import detect, template_text
 from kit.models.model_config import read_context_window
 from kit.models.starter import STARTER_ID, STARTER_VARIANTS, starter_path
-from kit.models.vision import mlx_vlm_installed, vision_model_type
+from kit.models.vision import audio_model_type, mlx_vlm_installed, vision_model_type
 
 log = logging.getLogger("mlx_kit.catalog")
 
@@ -47,6 +47,7 @@ class Capabilities:
     tools: bool = False
     reasoning: bool = False
     vision: bool = False
+    audio: bool = False
     tool_format: str | None = None
     reasoning_format: str | None = None
 
@@ -61,7 +62,7 @@ class CatalogEntry:
         size_bytes: bytes on disk (0 if unknown).
         quantization: e.g. ``"4-bit g32"``, ``"float32"``, ``"bfloat16"``.
         context_window: tokens, None if unknown.
-        capabilities: tools / reasoning / vision.
+        capabilities: tools / reasoning / vision / audio.
         model_type: config.json's model_type.
         loadable: whether mlx-kit can serve it; ``reason`` says why not.
         note: extra information (e.g. "built on first use").
@@ -178,7 +179,8 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     the head of tokenizer.json (:func:`kit.formats.detect`: the same rules the engine's
     parser is built from) and config. ``tools`` means tool calls are *parsed*: a template
     that renders tools in a format no parser reads says False. ``vision`` means images
-    are *read*: a model mlx-vlm loads as a vision model (:mod:`kit.models.vision`)."""
+    are *read*: a model mlx-vlm loads as a vision model (:mod:`kit.models.vision`);
+    ``audio``: such a model with an audio tower."""
 
     template = _chat_template(folder)
     tokenizer = folder / "tokenizer.json"
@@ -187,7 +189,7 @@ def capabilities(folder: Path, config: dict[str, Any]) -> Capabilities:
     found = detect(template, special, configured if isinstance(configured, str) else None)
     return Capabilities(
         tools=found.tool_format is not None, reasoning=found.reasoning_format is not None,
-        vision=vision_model_type(config),
+        vision=vision_model_type(config), audio=audio_model_type(config),
         tool_format=found.tool_format, reasoning_format=found.reasoning_format,
     )
 

@@ -4,7 +4,9 @@ command must not pay for).
 
 A model is a vision model when its config has a non-null ``vision_config`` and its
 ``model_type`` (through mlx-vlm's ``MODEL_REMAPPING``) names one of mlx-vlm's model
-packages, ``mlx_vlm/models/<model_type>/``. The installed mlx-vlm is found with
+packages, ``mlx_vlm/models/<model_type>/``. It takes audio too when its config also has a
+non-null ``audio_config`` (Gemma 3n and 4, the omni models). An audio model without a
+vision tower is not served (none of the families mlx-vlm serves audio for lacks one). The installed mlx-vlm is found with
 ``importlib.util.find_spec``, which runs no ``__init__`` for a top-level package.
 """
 
@@ -18,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["is_vision_model", "mlx_vlm_installed", "vision_model_type"]
+__all__ = ["audio_model_type", "is_audio_model", "is_vision_model", "mlx_vlm_installed", "vision_model_type"]
 
 
 def source_root() -> Path | None:
@@ -73,6 +75,12 @@ def vision_model_type(config: Mapping[str, Any]) -> bool:
     return (models / name / "__init__.py").is_file()
 
 
+def audio_model_type(config: Mapping[str, Any]) -> bool:
+    """Whether a model with this ``config.json`` content takes audio: a vision model
+    (:func:`vision_model_type`) whose config has a non-null ``audio_config``."""
+    return config.get("audio_config") is not None and vision_model_type(config)
+
+
 def is_vision_model(path: Path) -> bool:
     """Whether the model folder ``path`` holds a vision model mlx-vlm loads
     (:func:`vision_model_type` of its ``config.json``); False when that file is missing or
@@ -82,3 +90,13 @@ def is_vision_model(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and vision_model_type(config)
+
+
+def is_audio_model(path: Path) -> bool:
+    """Whether the model folder ``path`` holds a model mlx-vlm loads that takes audio
+    (:func:`audio_model_type` of its ``config.json``)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and audio_model_type(config)

@@ -116,8 +116,8 @@ class Pipeline:
         # cached ones are too: a prefix hit continues in the same precision as a cold run
         if self.slot.vision:  # mlx-vlm's own cache per set of images (kit.engine.decode.vision)
             cache, rest = None, prompt
-            cached = self.vision_caches.reused(VisionCaches.key(key, req.images), prompt,
-                                               self.slot.model.config)
+            media_key = VisionCaches.key(key, req.images, req.audio)
+            cached = self.vision_caches.reused(media_key, prompt, self.slot.model.config)
         else:
             cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache,
                                            disk=req.adapter is None)
@@ -156,11 +156,12 @@ class Pipeline:
         usage = Usage(len(run.prompt), run.n, run.cached,
                       min(run.parser.reasoning_tokens, run.n))
         tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
-        n_images = len(run.job.request.images)
+        n_images, n_audio = len(run.job.request.images), len(run.job.request.audio)
+        media = (f", {n_images} image{'s' * (n_images != 1)}" if n_images else "") + \
+            (f", {n_audio} audio clip{'s' * (n_audio != 1)}" if n_audio else "")
         log.info("%s: %s, prompt %d tokens (%d cached)%s, generated %d, ttft %.3f s, "
                  "%.1f tok/s, %s", run.job.request.request_id, run.key, usage.prompt_tokens,
-                 run.cached, f", {n_images} image{'s' * (n_images != 1)}" if n_images else "",
-                 run.n, run.ttft, tps, finish_reason)
+                 run.cached, media, run.n, run.ttft, tps, finish_reason)
         text = "".join(run.texts)
         log.debug("%s: text %r", run.job.request.request_id, text)
         self._served()  # before the client can see the end (and ask /health)

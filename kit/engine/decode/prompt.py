@@ -69,10 +69,11 @@ class Prompts:
         Raises:
             InvalidRequest: the template rejects the messages; ``context_length_exceeded``;
                 a token id outside the vocabulary; text that is not valid Unicode; images
-                for a model that reads text only.
+                or audio for a model that reads text only.
         """
-        if request.images and not self.slot.vision:
-            raise InvalidRequest("image content is not supported by this text-only model",
+        if (request.images or request.audio) and not self.slot.vision:
+            kind = "image" if request.images else "audio"
+            raise InvalidRequest(f"{kind} content is not supported by this text-only model",
                                  code="unsupported_content", field="messages")
         if request.prompt_ids is not None:  # token ids (legacy completions)
             vocab = self.slot.vocab_size()

@@ -27,6 +27,7 @@ from kit.engine.decode.prompt_bound import TokenBound
 from kit.engine.decode.warmup import first_use
 from kit.errors import ConfigError, ModelDoesNotFitError, ModelError, ModelUnavailable
 from kit.formats.select import for_tokenizer
+from kit.models.vision import is_audio_model
 from kit.models.adapters import read_adapter
 from kit.models.model_config import remote_code
 from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
@@ -113,7 +114,7 @@ class ModelSlot:
         self.tokenizer: Any = None
         self.processor: Any = None  # a vision model's (mlx-vlm); None for a text model
         self.max_image_tokens = max_image_tokens  # serve --max-image-tokens
-        self._vision_for: tuple[Any, bool] | None = None  # (path, is a vision folder)
+        self._vision_for: tuple[Any, bool, bool] | None = None  # (path, images, audio)
         self.weights_bytes = 0
         self.ceiling: Any = None
         self.kv_per_token = 0
@@ -356,13 +357,15 @@ class ModelSlot:
 
     # -- what the loaded model is ------------------------------------------------------------
 
-    def _vision_folder(self) -> bool:
-        """:func:`kit.engine.decode.vision.is_vision_folder` of the model behind ``local``,
-        read once per model."""
+    def _media_folder(self) -> tuple[bool, bool]:
+        """Whether the model behind ``local`` takes images
+        (:func:`kit.engine.decode.vision.is_vision_folder`) and audio
+        (:func:`kit.models.vision.is_audio_model`), read once per model."""
         if self._vision_for is None or self._vision_for[0] != self.info.path:
-            self._vision_for = (self.info.path, self.split is None and
-                                vision.is_vision_folder(self.info.path))
-        return self._vision_for[1]
+            takes = self.split is None and vision.is_vision_folder(self.info.path)
+            self._vision_for = (self.info.path, takes,
+                                takes and is_audio_model(self.info.path))
+        return self._vision_for[1], self._vision_for[2]
 
     @property
     def vision(self) -> bool:
@@ -423,13 +426,16 @@ class ModelSlot:
     def capabilities(self) -> dict[str, Any]:
         """What the model's output format supports (:mod:`kit.formats`): ``tools`` (tool
         calls are parsed), ``reasoning`` (reasoning markup), and their format names
-        ``tool_format`` / ``reasoning_format`` (None when unsupported). False/None while
-        no tokenizer is loaded."""
+        ``tool_format`` / ``reasoning_format`` (None when unsupported), and whether it
+        takes images (``vision``) and audio (``audio``). False/None while no tokenizer is
+        loaded, except the media ones, read from the folder."""
         fmt = self.output_format
-        if fmt is None:  # vision from the folder: requests sent while it (re)loads are
+        takes_images, takes_audio = self._media_folder()
+        if fmt is None:  # media from the folder: requests sent while it (re)loads are
             # read as the model will take them, not refused as text-only
             return {"tools": False, "reasoning": False, "tool_format": None,
-                    "reasoning_format": None, "vision": self._vision_folder()}
+                    "reasoning_format": None, "vision": takes_images, "audio": takes_audio}
         return {"tools": fmt.tools, "reasoning": fmt.reasoning_format is not None,
                 "tool_format": fmt.tool_format if fmt.tools else None,
-                "reasoning_format": fmt.reasoning_format, "vision": self.vision}
+                "reasoning_format": fmt.reasoning_format, "vision": self.vision,
+                "audio": self.vision and takes_audio}

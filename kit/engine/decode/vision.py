@@ -1,4 +1,4 @@
-"""Vision models: loading through mlx-vlm, the image prompt, and its decode.
+"""Vision models: loading through mlx-vlm, the image (and audio) prompt, and its decode.
 
 A model whose config.json has a ``vision_config`` and whose ``model_type`` mlx-vlm knows
 loads with ``mlx_vlm.load`` (the model and its processor), and every request to it, with
@@ -18,9 +18,14 @@ admission and the context check count them.
 The prompt cache: mlx-vlm's ``PromptCacheState`` (the KV of a conversation's last turn,
 reused for the longest common token prefix when what follows it has no image tokens),
 one per set of images: :class:`VisionCaches` keys each by the SHA-256 of the request's
-images in order, so two turns with the same image pixels reuse the KV and a turn with
-another image never does (image tokens are alike whatever the image, so the token ids
-alone cannot tell). Memory tier only.
+images (and audio clips) in order, so two turns with the same image pixels reuse the KV
+and a turn with another image never does (image tokens are alike whatever the image, so
+the token ids alone cannot tell). Memory tier only.
+
+Audio: a vision model whose config has an audio tower (Gemma 4, Gemma 3n) takes
+``{"type": "audio"}`` parts the same way, the processor repeating the audio token once per
+audio frame (Gemma 4: one per 40 ms); verified here only with random weights
+(bench/random_omni.py).
 
 Checked against mlx-vlm 0.7.10.
 """
@@ -35,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from kit import mlx_lm_api
-from kit.engine.types import ChatRequest, ImageInput, InvalidRequest
-from kit.models.vision import is_vision_model, mlx_vlm_installed
+from kit.engine.types import AudioInput, ChatRequest, ImageInput, InvalidRequest
+from kit.models.vision import is_audio_model, is_vision_model, mlx_vlm_installed
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -110,10 +115,11 @@ def cap_image_tokens(processor: Any, max_tokens: int) -> None:
                  "--max-image-tokens)", max_tokens, cap)
 
 
-def image_parts(messages: list[dict[str, Any]]) -> int:
-    """How many ``{"type": "image"}`` parts ``messages`` hold (list contents only)."""
+def media_parts(messages: list[dict[str, Any]], kind: str = "image") -> int:
+    """How many ``{"type": kind}`` parts (``image`` or ``audio``) ``messages`` hold (list
+    contents only)."""
     return sum(1 for m in messages if isinstance(m.get("content"), list)
-               for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+               for p in m["content"] if isinstance(p, dict) and p.get("type") == kind)
 
 
 def pil_images(images: tuple[ImageInput, ...]) -> list[Any]:
@@ -138,32 +144,42 @@ def pil_images(images: tuple[ImageInput, ...]) -> list[Any]:
 
 
 def inputs(slot: Any, request: ChatRequest, text: str) -> tuple[list[int], dict[str, Any]]:
-    """The prompt's token ids (image tokens repeated per patch) and the processor's
-    arrays (``pixel_values``, ``mask``, and model-specific ones such as
-    ``image_grid_thw``) for the rendered prompt ``text`` and ``request.images``.
+    """The prompt's token ids (image and audio tokens repeated per patch and per audio
+    frame) and the processor's arrays (``pixel_values``, ``mask``, and model-specific ones
+    such as ``image_grid_thw`` or the audio's ``input_features``) for the rendered prompt
+    ``text``, ``request.images`` and ``request.audio``.
+
+    Audio goes to mlx-vlm as the WAV bytes: its ``load_audio`` decodes them, mixes them
+    down to mono and resamples them to the feature extractor's rate (16 kHz for Gemma).
 
     Raises:
-        InvalidRequest: the chat template wrote a different number of images than the
-            request carries (it dropped some), or an image cannot be decoded.
+        InvalidRequest: the chat template wrote a different number of images or clips than
+            the request carries (it dropped some), the model takes no audio, or an image
+            cannot be decoded.
     """
     from mlx_vlm import prepare_inputs
 
-    request_images = request.images
-    wanted = image_parts(request.messages)
-    if wanted != len(request_images):
-        raise InvalidRequest(f"the request has {len(request_images)} images for {wanted} "
-                             "image parts", field="messages")
-    if request_images:
-        token = _image_token(slot)
-        written = text.count(token) if token else len(request_images)
-        if written != len(request_images):
+    for kind, media in (("image", request.images), ("audio", request.audio)):
+        wanted = media_parts(request.messages, kind)
+        if wanted != len(media):
+            raise InvalidRequest(f"the request has {len(media)} {kind} inputs for {wanted} "
+                                 f"{kind} parts", field="messages")
+        if not media:
+            continue
+        token = _media_token(slot, kind)
+        written = text.count(token) if token else len(media)
+        if written != len(media):
             raise InvalidRequest(
-                f"the model's chat template wrote {written} of the request's "
-                f"{len(request_images)} images into the prompt (it reads images only in "
-                "some messages, e.g. not in system or tool messages)", field="messages")
-    images = pil_images(request_images) if request_images else None
+                f"the model's chat template wrote {written} of the request's {len(media)} "
+                f"{kind} inputs into the prompt (it reads them only in some messages, e.g. "
+                "not in system or tool messages)", field="messages")
+    if request.audio and not takes_audio(slot):
+        raise InvalidRequest("audio content is not supported by this model",
+                             code="unsupported_content", field="messages")
+    images = pil_images(request.images) if request.images else None
+    audio = [io.BytesIO(clip.data) for clip in request.audio] or None
     config = getattr(slot.model, "config", None)  # None while unloaded (count_tokens)
-    out = prepare_inputs(slot.processor, images=images, prompts=text,
+    out = prepare_inputs(slot.processor, images=images, audio=audio, prompts=text,
                          image_token_index=getattr(config, "image_token_index", None),
                          add_special_tokens=False)
     ids = [int(t) for t in out["input_ids"][0].tolist()]
@@ -172,10 +188,18 @@ def inputs(slot: Any, request: ChatRequest, text: str) -> tuple[list[int], dict[
     return ids, extra
 
 
-def _image_token(slot: Any) -> str | None:
-    """The text the chat template writes once per image (Qwen: ``<|image_pad|>``), or
-    None when the processor does not name it."""
-    token = getattr(slot.processor, "image_token", None)
+def takes_audio(slot: Any) -> bool:
+    """Whether the loaded vision model reads audio: its processor has an audio feature
+    extractor and its folder's config an audio tower (:func:`kit.models.vision.is_audio_model`;
+    Gemma 4's processor has the extractor even for checkpoints without the tower)."""
+    return getattr(slot.processor, "feature_extractor", None) is not None and \
+        is_audio_model(slot.info.path)
+
+
+def _media_token(slot: Any, kind: str) -> str | None:
+    """The text the chat template writes once per image (Qwen: ``<|image_pad|>``) or
+    audio clip (Gemma 4: ``<|audio|>``), or None when the processor does not name it."""
+    token = getattr(slot.processor, f"{kind}_token", None)
     return token if isinstance(token, str) and token else None
 
 
@@ -188,8 +212,11 @@ class VisionCaches:
         self._states: OrderedDict[tuple, Any] = OrderedDict()
 
     @staticmethod
-    def key(model_key: str, images: tuple[ImageInput, ...]) -> tuple:
-        return (model_key, *(i.digest for i in images))
+    def key(model_key: str, images: tuple[ImageInput, ...],
+            audio: tuple[AudioInput, ...] = ()) -> tuple:
+        """``(model_key, image digests..., "audio", clip digests...)``: the media in order,
+        told apart by kind (an image and a clip never share a key)."""
+        return (model_key, *(i.digest for i in images), "audio", *(a.digest for a in audio))
 
     def state(self, key: tuple, ids: list[int] | None = None) -> Any:
         """The state for ``key`` (a new, empty one if none), now the most recent.
