@@ -239,9 +239,13 @@ class OutputParser:
         cut off mid-way the format's ``parse_partial`` keeps the complete calls; with none
         complete, :meth:`cut_call_text` says what of the cut call comes back (by default
         its text, start marker included, only when nothing else came back, so a reply is
-        never empty). Otherwise (EOS) an unterminated tool call is parsed (formats without
-        an end marker)."""
+        never empty); after calls, a cut start marker of one more call (``<tool_`` held
+        back as a possible marker) is no answer text either. Otherwise (EOS) an
+        unterminated tool call is parsed (formats without an end marker)."""
         self._state, tail, state = mlx_lm_api.TextStateMachine.flush(self._state)
+        if reason == "length" and self.tool_calls and tail and state != "tool" and \
+                self._tool_start.startswith(tail):
+            tail = ""  # the start of one more call's marker, cut: no answer text
         events = self._events([(state, tail)]) if not self.stopped else []
         if self._tool_text:
             text, self._tool_text = self._tool_text, ""

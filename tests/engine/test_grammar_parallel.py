@@ -203,3 +203,14 @@ def test_a_parser_told_one_call_per_turn_stops_streamed_calls_at_the_first():
     assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_weather"]
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Sure."
     assert fed == text.index("</tool_call>") + len("</tool_call>")
+
+
+def test_a_parallel_turn_cut_inside_the_next_calls_start_marker_returns_no_markup_as_text():
+    # Regression: a forced turn that repeats calls until max_tokens (the 135M model with a
+    # named tool) was cut inside "<tool_call>" (several tokens in its vocab); the held-back
+    # "<tool_" came back as the answer's content beside the calls
+    fmt = load_format(Detected("json_tools", None))
+    parser = OutputParser.for_format(fmt, "", tools=[WEATHER, TIME], in_tool_call=True)
+    events = parser.feed(two_calls("json_tools") + "\n<tool_") + parser.finish("length")
+    assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_weather", "get_time"]
+    assert not "".join(e.text for e in events if isinstance(e, TextDelta)).strip()

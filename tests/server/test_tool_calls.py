@@ -53,7 +53,8 @@ def test_the_model_reports_tool_support(tools_server):
 
 def test_named_tool_choice_returns_a_parsed_call(client):
     r = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER, TIME],
-                                       tool_choice=NAMED, max_tokens=60)
+                                       tool_choice=NAMED, max_tokens=60,
+                                       parallel_tool_calls=False)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -66,7 +67,7 @@ def test_named_tool_choice_returns_a_parsed_call(client):
 def test_streamed_tool_call_matches_the_non_streamed_one(client):
     chunks = list(client.chat.completions.create(
         model="local", messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=60,
-        stream=True, stream_options={"include_usage": True}))
+        parallel_tool_calls=False, stream=True, stream_options={"include_usage": True}))
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert deltas and all(d.index == 0 for d in deltas)
     assert deltas[0].id and deltas[0].function.name == "get_weather"
@@ -79,10 +80,54 @@ def test_streamed_tool_call_matches_the_non_streamed_one(client):
 def test_required_tool_choice_calls_one_of_the_tools_with_valid_arguments(client):
     ask = [{"role": "user", "content": "What time is it in Tokyo?"}]
     r = client.chat.completions.create(model="local", messages=ask, tools=[WEATHER, TIME],
-                                       tool_choice="required", max_tokens=60)
+                                       tool_choice="required", max_tokens=60,
+                                       parallel_tool_calls=False)
     [call] = r.choices[0].message.tool_calls
     schema = {"get_weather": {"city"}, "get_time": {"timezone"}}[call.function.name]
     assert set(json.loads(call.function.arguments)) == schema
+
+
+KEYS = {"get_weather": {"city"}, "get_time": {"timezone"}}
+
+
+def test_required_tool_choice_with_parallel_calls_returns_every_call_streamed_and_not(client):
+    # parallel_tool_calls absent (true): the grammar takes one or more calls; greedy, the
+    # 135M model calls both tools and then stops by itself
+    kw = dict(model="local", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+              max_tokens=120)
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_weather", "get_time"]
+    assert all(set(json.loads(c.function.arguments)) == KEYS[c.function.name] for c in calls)
+    assert len({c.id for c in calls}) == 2
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+        [(i, c.function.name, json.loads(c.function.arguments)) for i, c in enumerate(calls)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # the next turn sends both calls and their results back: the template renders them
+    history = ASK + [{"role": "assistant", "content": None,
+                      "tool_calls": [c.model_dump() for c in calls]}] + [
+        {"role": "tool", "tool_call_id": c.id, "content": result}
+        for c, result in zip(calls, ["Sunny, 24 degrees Celsius.", "14:05"])]
+    second = client.chat.completions.create(model="local", messages=history,
+                                            tools=[WEATHER, TIME], max_tokens=20)
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert second.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens
+
+
+def test_a_parallel_turn_cut_by_max_tokens_keeps_its_complete_calls_and_no_markup(client):
+    # a named tool with parallel calls: the 135M model repeats the call until max_tokens,
+    # cut inside the next "<tool_call>" (several tokens in its vocab), which must not come
+    # back as content (regression)
+    r = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER, TIME],
+                                       tool_choice=NAMED, max_tokens=60)
+    assert r.choices[0].finish_reason == "length"
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" and
+                         json.loads(c.function.arguments) == {"city": "Paris"} for c in calls)
+    assert not r.choices[0].message.content
 
 
 def test_a_call_cut_off_by_max_tokens_is_length_not_a_broken_call(client):
@@ -95,7 +140,8 @@ def test_a_call_cut_off_by_max_tokens_is_length_not_a_broken_call(client):
 def test_second_turn_with_the_tool_result_answers_in_text_prefilling_only_the_result(
         client, tools_server):
     first = client.chat.completions.create(model="local", messages=ASK, tools=[WEATHER, TIME],
-                                           tool_choice=NAMED, max_tokens=60)
+                                           tool_choice=NAMED, max_tokens=60,
+                                           parallel_tool_calls=False)
     call = first.choices[0].message.tool_calls[0]
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -118,8 +164,8 @@ def test_second_turn_with_the_tool_result_answers_in_text_prefilling_only_the_re
 def test_anthropic_tool_choice_returns_a_tool_use_block(tools_server):
     client = anthropic.Anthropic(base_url=tools_server.root, api_key="unused", max_retries=0)
     r = client.messages.create(
-        model="local", max_tokens=60, messages=ASK, tool_choice={"type": "tool",
-                                                                 "name": "get_weather"},
+        model="local", max_tokens=60, messages=ASK, tool_choice={
+            "type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
         tools=[{"name": "get_weather", "description": "Get the current weather for a city",
                 "input_schema": WEATHER["function"]["parameters"]}])
     assert r.stop_reason == "tool_use"
@@ -132,7 +178,7 @@ def test_responses_tool_choice_returns_a_function_call_item(client):
         model="local", input="What is the weather in Paris?", max_output_tokens=60,
         tools=[{"type": "function", "name": "get_weather",
                 "parameters": WEATHER["function"]["parameters"]}],
-        tool_choice={"type": "function", "name": "get_weather"})
+        tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False)
     [item] = [o for o in r.output if o.type == "function_call"]
     assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}
 
@@ -149,7 +195,7 @@ def test_a_tool_without_parameters_is_called_with_no_arguments(client, parameter
                                                 if parameters is not None else {})}}
     r = client.chat.completions.create(
         model="local", messages=[{"role": "user", "content": "What time is it?"}],
-        tools=[tool], tool_choice="required", max_tokens=40)
+        tools=[tool], tool_choice="required", max_tokens=40, parallel_tool_calls=False)
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "get_time_utc" and json.loads(call.function.arguments) == {}
     assert r.choices[0].finish_reason == "tool_calls"
