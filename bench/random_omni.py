@@ -43,7 +43,7 @@ AUDIO_MS_PER_TOKEN = 40
 TEXT = dict(model_type="gemma4_text", hidden_size=64, num_hidden_layers=2,
             intermediate_size=128, num_attention_heads=2, head_dim=32, global_head_dim=32,
             num_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=16,
-            sliding_window=64, sliding_window_pattern=2,
+            sliding_window=512, sliding_window_pattern=2,
             layer_types=["sliding_attention", "full_attention"], use_double_wide_mlp=False,
             max_position_embeddings=32768)
 VISION = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64,

@@ -64,17 +64,21 @@ def answer(server, clip: bytes | None, **kw) -> dict:
     return r.json()
 
 
-def mlx_vlm_answer(folder, clip: bytes, max_tokens: int = 8) -> str:
-    """What mlx-vlm generates itself, greedy, for one user message [text, audio]."""
+def mlx_vlm_answer(folder, clip: bytes | list[bytes], max_tokens: int = 8,
+                   parts: list[dict] | None = None) -> str:
+    """What mlx-vlm generates itself, greedy, for one user message [text, audio] (or
+    ``parts``, whose ``{"type": "audio"}`` items are the clips of ``clip``, in order)."""
     import mlx.core as mx
     from mlx_vlm import load, prepare_inputs, stream_generate
 
+    clips = clip if isinstance(clip, list) else [clip]
     model, processor = load(str(folder))
-    messages = [{"role": "user", "content": [{"type": "text", "text": QUESTION},
-                                              {"type": "audio"}]}]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True,
-                                           tokenize=False)
-    inputs = prepare_inputs(processor, audio=[io.BytesIO(clip)], prompts=prompt)
+    parts = parts or [{"type": "text", "text": QUESTION}, {"type": "audio"}]
+    # the tokenizer's template, as the server renders it: the processor's own
+    # apply_chat_template moves the audio after the text
+    prompt = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False)
+    inputs = prepare_inputs(processor, audio=[io.BytesIO(c) for c in clips], prompts=prompt)
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
     text = "".join(r.text for r in stream_generate(
         model, processor, prompt, input_ids=inputs["input_ids"],
@@ -179,3 +183,27 @@ def test_what_is_not_a_whole_wav_is_refused_naming_the_part(omni_server, data, f
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == code and says in err["message"]
     assert err["param"] == "messages.0.content.1"
+
+
+def test_a_prompt_cache_prefix_never_ends_between_two_clips(omni_server, omni):
+    # Two clips, then the same two with other words between them: the cached prefix ends
+    # inside the words, so the second clip would be prefilled from the cache's turn.
+    # mlx-vlm 0.7.10 alone would give it the first clip's features; it must run cold.
+    one, two = wav_bytes(1.0, 16000, pitch_hz=250.0), wav_bytes(1.0, 16000, pitch_hz=900.0)
+
+    def ask(middle: str) -> dict:
+        r = httpx.post(omni_server.v1 + "/chat/completions", timeout=120, json={
+            "model": "local", "max_tokens": 8, "temperature": 0, "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "First:"}, audio_part(one),
+                    {"type": "text", "text": middle}, audio_part(two)]}]})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    ask("Then the second one:")
+    again = ask("And now this:")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    parts = [{"type": "text", "text": "First:"}, {"type": "audio"},
+             {"type": "text", "text": "And now this:"}, {"type": "audio"}]
+    assert again["choices"][0]["message"]["content"] == \
+        mlx_vlm_answer(omni, [one, two], parts=parts)

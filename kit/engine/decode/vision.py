@@ -203,6 +203,30 @@ def _media_token(slot: Any, kind: str) -> str | None:
     return token if isinstance(token, str) and token else None
 
 
+def media_token_ids(config: Any) -> set[int]:
+    """The token ids that stand for media in a prompt of the model with ``config``:
+    mlx-vlm's (images, video) and the audio token. mlx-vlm 0.7.10's prefix reuse knows no
+    audio token: it would prefill a suffix holding a clip's tokens with the features of the
+    conversation's first clip (tests/server/test_audio_model.py). (On a reuse it also runs
+    the audio tower again for a text suffix; whether it reuses at all is its decision,
+    e.g. not past a wrapped sliding window, so the features are always passed.)"""
+    from mlx_vlm import apc
+
+    ids = set(apc.multimodal_token_ids_from_config(config))
+    audio = getattr(config, "audio_token_id", None)
+    if isinstance(audio, int):
+        ids.add(audio)
+    return ids
+
+
+def _text_suffix(ids: list[int], n: int, media: set[int]) -> bool:
+    """Whether ``ids[n:]`` (what is left to prefill after a reused prefix of ``n``) holds
+    no media token (mlx-vlm's ``prefix_leaves_text_only_suffix``, with audio counted)."""
+    from mlx_vlm import apc
+
+    return apc.prefix_leaves_text_only_suffix(ids, n, media)
+
+
 class VisionCaches:
     """mlx-vlm ``PromptCacheState``s keyed by the model (and adapter) and the SHA-256s of a
     request's images, least recently used out first past :data:`MAX_STATES`."""
@@ -218,38 +242,41 @@ class VisionCaches:
         told apart by kind (an image and a clip never share a key)."""
         return (model_key, *(i.digest for i in images), "audio", *(a.digest for a in audio))
 
-    def state(self, key: tuple, ids: list[int] | None = None) -> Any:
+    def state(self, key: tuple, ids: list[int] | None = None, config: Any = None) -> Any:
         """The state for ``key`` (a new, empty one if none), now the most recent.
 
         ``ids``: the prompt about to run. mlx-vlm reuses a cached prefix only when some of
         the prompt is left to prefill, so a prompt the state holds whole (a retry, a
         regenerate) would start cold: its record is cut to all but the prompt's last token
-        (mlx-vlm then trims the KV past it and prefills that one token)."""
+        (mlx-vlm then trims the KV past it and prefills that one token). A state whose
+        reusable prefix would leave audio tokens to prefill is replaced by an empty one
+        (see :func:`media_token_ids`)."""
         from mlx_vlm.generate import PromptCacheState
 
         state = self._states.pop(key, None) or PromptCacheState()
+        held = state.token_ids
+        if ids and held is not None and state.cache is not None:
+            if len(held) >= len(ids) and held[:len(ids)] == ids:
+                state.token_ids = list(ids[:-1])
+            elif config is not None and not _text_suffix(
+                    ids, state.find_prefix_length(ids), media_token_ids(config)):
+                state = PromptCacheState()
         self._states[key] = state
         while len(self._states) > self.size:
             self._states.popitem(last=False)
-        held = state.token_ids
-        if ids and held is not None and state.cache is not None and \
-                len(held) >= len(ids) and held[:len(ids)] == ids:
-            state.token_ids = list(ids[:-1])
         return state
 
     def reused(self, key: tuple, ids: list[int], config: Any) -> int:
         """Prompt tokens mlx-vlm will take from the cached state for ``ids`` (its own rule:
-        a common prefix shorter than the prompt, followed by text only)."""
+        a common prefix shorter than the prompt, followed by text only; audio tokens count
+        as media here, :meth:`state` sees to it that mlx-vlm agrees)."""
         state = self._states.get(key)
         if state is None or state.cache is None:
             return 0
-        from mlx_vlm import apc
-
         n = min(state.find_prefix_length(ids), len(ids) - 1)  # see state()
         if not 0 < n < len(ids):
             return 0
-        media = apc.multimodal_token_ids_from_config(config)
-        return n if apc.prefix_leaves_text_only_suffix(ids, n, media) else 0
+        return n if _text_suffix(ids, n, media_token_ids(config)) else 0
 
     def drop(self, key: tuple) -> None:
         """Forget ``key``'s state (a generation stopped midway has changed its KV)."""

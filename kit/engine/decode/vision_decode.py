@@ -33,7 +33,8 @@ def decode(pipeline: Pipeline, job: Job) -> None:
     run = pipeline.prepare(job, running=False)
     slot, caches = pipeline.slot, pipeline.vision_caches
     key = VisionCaches.key(run.key, job.request.images, job.request.audio)
-    state = caches.state(key, run.prompt)
+    config = slot.model.config
+    state = caches.state(key, run.prompt, config)
     media = dict(run.media or {})
     import mlx.core as mx
 
