@@ -10,9 +10,14 @@ next turn rendered back through the family's template, the prompt cache. The wei
 choose among what the grammar allows, so random ones do (the starter's 538 MB took the
 table 325 s here, these 45 s).
 
-Cases a forced call cannot emit (text before or after a call, malformed markup,
-parallel calls in one turn: a forced call is one call) are the parser tests' job
-(tests/formats/, tests/conformance/), not repeated here.
+The rows that check one call and its next turn ask for one call (``parallel_tool_calls``
+false, ``disable_parallel_tool_use``): with parallel calls allowed a random model may repeat
+its call until ``max_tokens``. Gemini has no such switch, so its row takes every call the
+model makes; ``test_chat_forced_turn_with_parallel_calls_...`` runs the parallel grammar
+(the family's call sequence, its markers as special tokens) through the real engine. Cases
+a forced call cannot emit (text before or after a call, malformed markup) are the parser
+tests' job (tests/formats/, tests/conformance/), and two calls in each family's markup are
+tests/engine/test_grammar_parallel.py's, not repeated here.
 
 Each row records what it verified; the module writes the record (JSON) to
 ``$MLX_KIT_FAMILIES_RECORD`` or the session's temp dir, and bench/families_table.py renders
@@ -193,7 +198,8 @@ def test_chat_stream_equals_the_non_streamed_call(fam):
     family, server = tools_or_skip(fam)
     client = openai_for(server)
     kw = dict(model="local", messages=TRIP_ASK, tools=[WEATHER, TRIP], max_tokens=MAX,
-              tool_choice={"type": "function", "function": {"name": "plan_trip"}})
+              tool_choice={"type": "function", "function": {"name": "plan_trip"}},
+              parallel_tool_calls=False)
     whole = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True))
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
@@ -227,7 +233,8 @@ def test_chat_forced_call_and_the_next_turn_with_the_servers_ids_hits_the_cache(
     family, server = tools_or_skip(fam)
     client = openai_for(server)
     first = client.chat.completions.create(
-        model="local", messages=ASK, tools=[WEATHER, TIME], tool_choice=NAMED, max_tokens=MAX)
+        model="local", messages=ASK, tools=[WEATHER, TIME], tool_choice=NAMED, max_tokens=MAX,
+        parallel_tool_calls=False)
     message = first.choices[0].message
     assert first.choices[0].finish_reason == "tool_calls" and not message.content
     [call] = message.tool_calls
@@ -257,13 +264,42 @@ def family_kwargs(family: Family) -> dict:
     return {"extra_body": {"chat_template_kwargs": family.thinking}} if family.thinking else {}
 
 
-def assert_prefix_reused(cached: int, previous_prompt: int, prompt: int) -> None:
-    """Turn 2 reused turn 1's prompt and the call (as the template renders it back) from
-    the cache: only the tool result's turn is new."""
+def assert_prefix_reused(cached: int, previous_prompt: int, prompt: int,
+                         results: int = 1) -> None:
+    """Turn 2 reused turn 1's prompt and the calls (as the template renders them back) from
+    the cache: only the tool results' turn is new (``results``: how many)."""
     assert cached >= previous_prompt - 4, \
         f"only {cached} cached tokens; turn 1's prompt was {previous_prompt}"
-    assert prompt - cached <= NEW_TURN, \
+    assert prompt - cached <= NEW_TURN * results, \
         f"{prompt - cached} of {prompt} tokens uncached: the call was not reused"
+
+
+def test_chat_forced_turn_with_parallel_calls_returns_only_complete_valid_calls(fam):
+    # parallel calls allowed (the default): the grammar takes one or more calls in the
+    # family's sequence, its markers special tokens; what the random model picks, each call
+    # comes back whole and valid, streamed as not
+    family, server = tools_or_skip(fam)
+    client = openai_for(server)
+    kw = dict(model="local", messages=TRIP_ASK, tools=[WEATHER, TRIP], tool_choice="required",
+              max_tokens=MAX)  # tools whose strings are bounded: a random model stops them
+    whole = client.chat.completions.create(**kw)
+    choice = whole.choices[0]
+    assert choice.finish_reason in ("tool_calls", "length") and choice.message.tool_calls
+    assert not (choice.message.content or "").strip()
+    calls = [(c.function.name, json.loads(c.function.arguments))
+             for c in choice.message.tool_calls]
+    for c in choice.message.tool_calls:
+        args = json.loads(c.function.arguments)
+        if c.function.name == "plan_trip":
+            check_trip(args)
+        else:
+            check_weather_call(family, c.id, c.function.name, args)
+    ids = [c.id for c in choice.message.tool_calls]
+    assert all(family.id_ok(i) for i in ids) and len(set(ids)) == len(ids)
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
+    record(family, "chat", "parallel calls allowed")
 
 
 # --- Responses -----------------------------------------------------------------------------
@@ -277,7 +313,8 @@ def test_responses_stream_equals_the_non_streamed_call_and_the_next_turn_hits_th
     family, server = tools_or_skip(fam)
     client = openai_for(server)
     kw = dict(model="local", input=ASK[0]["content"], tools=RESPONSES_TOOLS[:2],
-              max_output_tokens=MAX, tool_choice={"type": "function", "name": "get_weather"})
+              max_output_tokens=MAX, tool_choice={"type": "function", "name": "get_weather"},
+              parallel_tool_calls=False)
     whole = client.responses.create(**kw)
     [item] = [o for o in whole.output if o.type == "function_call"]
     check_weather_call(family, item.call_id, item.name, json.loads(item.arguments))
@@ -312,7 +349,8 @@ def test_messages_stream_equals_the_non_streamed_call_and_the_next_turn_hits_the
     family, server = tools_or_skip(fam)
     client = anthropic_for(server)
     kw = dict(model="local", max_tokens=MAX, messages=TRIP_ASK, tools=MESSAGES_TOOLS,
-              tool_choice={"type": "tool", "name": "plan_trip"})
+              tool_choice={"type": "tool", "name": "plan_trip",
+                           "disable_parallel_tool_use": True})
     whole = client.messages.create(**kw)
     assert whole.stop_reason == "tool_use"
     [block] = [b for b in whole.content if b.type == "tool_use"]
@@ -359,18 +397,21 @@ def test_gemini_stream_equals_the_non_streamed_call_and_the_next_turn_renders(fa
                    json=gemini_body(ask, ["get_weather"]))
     assert r.status_code == 200, r.text
     candidate = r.json()["candidates"][0]
-    [call] = [p["functionCall"] for p in candidate["content"]["parts"] if "functionCall" in p]
-    check_weather_call(family, call["id"], call["name"], call["args"])
+    # Gemini has no switch for parallel calls: a random model may call more than once
+    calls = [p["functionCall"] for p in candidate["content"]["parts"] if "functionCall" in p]
+    assert calls
+    for call in calls:
+        check_weather_call(family, call["id"], call["name"], call["args"])
     s = httpx.post(server.root + "/v1beta/models/local:streamGenerateContent", timeout=120,
                    params={"alt": "sse"}, json=gemini_body(ask, ["get_weather"]))
     chunks = [json.loads(line[6:]) for line in s.text.splitlines() if line.startswith("data: ")]
     streamed = [p["functionCall"] for c in chunks for p in c["candidates"][0]["content"]["parts"]
                 if "functionCall" in p]
-    assert [(c["name"], c["args"]) for c in streamed] == [(call["name"], call["args"])]
+    assert [(c["name"], c["args"]) for c in streamed] == [(c["name"], c["args"]) for c in calls]
     record(family, "gemini", "call, stream = non-stream")
     history = ask + [candidate["content"], {"role": "user", "parts": [{"functionResponse": {
         "id": call["id"], "name": call["name"],
-        "response": {"output": RESULT.format("gemini")}}}]}]
+        "response": {"output": RESULT.format("gemini")}}} for call in calls]}]
     second = httpx.post(server.root + "/v1beta/models/local:generateContent", timeout=120,
                         json=gemini_body(history, None, max_tokens=8))
     assert second.status_code == 200, second.text
@@ -378,5 +419,5 @@ def test_gemini_stream_equals_the_non_streamed_call_and_the_next_turn_renders(fa
     cached = usage.get("cachedContentTokenCount", 0)
     record_cache(family, "gemini", cached, usage["promptTokenCount"])
     assert_prefix_reused(cached, r.json()["usageMetadata"]["promptTokenCount"],
-                         usage["promptTokenCount"])
+                         usage["promptTokenCount"], results=len(calls))
     record(family, "gemini", "next turn")
