@@ -270,27 +270,39 @@ def tool_config(mode: str, names: list[str] | None = None) -> types.GenerateCont
             mode=mode, allowed_function_names=names)))
 
 
-def test_mode_any_with_one_allowed_name_returns_that_function_call(tools_client):
+def test_mode_any_with_one_allowed_name_returns_only_calls_to_that_function(tools_client):
+    # Gemini has no switch for parallel calls, so a forced turn may hold several; with one
+    # function allowed the 135M model repeats its call until max_output_tokens: every call
+    # comes back whole, and the cut one's markup is no text
     r = tools_client.models.generate_content(model="local", contents=ASK,
                                              config=tool_config("ANY", ["get_weather"]))
-    [call] = r.function_calls
-    assert call.name == "get_weather" and call.args == {"city": "Paris"} and call.id
-    assert r.candidates[0].finish_reason == types.FinishReason.STOP
+    calls = r.function_calls
+    assert calls and all(c.name == "get_weather" and c.args == {"city": "Paris"} and c.id
+                         for c in calls)
+    assert len({c.id for c in calls}) == len(calls)
+    assert not [p.text for p in r.candidates[0].content.parts if p.text]
+    assert r.candidates[0].finish_reason in (types.FinishReason.STOP,
+                                             types.FinishReason.MAX_TOKENS)
 
 
-def test_mode_any_calls_a_declared_function_with_arguments_of_its_schema(tools_client):
+def test_mode_any_calls_declared_functions_with_arguments_of_their_schemas(tools_client):
     r = tools_client.models.generate_content(model="local", contents="What time is it in Tokyo?",
                                              config=tool_config("ANY"))
-    [call] = r.function_calls
-    assert set(call.args) == {"get_weather": {"city"}, "get_time": {"timezone"}}[call.name]
+    assert r.function_calls
+    for call in r.function_calls:
+        assert set(call.args) == {"get_weather": {"city"}, "get_time": {"timezone"}}[call.name]
 
 
-def test_a_streamed_function_call_comes_whole_in_one_chunk(tools_client):
+def test_streamed_function_calls_come_whole_one_per_chunk_as_not_streamed(tools_client):
+    cfg = tool_config("ANY", ["get_weather"])
+    whole = tools_client.models.generate_content(model="local", contents=ASK, config=cfg)
     chunks = list(tools_client.models.generate_content_stream(
-        model="local", contents=ASK, config=tool_config("ANY", ["get_weather"])))
-    calls = [c for chunk in chunks for c in chunk.function_calls or []]
-    assert [(c.name, c.args) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
+        model="local", contents=ASK, config=cfg))
+    per_chunk = [chunk.function_calls or [] for chunk in chunks]
+    assert all(len(calls) <= 1 for calls in per_chunk)
+    assert [(c.name, c.args) for calls in per_chunk for c in calls] == \
+        [(c.name, c.args) for c in whole.function_calls]
+    assert chunks[-1].candidates[0].finish_reason == whole.candidates[0].finish_reason
 
 
 def test_mode_none_answers_in_text(tools_client):
