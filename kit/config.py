@@ -106,6 +106,9 @@ class _Config(BaseSettings):
         if self.adapter and (self.ranks or self.hosts or self.hostfile):
             raise ConfigError("--adapter runs on one machine; it cannot be used with "
                               "--ranks, --hosts or --hostfile")
+        if self.draft_model and (self.ranks or self.hosts or self.hostfile):
+            raise ConfigError("--draft-model runs on one machine; it cannot be used with "
+                              "--ranks, --hosts or --hostfile")
         return self
 
     @classmethod

@@ -12,10 +12,17 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kit.engine.status import DistributedStatus, EngineStatus, KvCacheStatus, MemoryStatus
+from kit.engine.status import (
+    DistributedStatus,
+    DraftStatus,
+    EngineStatus,
+    KvCacheStatus,
+    MemoryStatus,
+)
 
 #: keys left out of the body when None (they appear once the engine reports them)
-_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed", "embeddings", "adapters")
+_OMITTED_WHEN_NONE = ("kv_cache", "admission", "distributed", "embeddings", "adapters",
+                      "draft")
 
 
 class SamplingDefaults(BaseModel):
@@ -90,6 +97,8 @@ class HealthBody(BaseModel):
     embeddings: Optional[EmbedStatus] = Field(None, description="Only with --embed-model.")
     adapters: Optional[list[str]] = Field(None, description="Only with --adapter: the LoRA "
                                           "adapters' ids (local:NAME) served now.")
+    draft: Optional[DraftStatus] = Field(None, description="Only with --draft-model: the "
+                                         "draft loaded now and its acceptance.")
 
     @property
     def ok(self) -> bool:
@@ -117,7 +126,7 @@ class HealthBody(BaseModel):
                    kv_cache=s.kv_cache, sampling_defaults=SamplingDefaults(**sampling),
                    admission=s.admission or None, distributed=s.distributed,
                    embeddings=EmbedStatus(**embeddings) if embeddings else None,
-                   adapters=adapters)
+                   adapters=adapters, draft=s.draft)
 
     def to_json(self) -> dict[str, Any]:
         """The body as sent: every field, ``kv_cache``/``admission``/``distributed`` only

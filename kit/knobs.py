@@ -130,6 +130,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("adapter", "list", (), "NAME=PATH: also serve the model with the LoRA adapter in "
          "folder PATH (what mlx_lm.lora writes) as local:NAME. Repeatable; one machine "
          "only (not with --ranks/--hosts).", _STARTS),
+    Knob("draft_model", "list", (), "DRAFT or TARGET=DRAFT: speculative decoding with the "
+         "small model DRAFT (same tokenizer) for the model served at start, or for TARGET "
+         "whenever it is loaded. Repeatable. Used by a request decoding alone without a "
+         "grammar.", _WORLD),
+    Knob("num_draft_tokens", int, 3, "Tokens the draft model proposes per step.", _STARTS,
+         ge=1, le=16, unit="tokens"),
     Knob("alias", "list", (), "PATTERN=TARGET: serve model names matching PATTERN with TARGET "
          "(local or a model id). Repeatable; claude-*, gpt-* -> local are built in."),
     Knob("max_batch", int, None, "Most requests decoded together (continuous batching); 1: "

@@ -28,7 +28,7 @@ CHECKED = ("0.32.2",)
 NAMES: dict[str, tuple[str, ...]] = {
     "mlx_lm": ("load", "stream_generate"),
     "mlx_lm.generate": ("BatchGenerator", "TextStateMachine", "generation_stream",
-                        "make_stop_sequences"),
+                        "make_stop_sequences", "speculative_generate_step", "wired_limit"),
     "mlx_lm.models.cache": ("KVCache", "LRUPromptCache", "QuantizedKVCache",
                             "can_trim_prompt_cache", "load_prompt_cache",
                             "make_prompt_cache", "save_prompt_cache", "trim_prompt_cache"),

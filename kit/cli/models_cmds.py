@@ -127,7 +127,8 @@ def fit(
     """Estimate the memory MODEL needs (weights + KV cache) against the memory ceiling
     (--memory-budget; else on a Mac, Metal's GPU working set; else what is available now);
     also the context each KV setting (full precision, 8 and 4 bits) leaves room for; with
-    --ranks/--hosts, each rank's share of the model split over mx.distributed ranks.
+    --ranks/--hosts, each rank's share of the model split over mx.distributed ranks; with
+    --draft-model, its draft's weights and KV cache counted in (loaded beside it).
 
     Exit 0 when it loads, 5 when it does not. Sizes are binary (1 GiB = 2^30 bytes).
 
@@ -135,13 +136,14 @@ def fit(
     --json: {"model", "context_window", "weights_bytes", "kv_bytes",
     "kv_bytes_per_token", "total_bytes", "ceiling_bytes", "ceiling_source",
     "context_that_fits", "kv_bits", "kv_group_size", "kv_settings" [{"kv_bits",
-    "kv_bytes_per_token", "context_that_fits"}], "fits"}; with --ranks or --hosts also
+    "kv_bytes_per_token", "context_that_fits"}], "fits", "draft" (null, or {"model",
+    "weights_bytes", "kv_bytes_per_token"}: included in the sums)}; with --ranks or --hosts also
     "ranks", "mode", "per_rank" [{"rank", "layers", "weights_bytes", "kv_bytes",
     "total_bytes"}], "this_machine_bytes" (what "fits" compares with "ceiling_bytes",
     which --memory-budget sets here too) and "unchecked_hosts"; without
     "kv_bytes_per_token", "context_that_fits" and the kv keys.
     """
-    from kit.models.memory import (context_that_fits, estimate, fit_context, human,
+    from kit.models.memory import (Estimate, context_that_fits, estimate, fit_context, human,
                                    memory_ceiling)
     from kit.models.resolve import resolve_model
 
@@ -150,6 +152,10 @@ def fit(
     if ranks is None and hosts is None and not pipeline:
         info = resolve_model(model, progress=lambda line: err_console.print(line))
         est = estimate(info.path, ctx or info.context_window, kv_bits, kv_group_size)
+        draft = _draft_of(info, config, est.context)
+        if draft is not None:
+            est = Estimate(est.weights + draft[1].weights,
+                           est.kv_per_token + draft[1].kv_per_token, est.context)
         ceiling = _less_embedding(memory_ceiling(budget), config.embed_model)
         room = context_that_fits(ceiling.bytes, est.weights, est.kv_per_token)
         # without --ctx the server loads a model whose first FIT_MIN_CONTEXT tokens fit
@@ -164,35 +170,58 @@ def fit(
                        "ceiling_bytes": ceiling.bytes, "ceiling_source": ceiling.source,
                        "context_that_fits": room, "kv_bits": kv_bits,
                        "kv_group_size": kv_group_size,
-                       "kv_settings": _kv_rows(info, ceiling.bytes, kv_group_size),
-                       "fits": loads})
+                       "kv_settings": _kv_rows(info, ceiling.bytes, kv_group_size, draft),
+                       "fits": loads,
+                       "draft": None if draft is None else {
+                           "model": draft[0].id, "weights_bytes": draft[1].weights,
+                           "kv_bytes_per_token": draft[1].kv_per_token}})
         else:
             kv = f"{kv_bits}-bit" if kv_bits else "full precision"
             verdict = ("fits" if est.total <= ceiling.bytes else
                        f"fits {room} tokens of context (requests past it are capped)"
                        if loads else "does NOT fit")
-            console.print(f"{info.id}\n  weights:  {human(est.weights)}\n"
+            with_draft = f" (with the draft {draft[0].id})" if draft else ""
+            console.print(f"{info.id}{with_draft}\n  weights:  {human(est.weights)}\n"
                           f"  KV cache: {human(est.kv)} ({kv}: {est.kv_per_token} bytes/token x "
                           f"{est.context} tokens)\n  total:    {human(est.total)}\n"
                           f"  ceiling:  {ceiling.label} -> {verdict}",
                           markup=False, highlight=False)
-            console.print(_kv_windows(info, _kv_rows(info, ceiling.bytes, kv_group_size),
-                                      ceiling.bytes), markup=False, highlight=False)
+            console.print(_kv_windows(info, _kv_rows(info, ceiling.bytes, kv_group_size,
+                                                     draft), ceiling.bytes),
+                          markup=False, highlight=False)
         if not loads:
             raise typer.Exit(ExitCode.DOES_NOT_FIT)
         return
     _fit_split(model, ctx, ranks, hosts, pipeline, as_json, budget, config.embed_model)
 
 
-def _kv_rows(info, ceiling: int, group_size: int) -> list[dict]:
-    """The context each KV setting (full precision, 8 and 4 bits) leaves room for in
-    ``ceiling`` bytes after the weights: ``[{"kv_bits", "kv_bytes_per_token",
-    "context_that_fits"}]`` (tokens, not capped at the model's window)."""
+def _draft_of(info, config: EngineConfig, context: int):
+    """``(draft ModelInfo, its Estimate for context tokens)`` of ``info``'s
+    ``--draft-model`` pairing (:func:`kit.engine.decode.draft.parse_pairings`), or None."""
+    from kit.engine.decode.draft import parse_pairings
     from kit.models.memory import estimate
+    from kit.models.resolve import resolve_model
+
+    spec = parse_pairings(config.draft_model, info.id).get(info.id)
+    if spec is None:
+        return None
+    draft = resolve_model(spec, progress=lambda line: err_console.print(line))
+    return draft, estimate(draft.path, context, config.kv_bits, config.kv_group_size)
+
+
+def _kv_rows(info, ceiling: int, group_size: int, draft=None) -> list[dict]:
+    """The context each KV setting (full precision, 8 and 4 bits) leaves room for in
+    ``ceiling`` bytes after the weights (and ``draft``'s, from :func:`_draft_of`):
+    ``[{"kv_bits", "kv_bytes_per_token", "context_that_fits"}]`` (tokens, not capped at
+    the model's window)."""
+    from kit.models.memory import Estimate, estimate
 
     rows = []
     for bits in (None, 8, 4):
         est = estimate(info.path, 0, bits, group_size)
+        if draft is not None:
+            d = estimate(draft[0].path, 0, bits, group_size)
+            est = Estimate(est.weights + d.weights, est.kv_per_token + d.kv_per_token, 0)
         rows.append({"kv_bits": bits, "kv_bytes_per_token": est.kv_per_token,
                      "context_that_fits": max(0, ceiling - est.weights)
                      // max(1, est.kv_per_token)})

@@ -17,7 +17,7 @@ from kit.cli.api_key import resolve_api_key
 from kit.cli.config_options import takes_config
 from kit.cli.console import err_console
 from kit.cli.options import check_cache_dir
-from kit.errors import ConfigError, PortInUseError, ServerError
+from kit.errors import ConfigError, ModelError, PortInUseError, ServerError
 from kit.knobs import LogLevel
 
 if TYPE_CHECKING:
@@ -87,6 +87,26 @@ def check_startable(config: EngineConfig, world: Any) -> None:
     check_cache_dir(config.prompt_cache_dir, config.prompt_cache_disk)
     parse_adapters(config.adapter)  # each folder checked now, naming the file
     allowed_folders(config.image_dir)
+
+
+def check_drafts(specs: tuple[str, ...], info: Any) -> None:
+    """Resolve each ``--draft-model`` draft (a folder, or a hub id in the local cache) and
+    refuse, before the engine starts, the draft of the model served now whose tokenizer
+    differs from its (:func:`kit.engine.decode.draft.check_same_tokenizer`).
+
+    Raises:
+        ConfigError: a draft cannot be found, or its tokenizer differs (naming both).
+    """
+    from kit.engine.decode.draft import check_same_tokenizer, parse_pairings
+    from kit.models.resolve import resolve_model
+
+    for target, spec in parse_pairings(specs, info.id).items():
+        try:
+            draft = resolve_model(spec)
+        except ModelError as e:
+            raise ConfigError(f"--draft-model {spec}: {e.message}", hint=e.hint) from None
+        if target == info.id:
+            check_same_tokenizer(info, draft)
 
 
 def _choose_split(info, world, progress):
@@ -213,6 +233,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
         progress(f"--kv-bits {c.kv_bits}: requests decode one at a time (max batch 1): "
                  "mlx-lm's batched decode cannot merge quantized KV caches")
     info = resolve_model(c.model, progress=progress)
+    if c.draft_model:
+        check_drafts(c.draft_model, info)
     embedder = None
     if c.embed_model:
         from kit.embed.start import start_embedder

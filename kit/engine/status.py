@@ -37,6 +37,20 @@ class KvCacheStatus(_Part):
     max_batch: Optional[int] = Field(None, description="Most requests decoded together.")
 
 
+class DraftStatus(_Part):
+    """Speculative decoding (``--draft-model``; :mod:`kit.engine.decode.draft`)."""
+
+    model: Optional[str] = Field(None, description="The draft loaded beside the model now "
+                                 "(None: the loaded model has no draft).")
+    pairings: dict[str, str] = Field(default_factory=dict,
+                                     description="Target model id -> its draft.")
+    num_draft_tokens: int = Field(description="Tokens the draft proposes per step.")
+    drafted: int = Field(0, description="Proposals the model checked, since start.")
+    accepted: int = Field(0, description="Proposals the model kept.")
+    acceptance: Optional[float] = Field(None, description="accepted / drafted (None: none "
+                                        "drafted yet).")
+
+
 class RankStatus(_Part):
     """One rank of a distributed engine."""
 
@@ -90,6 +104,8 @@ class EngineStatus(_Part):
         None, description="Memory admission: clamped, rejected, deferred, reserved_bytes, "
         "ceiling_bytes, ceiling_source, prompt_cache_bytes/entries/max_bytes.")
     distributed: Optional[DistributedStatus] = None
+    draft: Optional[DraftStatus] = Field(None, description="Speculative decoding; absent "
+                                         "without --draft-model.")
 
 
 def status_of(engine: Any, **extra: Any) -> EngineStatus:

@@ -146,6 +146,20 @@ class EngineCollector(Collector):
         yield info
         yield from prompt_cache_metrics(status.prompt_cache)
         yield from admission_metrics(status.admission)
+        yield from draft_metrics(status.draft)
+
+
+def draft_metrics(draft: Any) -> Iterator[Metric]:
+    """Speculative decoding's counters (``/health``'s ``draft``): proposals drafted and
+    accepted, and the acceptance; nothing without ``--draft-model``."""
+    if draft is None:
+        return
+    yield _counter("draft_tokens", "tokens the draft model proposed and the model checked",
+                   draft.drafted)
+    yield _counter("draft_accepted_tokens", "draft proposals the model kept", draft.accepted)
+    if draft.acceptance is not None:
+        yield GaugeMetricFamily(PREFIX + "draft_acceptance", "accepted / drafted since "
+                                "start", value=draft.acceptance)
 
 
 def admission_metrics(snapshot: Any) -> Iterator[Metric]:

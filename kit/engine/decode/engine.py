@@ -43,6 +43,7 @@ from kit.engine.cache.disk_tier import DiskTier
 from kit.engine.cache.kv import kv_snapshot
 from kit.engine.decode.batch import run_batch
 from kit.engine.decode.bridge import END, LoopSink, settle_from_thread
+from kit.engine.decode.draft import Drafts, parse_pairings
 from kit.engine.decode.inbox import Inbox, is_job
 from kit.engine.cache.policy import PromptCachePolicy
 from kit.engine.decode.pipeline import Pipeline
@@ -144,7 +145,9 @@ class Engine(ModelTransitions):
                               max_batch=self.max_batch, kv_bits=c.kv_bits,
                               kv_group_size=c.kv_group_size,
                               adapters=parse_adapters(c.adapter),
-                              max_image_tokens=c.max_image_tokens)
+                              max_image_tokens=c.max_image_tokens,
+                              drafts=Drafts(parse_pairings(c.draft_model, model.id),
+                                            c.num_draft_tokens) if c.draft_model else None)
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(c.prompt_cache_size, c.prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)
@@ -221,12 +224,18 @@ class Engine(ModelTransitions):
                 "memory": self.memory(),
                 "capabilities": self.capabilities(), "admission": self.admission,
                 "prompt_cache": self.prompt_cache,
-                "kv_cache": kv_snapshot(self.slot, self.max_batch)}
+                "kv_cache": kv_snapshot(self.slot, self.max_batch), "draft": self.draft}
 
     def status(self) -> EngineStatus:
         """See :meth:`kit.engine.interface.EngineLike.status`."""
         return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
-                         kv_cache=kv_snapshot(self.slot, self.max_batch))
+                         kv_cache=kv_snapshot(self.slot, self.max_batch), draft=self.draft)
+
+    @property
+    def draft(self) -> dict[str, Any] | None:
+        """Speculative decoding's pairings and counters (:meth:`Drafts.status`), or None
+        without ``--draft-model``."""
+        return self.slot.drafts.status() if self.slot.drafts is not None else None
 
     @property
     def admission(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from kit import mlx_lm_api
 from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.cache.policy import PromptCachePolicy
 from kit.engine.decode.bridge import END
+from kit.engine.decode.draft import DRAFT_SEPARATOR, target_part
 from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
@@ -86,13 +87,16 @@ class Pipeline:
     def _reclaim_later(self) -> None:
         self.reclaim = True  # given back once the worker is idle
 
-    def prepare(self, job: Job, running: bool = False) -> Run:
+    def prepare(self, job: Job, running: bool = False, draft: Any = None) -> Run:
         """Everything before the first token: sampling checks, chat template, context
         check, constraint, sampler, prompt-cache lookup; posts ``Started``.
 
         Args:
             running: other requests decode now (a batch with active rows): only then may
                 admission defer this one (see :meth:`Admission.admit`).
+            draft: the :class:`kit.engine.decode.draft.LoadedDraft` it decodes with: its
+                cache holds the draft's layers after the model's, filed under a key of
+                its own (memory tier only).
 
         Raises:
             Deferred: only with ``running``: it fits once a running request completes.
@@ -114,10 +118,17 @@ class Pipeline:
             f"{self.slot.info.id}{ADAPTER_SEPARATOR}{req.adapter}"
         # a new cache is quantized from its first token with --kv-bits (kit.engine.cache.kv), so
         # cached ones are too: a prefix hit continues in the same precision as a cold run
+        cache_key = None  # the prompt cache's key when not ``key`` (a drafted request's)
         if self.slot.vision:  # mlx-vlm's own cache per set of images (kit.engine.decode.vision)
             cache, rest = None, prompt
             media_key = VisionCaches.key(key, req.images, req.audio)
             cached = self.vision_caches.reused(media_key, prompt, self.slot.model.config)
+        elif draft is not None:
+            cache_key = f"{key}{DRAFT_SEPARATOR}{draft.info.id}"
+            cache, rest = self.cache.fetch(
+                cache_key, prompt, lambda: self.slot.new_cache() + self.slot.new_cache(
+                    draft.model), disk=False)
+            cached = len(prompt) - len(rest)
         else:
             cache, rest = self.cache.fetch(key, prompt, self.slot.new_cache,
                                            disk=req.adapter is None)
@@ -142,7 +153,7 @@ class Pipeline:
         job.post(Started(key, len(prompt), cached, n_max, asked))
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
                    t0, logprob=self.sampling.logprob if params.logprobs else None,
-                   media=media)
+                   media=media, cache_key=cache_key)
 
     def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt
@@ -171,7 +182,8 @@ class Pipeline:
             return
         if finish_reason != "cancelled" and not run.job.request.raw:
             tokens = self._next_turn(run, tokens, cache, text)
-        self.cache.insert(run.key, tokens, cache, disk=run.job.request.adapter is None)
+        self.cache.insert(run.cache_key or run.key, tokens, cache,
+                          disk=run.job.request.adapter is None and run.cache_key is None)
 
     def room(self) -> Room | None:
         """What memory admission checks a request against (None: no estimate of the
@@ -234,13 +246,21 @@ class Pipeline:
         return kept
 
     def _prefill(self, cache: Any, tokens: list[int]) -> None:
-        """Run the model over ``tokens`` into ``cache`` (chunked, on mlx-lm's stream)."""
+        """Run the model over ``tokens`` into ``cache`` (chunked, on mlx-lm's stream); a
+        drafted request's cache (the draft's layers after the model's,
+        :mod:`kit.engine.decode.draft`) gets them in both models."""
         import mlx.core as mx
+        parts = [(self.slot.model, cache)]
+        draft = self.slot.drafts.loaded if self.slot.drafts is not None else None
+        if draft is not None and len(cache) == len(self.slot.model.layers) + draft.layers:
+            parts = [(self.slot.model, target_part(cache, draft)),
+                     (draft.model, cache[len(cache) - draft.layers:])]
         step = prefill_step_size()
         with mx.stream(mlx_lm_api.generation_stream):  # the stream mlx-lm generates on (GPU: no hops)
-            for i in range(0, len(tokens), step):
-                self.slot.model(mx.array(tokens[i:i + step])[None], cache=cache)
-                mx.eval([c.state for c in cache])
+            for model, part in parts:
+                for i in range(0, len(tokens), step):
+                    model(mx.array(tokens[i:i + step])[None], cache=part)
+                    mx.eval([c.state for c in part])
 
 
 def resent_turn(text: str, calls: list[Any]) -> dict[str, Any]:

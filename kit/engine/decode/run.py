@@ -66,6 +66,8 @@ class Run:
         logprob: ``(token, logprobs, top_n) -> TokenLogprob``, or None when not asked for.
         media: a vision model's processor arrays for the prompt (pixel values...;
             :mod:`kit.engine.decode.vision`), or None for a text model.
+        cache_key: the key the prompt cache files ``cache`` under when not ``key`` (a
+            request decoding with a draft model: :mod:`kit.engine.decode.draft`).
     """
 
     job: Job
@@ -81,6 +83,7 @@ class Run:
     t0: float
     logprob: Callable[[int, Any, int], TokenLogprob] | None = None
     media: dict[str, Any] | None = None
+    cache_key: str | None = None
     n: int = 0
     ttft: float = 0.0
     first_at: float = 0.0

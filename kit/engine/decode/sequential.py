@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kit import mlx_lm_api
 from kit.engine.decode import vision_decode
 from kit.engine.decode.bridge import END
+from kit.engine.decode.draft import aligned, speculative_stream, target_part
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.run import Cancelled, Job, Joined
@@ -66,9 +67,11 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         vision_decode.decode(pipeline, job)
         return None
     import mlx.core as mx
+    drafts = pipeline.slot.drafts
+    draft = drafts.usable(job.request) if drafts is not None else None
     # running=False: nothing else decodes here, so admission never defers this request
     # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400
-    run = pipeline.prepare(job, running=False)
+    run = pipeline.prepare(job, running=False, draft=draft)
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
 
     def check_cancelled(_done: int, _total: int) -> None:
@@ -85,11 +88,18 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         before = mx.array(run.prompt[:run.cached][-PENALTY_CONTEXT:])
         processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
                                                      logits) for p in processors]
-    stream = mlx_lm_api.stream_generate(model, tokenizer, run.rest,
-                             max_tokens=run.max_tokens, sampler=run.sampler,
-                             logits_processors=processors, prompt_cache=run.cache,
-                             prompt_progress_callback=check_cancelled,
-                             prefill_step_size=prefill_step_size())
+    if draft is None:
+        stream = mlx_lm_api.stream_generate(model, tokenizer, run.rest,
+                                 max_tokens=run.max_tokens, sampler=run.sampler,
+                                 logits_processors=processors, prompt_cache=run.cache,
+                                 prompt_progress_callback=check_cancelled,
+                                 prefill_step_size=prefill_step_size())
+    else:  # mlx-lm's speculative decode takes no progress callback: a prefill runs whole
+        stream = speculative_stream(model, tokenizer, draft, run.rest,
+                                    drafts.num_draft_tokens, run.max_tokens,
+                                    sampler=run.sampler, logits_processors=processors,
+                                    prompt_cache=run.cache,
+                                    prefill_step_size=prefill_step_size())
     try:
         first = next(stream, None)
     except Cancelled:  # the KV cache is half-filled: do not keep it
@@ -98,9 +108,11 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         return None
     tokens = list(run.prompt)
     finish_reason = "stop"
+    from_draft: list[bool] = []
     for gen in itertools.chain([first] if first is not None else [], stream):
         run.token(gen.token, gen.logprobs)
         tokens.append(gen.token)
+        from_draft.append(gen.from_draft)
         run.emit(run.parser.feed(gen.text))
         if run.parser.stopped:
             break
@@ -113,13 +125,22 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
             break
         if join is not None and run.n < run.max_tokens and join():
             stream.close()
+            if draft is not None:
+                drafts.count(from_draft)
+                run.cache, run.cache_key = target_part(run.cache, draft), None
             mx.eval([c.state for c in run.cache])
-            mlx_lm_api.trim_prompt_cache(run.cache, 1)
+            # the batch feeds the last token again: the cache holds all tokens but it
+            mlx_lm_api.trim_prompt_cache(run.cache, run.cache[0].offset - (len(tokens) - 1)
+                                         if draft is not None else 1)
             detok = tokenizer.detokenizer
             for token in tokens[len(run.prompt):]:
                 detok.add_token(token)
             detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
             log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
             return Joined(run, tokens[:-1], tokens[-1], detok)
+    if draft is not None:
+        stream.close()  # mlx-lm's rewind of both caches, before they are stored
+        drafts.count(from_draft)
+        tokens = aligned(run.cache, draft, tokens)
     pipeline.complete(run, finish_reason, tokens, run.cache)
     return None

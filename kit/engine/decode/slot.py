@@ -51,6 +51,7 @@ class Loaded:
     kv_per_token: int = 0  # KV cache bytes per token of context (0: no estimate)
     adapters: Any = None  # its kit.engine.decode.adapters.AdapterSet (None: none mounted)
     processor: Any = None  # a vision model's mlx-vlm processor (kit.engine.decode.vision)
+    draft: Any = None  # its kit.engine.decode.draft.LoadedDraft (None: no draft paired)
 
 
 class ModelSlot:
@@ -88,6 +89,8 @@ class ModelSlot:
             whenever the model the slot was made with loads (not on a model swapped to);
             ``mounted``: their :class:`kit.engine.decode.adapters.AdapterSet` on the
             installed model, or None.
+        drafts: the speculative-decoding pairings and the draft loaded now
+            (:class:`kit.engine.decode.draft.Drafts`), or None without ``--draft-model``.
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
@@ -95,7 +98,7 @@ class ModelSlot:
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
                  kv_group_size: int = 64, adapters: dict[str, Any] | None = None,
-                 max_image_tokens: int | None = None) -> None:
+                 max_image_tokens: int | None = None, drafts: Any = None) -> None:
         # kv_bits/kv_group_size were checked once, by kit.config.EngineConfig
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
@@ -114,6 +117,7 @@ class ModelSlot:
         self.tokenizer: Any = None
         self.processor: Any = None  # a vision model's (mlx-vlm); None for a text model
         self.max_image_tokens = max_image_tokens  # serve --max-image-tokens
+        self.drafts = drafts
         self._vision_for: tuple[Any, bool, bool] | None = None  # (path, images, audio)
         self.weights_bytes = 0
         self.ceiling: Any = None
@@ -217,7 +221,9 @@ class ModelSlot:
             except ConfigError as e:
                 raise ModelError(e.message, hint=e.hint) from None
             mounted = mount(model, current)
-        return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, mounted)
+        draft = self.drafts.load(info, tokenizer) if self.drafts is not None else None
+        return Loaded(info, model, tokenizer, weights, ceiling, kv_per_token, mounted,
+                      draft=draft)
 
     def _refuse_for_vision(self, info: ModelInfo) -> None:
         """What a vision model cannot run with here (raises ModelError naming the flag)."""
@@ -274,6 +280,12 @@ class ModelSlot:
         except (OSError, ValueError, KeyError) as e:
             log.warning("cannot estimate the memory of %s: %s", info.id, e)
             return 0
+        draft = self.drafts.estimate(info, est.context, self.kv_bits, self.kv_group_size) \
+            if self.drafts is not None else None
+        if draft is not None:  # loaded beside it: its weights and its KV per token
+            est = Estimate(est.weights + draft.weights, est.kv_per_token + draft.kv_per_token,
+                           est.context)
+            here = f" with its draft model {self.drafts.info_for(info).id}"
         ceiling = memory_ceiling(self.memory_budget, replacing)
         budget = ceiling.bytes
         if est.total > budget:
@@ -323,6 +335,8 @@ class ModelSlot:
         self.mounted = loaded.adapters
         if self.mounted is not None:
             self.weights_bytes += self.mounted.nbytes
+        if self.drafts is not None:  # its weights are in weights_bytes (check_fit)
+            self.drafts.loaded = loaded.draft
         self.ceiling, self.kv_per_token = loaded.ceiling, loaded.kv_per_token
         if self.kv_bits is not None:  # QuantizedKVCache layers have ``bits``
             cache = self.new_cache()
@@ -348,6 +362,8 @@ class ModelSlot:
         import mlx.core as mx
 
         self.model = self.mounted = None
+        if self.drafts is not None:
+            self.drafts.loaded = None
         self._trimmable = None
         if not keep_tokenizer:
             self.tokenizer = self.processor = None

@@ -122,11 +122,12 @@ class EngineProcess:
         self.prompt_cache: dict[str, int] | None = None
         self.admission: dict[str, Any] | None = None
         self.distributed: dict[str, Any] | None = None
+        self.draft: dict[str, Any] | None = None  # speculative decoding's (--draft-model)
         self._memory: dict[str, int | None] = {
             "active_bytes": None, "peak_bytes": None, "weights_bytes": None}
         self._capabilities: dict[str, Any] = {"tools": False, "reasoning": False,
                                               "tool_format": None, "reasoning_format": None,
-                                              "vision": False}
+                                              "vision": False, "audio": False}
         self._ids = itertools.count(1)
         self._ready = threading.Event()
         self._start_lock = threading.Lock()
@@ -219,7 +220,8 @@ class EngineProcess:
         """See :meth:`kit.engine.interface.EngineLike.status` (the engine's last report;
         never blocks)."""
         return status_of(self, prompt_cache=self.prompt_cache, admission=self.admission,
-                         kv_cache=self.kv_cache, distributed=self.distributed)
+                         kv_cache=self.kv_cache, distributed=self.distributed,
+                         draft=self.draft)
 
     # -- API -------------------------------------------------------------------------------
 

@@ -218,8 +218,9 @@ def _tuple(record: _Rec, ident: int) -> tuple:
     if isinstance(record, State):
         m = record.model
         snap = record.status.model_dump()
-        if snap["distributed"] is None:  # a single engine's report has none
-            del snap["distributed"]
+        for key in ("distributed", "draft"):  # a single engine's, one without a draft
+            if snap[key] is None:
+                del snap[key]
         return ("state", {"model_info": ModelInfo(m.id, Path(m.path), m.context_window),
                           **snap})
     if isinstance(record, (Gen, Count)):

@@ -327,6 +327,7 @@ class Status(BaseModel):
     prompt_cache: _Json | None = Field(max_length=256)
     kv_cache: _Json = Field(max_length=256)
     distributed: _Json | None = Field(None, max_length=64)
+    draft: _Json | None = Field(None, max_length=64)
 
 
 class ModelRef(BaseModel):
