@@ -142,13 +142,22 @@ def main() -> None:
     ap.add_argument("--server", action="store_true", help="also through mlx-kit")
     args = ap.parse_args()
     env = bench_env(Path(tempfile.mkdtemp(prefix="bench-draft-")) / "home")
-    from kit.models.resolve import resolve_model
-    from kit.models.starter import STARTER_4BIT_ID
 
-    # a model named by id is found in your cache; the defaults are built in a throwaway one
-    model = str(resolve_model(args.model).path) if args.model else starter(env)
-    draft = str(resolve_model(args.draft).path) if args.draft else \
-        None if args.layers else starter(env, STARTER_4BIT_ID)
+    def folder(spec: str) -> str:
+        """A folder as it is (no kit import: the lent GPU machine has none of its
+        dependencies); an id found in your Hugging Face cache."""
+        if Path(spec).is_dir():
+            return spec
+        from kit.models.resolve import resolve_model
+        return str(resolve_model(spec).path)
+
+    # the defaults are built in a throwaway cache
+    model = folder(args.model) if args.model else starter(env)
+    if args.draft or args.layers:
+        draft = folder(args.draft) if args.draft else None
+    else:
+        from kit.models.starter import STARTER_4BIT_ID
+        draft = starter(env, STARTER_4BIT_ID)
     rows = in_process(model, draft, args.layers, args.tokens, args.num_draft_tokens)
     what = f"its first {args.layers} layers" if args.layers else args.draft or "the 4-bit starter"
     print(f"bench/draft.py: {args.model or 'the float32 starter'} drafted by {what}, "
