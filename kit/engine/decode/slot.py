@@ -22,17 +22,16 @@ from kit.blas import preload_blas
 from kit.engine.cache.kv import layer_kinds, quantized_cache, refuse_unquantizable
 from kit.engine.decode import vision, warmup
 from kit.engine.decode.adapters import mount
+from kit.engine.decode.fit import check_fit
 from kit.engine.decode.grammar import ll_tokenizer
 from kit.engine.decode.prompt_bound import TokenBound
 from kit.engine.decode.warmup import first_use
-from kit.errors import ConfigError, ModelDoesNotFitError, ModelError, ModelUnavailable
+from kit.errors import ConfigError, ModelError, ModelUnavailable
 from kit.formats.select import for_tokenizer
-from kit.models.vision import is_audio_model
 from kit.models.adapters import read_adapter
 from kit.models.model_config import remote_code
-from kit.models.memory import Estimate, estimate, fit_context, human, memory_ceiling
 from kit.models.resolve import ModelInfo
-from kit.models.split import plan_split
+from kit.models.vision import is_audio_model
 
 log = logging.getLogger("mlx_kit.engine")
 
@@ -251,54 +250,13 @@ class ModelSlot:
             warmup.first_use(model, tokenizer)
 
     def check_fit(self, info: ModelInfo, replacing: int) -> int:
-        """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed).
+        """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed);
+        :func:`kit.engine.decode.fit.check_fit` (which sets ``_checked``).
 
         Raises:
-            ModelDoesNotFitError: weights + KV cache for the first
-                :data:`~kit.models.memory.FIT_MIN_CONTEXT` tokens of its window (its
-                whole window on a distributed rank, where memory admission is off)
-                exceed the ceiling (:func:`kit.models.memory.memory_ceiling`: the budget,
-                Metal's working set, or the memory available).
+            ModelDoesNotFitError: see :func:`kit.engine.decode.fit.check_fit`.
         """
-        self._checked = (None, 0)
-        here = ""
-        try:
-            if self.split is None:  # admission caps requests past this: see fit_context
-                est = estimate(info.path, fit_context(info.context_window),
-                               kv_bits=self.kv_bits, kv_group_size=self.kv_group_size)
-            else:  # SplitError (a ModelError): the model cannot be split this way
-
-                rank, size, pipeline, beside = self.split
-                share = plan_split(info.path, size, pipeline,
-                                   info.context_window).per_rank[rank]
-                est = Estimate(share.weights_bytes, share.kv_bytes // max(1, info.context_window)
-                               if info.context_window else 0, info.context_window)
-                here = f" for rank {rank}'s share of {size}"
-                if beside > 1:  # the ranks on one machine share its memory
-                    est = Estimate(est.weights * beside, est.kv_per_token * beside, est.context)
-                    here = f" for the {beside} ranks on this machine ({size} in all)"
-        except (OSError, ValueError, KeyError) as e:
-            log.warning("cannot estimate the memory of %s: %s", info.id, e)
-            return 0
-        draft = self.drafts.estimate(info, est.context, self.kv_bits, self.kv_group_size) \
-            if self.drafts is not None else None
-        if draft is not None:  # loaded beside it: its weights and its KV per token
-            est = Estimate(est.weights + draft.weights, est.kv_per_token + draft.kv_per_token,
-                           est.context)
-            here = f" with its draft model {self.drafts.info_for(info).id}"
-        ceiling = memory_ceiling(self.memory_budget, replacing)
-        budget = ceiling.bytes
-        if est.total > budget:
-            raise ModelDoesNotFitError(
-                f"{info.id} does not fit{here}: it needs ~{human(est.total)} "
-                f"({human(est.weights)} weights + {human(est.kv)} KV cache for {est.context} "
-                f"tokens) but the ceiling is {ceiling.label}",
-                hint="free memory, pick a smaller or more quantized model, or raise "
-                     "--memory-budget", needed=est.total, budget=budget)
-        self._checked = (ceiling, est.kv_per_token)
-        if self.split is not None and self.split[3] > 1:
-            return est.weights // self.split[3]
-        return est.weights
+        return check_fit(self, info, replacing)
 
     def _kv_cache(self, info: ModelInfo, model: Any) -> list[Any]:
         """:meth:`new_cache` for ``model`` (being loaded), after checking that ``kv_bits``
