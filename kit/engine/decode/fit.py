@@ -15,11 +15,12 @@ from kit.models.split import plan_split
 log = logging.getLogger("mlx_kit.engine")
 
 
-def check_fit(slot: Any, info: ModelInfo, replacing: int) -> int:
-    """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed) for
-    ``slot`` (a :class:`kit.engine.decode.slot.ModelSlot`: its split, KV settings, draft
-    pairings and memory budget); sets ``slot._checked`` to ``(ceiling, KV bytes per token)``
-    (``(None, 0)`` without an estimate).
+def check_fit(slot: Any, info: ModelInfo, replacing: int) -> tuple[int, Any, int]:
+    """``(weights, ceiling, kv_per_token)`` of ``info`` for ``slot`` (a
+    :class:`kit.engine.decode.slot.ModelSlot`: its split, KV settings, draft pairings and
+    memory budget): the estimated weights in bytes, the
+    :class:`kit.models.memory.Ceiling` checked against and the KV cache bytes per token;
+    ``(0, None, 0)`` without an estimate, which is allowed.
 
     Raises:
         ModelDoesNotFitError: weights + KV cache for the first
@@ -28,7 +29,6 @@ def check_fit(slot: Any, info: ModelInfo, replacing: int) -> int:
             exceed the ceiling (:func:`kit.models.memory.memory_ceiling`: the budget,
             Metal's working set, or the memory available).
     """
-    slot._checked = (None, 0)
     here = ""
     try:
         if slot.split is None:  # admission caps requests past this: see fit_context
@@ -47,7 +47,7 @@ def check_fit(slot: Any, info: ModelInfo, replacing: int) -> int:
                 here = f" for the {beside} ranks on this machine ({size} in all)"
     except (OSError, ValueError, KeyError) as e:
         log.warning("cannot estimate the memory of %s: %s", info.id, e)
-        return 0
+        return 0, None, 0
     draft = slot.drafts.estimate(info, est.context, slot.kv_bits, slot.kv_group_size) \
         if slot.drafts is not None else None
     if draft is not None:  # loaded beside it: its weights and its KV per token
@@ -63,7 +63,6 @@ def check_fit(slot: Any, info: ModelInfo, replacing: int) -> int:
             f"tokens) but the ceiling is {ceiling.label}",
             hint="free memory, pick a smaller or more quantized model, or raise "
                  "--memory-budget", needed=est.total, budget=budget)
-    slot._checked = (ceiling, est.kv_per_token)
     if slot.split is not None and slot.split[3] > 1:
-        return est.weights // slot.split[3]
-    return est.weights
+        return est.weights // slot.split[3], ceiling, est.kv_per_token
+    return est.weights, ceiling, est.kv_per_token

@@ -250,13 +250,17 @@ class ModelSlot:
             warmup.first_use(model, tokenizer)
 
     def check_fit(self, info: ModelInfo, replacing: int) -> int:
-        """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed);
-        :func:`kit.engine.decode.fit.check_fit` (which sets ``_checked``).
+        """The estimated weights of ``info`` in bytes (0: no estimate, which is allowed;
+        :func:`kit.engine.decode.fit.check_fit`); the ceiling and KV bytes per token it
+        was checked with are kept for :meth:`load`.
 
         Raises:
             ModelDoesNotFitError: see :func:`kit.engine.decode.fit.check_fit`.
         """
-        return check_fit(self, info, replacing)
+        self._checked = (None, 0)
+        weights, ceiling, kv_per_token = check_fit(self, info, replacing)
+        self._checked = (ceiling, kv_per_token)
+        return weights
 
     def _kv_cache(self, info: ModelInfo, model: Any) -> list[Any]:
         """:meth:`new_cache` for ``model`` (being loaded), after checking that ``kv_bits``
