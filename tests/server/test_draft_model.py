@@ -92,11 +92,11 @@ def test_a_request_moved_into_a_batch_mid_answer_keeps_its_text(draft_server, to
     # the first decodes alone with the draft; the second arrives while it runs, so the
     # first moves into a batch (without the draft) and both finish there
     long_one, other = "Describe a walk in a forest in detail.", "Name three colours."
-    want = {long_one: text_of(ask(tools_server, long_one, 64)),
+    want = {long_one: text_of(ask(tools_server, long_one, 40)),
             other: text_of(ask(tools_server, other, 8))}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        first = pool.submit(ask, draft_server, long_one, 64)
-        time.sleep(0.5)
+        first = pool.submit(ask, draft_server, long_one, 40)
+        time.sleep(0.3)
         second = pool.submit(ask, draft_server, other, 8)
         got = {long_one: text_of(first.result()), other: text_of(second.result())}
     assert got == want

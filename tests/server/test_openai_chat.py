@@ -30,7 +30,8 @@ def test_models_lists_local_first_naming_the_real_model(server):
     assert 0 < data[0]["max_tokens"] <= 8192
     assert data[0]["loaded"] and data[0]["quantization"] == "float32"
     assert data[0]["capabilities"] == {"tools": False, "reasoning": False, "vision": False,
-                                       "tool_format": None, "reasoning_format": None}
+                                       "audio": False, "tool_format": None,
+                                       "reasoning_format": None}
     # other models on this machine follow, not loaded (the 4-bit starter: built on first use)
     others = {m["id"]: m for m in data[2:]}
     assert others["mlx-kit/SmolLM2-135M-Instruct-4bit"]["loaded"] is False
