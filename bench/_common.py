@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -32,6 +34,26 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> float:
             pass
         time.sleep(0.05)
     raise TimeoutError(url)
+
+
+@contextmanager
+def serving(env: dict[str, str], *args: str, timeout: float = 300) -> Iterator[str]:
+    """``python -m kit serve ARGS`` on a free port (its log in ``env``'s HOME), ready;
+    yields its root URL and stops it after."""
+    port = free_port()
+    log = Path(env["HOME"]) / f"serve-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
+                                 "--log-file", str(log), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(root + "/health", proc, timeout=timeout)
+        yield root
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def bench_env(home: Path) -> dict[str, str]:

@@ -26,7 +26,6 @@ import argparse
 import base64
 import io
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+from _common import bench_env, serving, starter  # noqa: E402
 from random_omni import wav_bytes  # noqa: E402
 from vision import stream  # noqa: E402
 
@@ -90,34 +89,22 @@ def main() -> None:
     if folder is None:
         from random_omni import build
         folder = build(work / "tiny-gemma4", tokenizer=starter(env))
-    port = free_port()
-    log = work / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--log-file", str(log), "--model", str(folder),
-                                 "--temperature", "0"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(root + "/health", proc, timeout=180)
-        with httpx.Client(timeout=120) as client:
-            stream(client, root, [user(clip(0))])  # first use of each shape
-            words = stream(client, root, [user(None)])[2]["prompt_tokens"]
-            cold, second, text_only, cached = [], [], [], 0
-            for i in range(1, args.rounds + 1):
-                ttft, text, usage = stream(client, root, [user(clip(i))])
-                cold.append(ttft)
-                text_only.append(stream(client, root, [user(None, f"Round {i}.")])[0])
-                ttft2, _, usage2 = stream(client, root, [
-                    user(clip(i)), {"role": "assistant", "content": text},
-                    user(None, "And how loud?")])
-                second.append(ttft2)
-                cached = usage2.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-            prompt_tokens = usage["prompt_tokens"]
-            audio_tokens = prompt_tokens - words
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    with serving(env, "--model", str(folder), "--temperature", "0", timeout=180) as root, \
+            httpx.Client(timeout=120) as client:
+        stream(client, root, [user(clip(0))])  # first use of each shape
+        words = stream(client, root, [user(None)])[2]["prompt_tokens"]
+        cold, second, text_only, cached = [], [], [], 0
+        for i in range(1, args.rounds + 1):
+            ttft, text, usage = stream(client, root, [user(clip(i))])
+            cold.append(ttft)
+            text_only.append(stream(client, root, [user(None, f"Round {i}.")])[0])
+            ttft2, _, usage2 = stream(client, root, [
+                user(clip(i)), {"role": "assistant", "content": text},
+                user(None, "And how loud?")])
+            second.append(ttft2)
+            cached = usage2.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        prompt_tokens = usage["prompt_tokens"]
+        audio_tokens = prompt_tokens - words
     alone = in_process(folder, args.rounds)
     med = statistics.median
     rows = [("audio tokens (3 s, 2 markers incl.)", f"{audio_tokens}"),

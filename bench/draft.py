@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+from _common import bench_env, serving, starter  # noqa: E402
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is in three sentences.",
@@ -87,18 +86,10 @@ def through_server(env: dict, model: str, draft: str, tokens: int, num_draft: in
     texts, speeds, acceptance = {}, {}, None
     for name, extra in (("alone", []), ("draft", ["--draft-model", draft,
                                                    "--num-draft-tokens", str(num_draft)])):
-        port = free_port()
-        log = Path(env["HOME"]) / f"serve-{port}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                     "--model", model, "--temperature", "0", *extra],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT)
-        root = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(root + "/health", proc, timeout=300)
+        with serving(env, "--model", model, "--temperature", "0", *extra) as root:
             got, tps = [], []
             for text in ["Warm up."] + PROMPTS:
-                t0, first, n, answer = time.perf_counter(), None, 0, ""
+                first, n, answer = None, 0, ""
                 with httpx.stream("POST", root + "/v1/chat/completions", timeout=600, json={
                         "model": "local", "max_tokens": tokens, "temperature": 0,
                         "stream": True, "messages": [{"role": "user", "content": text}],
@@ -119,9 +110,6 @@ def through_server(env: dict, model: str, draft: str, tokens: int, num_draft: in
             texts[name], speeds[name] = got, statistics.median(tps)
             if extra:
                 acceptance = httpx.get(root + "/health").json()["draft"]["acceptance"]
-        finally:
-            proc.terminate()
-            proc.wait(30)
     for prompt, a, b in zip(PROMPTS, texts["alone"], texts["draft"]):
         if a != b:
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -19,18 +19,8 @@ if [ "$mode" = stage ]; then
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     exit 0
 fi
-if [ ! -f "$PKG/mlx/lib/libmlx.so" ]; then
-    cat "$ST"/libmlx.xz.aa "$ST"/libmlx.xz.ab > "$ST"/libmlx.so.xz
-    mkdir -p "$PKG"
-    python3 -m pip install -q --no-index --no-deps --target "$PKG" \
-        "$ST"/mlx-0.32.4-*.whl "$ST"/mlx_lm-0.32.2-*.whl
-    tar xJf "$ST"/cuda_rest.tar.xz -C "$PKG"
-    xz -dc "$ST"/libmlx.so.xz > "$PKG"/mlx/lib/libmlx.so
-    site=$(python3 -c "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))")
-    ln -sfn "$site/nvidia" "$PKG/nvidia"
-fi
-export PYTHONPATH=$PKG
-python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device())"
+source bench/gpu_env.sh
+install_mlx "$ST"/mlx_lm-0.32.2-*.whl
 [ -f /tmp/r8b/config.json ] || python3 bench/random_model.py /tmp/r8b --tokenizer "$ST/tok"
 for layers in 4 32; do
     python3 bench/draft.py --model /tmp/r8b --layers "$layers" --tokens 128

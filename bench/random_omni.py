@@ -27,10 +27,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import shutil
 import time
 import wave
 from pathlib import Path
+
+try:  # imported as bench.random_omni (the tests), or run as a script from bench/
+    from bench.random_vlm import write_tokenizer
+except ImportError:
+    from random_vlm import write_tokenizer
 
 MODEL_TYPE = "gemma4"
 #: Gemma 4's media tokens by the tokenizer attribute the processor reads, appended to the
@@ -67,35 +71,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _write_tokenizer(src: Path, out: Path) -> tuple[dict[str, int], int]:
-    """Copy the tokenizer in ``src`` to ``out`` with :data:`MEDIA_TOKENS` added as special
-    tokens (and named in ``extra_special_tokens``, which transformers turns into the
-    ``audio_token``/``audio_token_id``... attributes Gemma 4's processor reads) and
-    :data:`CHAT_TEMPLATE` set.
-
-    Returns:
-        ids by attribute name (``audio_token``...; plus ``bos``, ``eos``) and the
-        vocabulary size.
-    """
-    from tokenizers import AddedToken, Tokenizer
-
-    tk = Tokenizer.from_file(str(src / "tokenizer.json"))
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t in MEDIA_TOKENS.values()])
-    tk.save(str(out / "tokenizer.json"))
-    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
-    tok_cfg["extra_special_tokens"] = dict(MEDIA_TOKENS)
-    tok_cfg["chat_template"] = CHAT_TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    if (src / "special_tokens_map.json").exists():
-        shutil.copy(src / "special_tokens_map.json", out / "special_tokens_map.json")
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    ids = {name: tk.token_to_id(t) for name, t in MEDIA_TOKENS.items()}
-    ids.update(bos=tk.token_to_id(tok_cfg["bos_token"]),
-               eos=tk.token_to_id(tok_cfg["eos_token"]))
-    return ids, tk.get_vocab_size(with_added_tokens=True)
-
-
 def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
     """Write the model folder ``out`` (created if missing) and return it.
 
@@ -117,7 +92,13 @@ def build(out: Path, seed: int = 0, tokenizer: Path | None = None) -> Path:
         tokenizer = ensure_starter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ids, vocab = _write_tokenizer(Path(tokenizer), out)
+    # the processor reads the tokens as tokenizer attributes (audio_token, audio_token_id...),
+    # which transformers makes of extra_special_tokens
+    by_token, vocab = write_tokenizer(
+        Path(tokenizer), out, list(MEDIA_TOKENS.values()), CHAT_TEMPLATE,
+        lambda cfg: cfg.update(extra_special_tokens=dict(MEDIA_TOKENS)))
+    ids = {name: by_token[t] for name, t in MEDIA_TOKENS.items()}
+    ids.update(bos=by_token["bos"], eos=by_token["eos"])
 
     config = {
         "architectures": ["Gemma4ForConditionalGeneration"],

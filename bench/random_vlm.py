@@ -33,6 +33,7 @@ import argparse
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MODEL_TYPE = "qwen2_5_vl"
@@ -94,35 +95,41 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _write_tokenizer(src: Path, out: Path) -> tuple[dict[str, int], int]:
-    """Copy the tokenizer in ``src`` to ``out`` with :data:`VISION_TOKENS` added as special
-    tokens and :data:`CHAT_TEMPLATE` set.
+def write_tokenizer(src: Path, out: Path, tokens: list[str], template: str,
+                    edit: Callable[[dict], None] | None = None) -> tuple[dict[str, int], int]:
+    """Copy the tokenizer in ``src`` to ``out`` with ``tokens`` added as special tokens,
+    ``template`` as the chat template (in tokenizer_config.json and chat_template.jinja,
+    where mlx-vlm's processors look first) and ``edit`` applied to tokenizer_config.json.
 
     Written with the ``tokenizers`` library and plain JSON rather than transformers'
     ``save_pretrained``, so the files keep the starter's (version-neutral) layout.
 
     Returns:
-        ids by name ("bos", "eos" and each vision token) and the vocabulary size.
+        ids by token (and "bos", "eos") and the vocabulary size.
     """
     from tokenizers import AddedToken, Tokenizer
 
     tk = Tokenizer.from_file(str(src / "tokenizer.json"))
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t in VISION_TOKENS])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     tk.save(str(out / "tokenizer.json"))
     tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
-    extra = tok_cfg.get("additional_special_tokens", [])
-    tok_cfg["additional_special_tokens"] = extra + [t for t in VISION_TOKENS if t not in extra]
-    tok_cfg["chat_template"] = CHAT_TEMPLATE
+    if edit is not None:
+        edit(tok_cfg)
+    tok_cfg["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     if (src / "special_tokens_map.json").exists():
         shutil.copy(src / "special_tokens_map.json", out / "special_tokens_map.json")
-    # mlx-vlm's Qwen processor takes its template from here before tokenizer_config.json
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    ids = {t: tk.token_to_id(t) for t in VISION_TOKENS}
+    (out / "chat_template.jinja").write_text(template)
+    ids = {t: tk.token_to_id(t) for t in tokens}
     ids.update(bos=tk.token_to_id(tok_cfg["bos_token"]),
                eos=tk.token_to_id(tok_cfg["eos_token"]))
     return ids, tk.get_vocab_size(with_added_tokens=True)
+
+
+def _listed(cfg: dict) -> None:
+    """Name :data:`VISION_TOKENS` in ``additional_special_tokens`` too (Qwen's layout)."""
+    extra = cfg.get("additional_special_tokens", [])
+    cfg["additional_special_tokens"] = extra + [t for t in VISION_TOKENS if t not in extra]
 
 
 def build(out: Path, seed: int = 0, tokenizer: Path | None = None,
@@ -150,7 +157,7 @@ def build(out: Path, seed: int = 0, tokenizer: Path | None = None,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    ids, vocab = _write_tokenizer(Path(tokenizer), out)
+    ids, vocab = write_tokenizer(Path(tokenizer), out, VISION_TOKENS, CHAT_TEMPLATE, _listed)
 
     config = {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],

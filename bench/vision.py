@@ -27,7 +27,6 @@ import base64
 import io
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, free_port, starter, wait_ready  # noqa: E402
+from _common import bench_env, serving, starter  # noqa: E402
 
 QUESTION = "Describe this image."
 
@@ -118,34 +117,22 @@ def main() -> None:
     if folder is None:
         from random_vlm import build
         folder = build(work / "tiny-qwen2.5-vl", tokenizer=starter(env))
-    port = free_port()
-    log = work / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--log-file", str(log), "--model", str(folder),
-                                 "--temperature", "0"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(root + "/health", proc, timeout=180)
-        with httpx.Client(timeout=120) as client:
-            stream(client, root, [user(png(0))])  # first use of each shape
-            cold, second, text_only, image_tokens, cached = [], [], [], 0, 0
-            for i in range(1, args.rounds + 1):
-                ttft, text, usage = stream(client, root, [user(png(i))])
-                cold.append(ttft)
-                ttft_t, _, usage_t = stream(client, root, [user(None, f"Round {i}.")])
-                text_only.append(ttft_t)
-                image_tokens = usage["prompt_tokens"] - usage_t["prompt_tokens"]
-                ttft2, _, usage2 = stream(client, root, [
-                    user(png(i)), {"role": "assistant", "content": text},
-                    user(None, "And its colour?")])
-                second.append(ttft2)
-                cached = usage2.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-            prompt_tokens = usage["prompt_tokens"]
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    with serving(env, "--model", str(folder), "--temperature", "0", timeout=180) as root, \
+            httpx.Client(timeout=120) as client:
+        stream(client, root, [user(png(0))])  # first use of each shape
+        cold, second, text_only, image_tokens, cached = [], [], [], 0, 0
+        for i in range(1, args.rounds + 1):
+            ttft, text, usage = stream(client, root, [user(png(i))])
+            cold.append(ttft)
+            ttft_t, _, usage_t = stream(client, root, [user(None, f"Round {i}.")])
+            text_only.append(ttft_t)
+            image_tokens = usage["prompt_tokens"] - usage_t["prompt_tokens"]
+            ttft2, _, usage2 = stream(client, root, [
+                user(png(i)), {"role": "assistant", "content": text},
+                user(None, "And its colour?")])
+            second.append(ttft2)
+            cached = usage2.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        prompt_tokens = usage["prompt_tokens"]
     alone = in_process(folder, args.rounds)
     med = statistics.median
     rows = [("image tokens (512x512, 2 markers incl.)", f"{image_tokens}"),

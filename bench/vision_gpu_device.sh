@@ -27,17 +27,6 @@ if [ "$mode" = stage ]; then
 print('PIL', PIL.__version__, 'transformers', transformers.__version__)"
     exit 0
 fi
-if [ ! -f "$PKG/mlx/lib/libmlx.so" ]; then
-    cat "$ST"/libmlx.xz.aa "$ST"/libmlx.xz.ab > "$ST"/libmlx.so.xz
-    md5sum "$ST"/libmlx.so.xz  # 0a5dc8e82e2b60859c11217ef0905bdf when whole
-    mkdir -p "$PKG"
-    python3 -m pip install -q --no-index --no-deps --target "$PKG" \
-        "$ST"/mlx-0.32.4-*.whl "$ST"/mlx_vlm-0.7.10-*.whl
-    tar xJf "$ST"/cuda_rest.tar.xz -C "$PKG"
-    xz -dc "$ST"/libmlx.so.xz > "$PKG"/mlx/lib/libmlx.so
-    site=$(python3 -c "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))")
-    ln -sfn "$site/nvidia" "$PKG/nvidia"
-fi
-export PYTHONPATH=$PKG
-python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device())"
+source bench/gpu_env.sh
+install_mlx "$ST"/mlx_vlm-0.7.10-*.whl
 python3 bench/vision_gpu.py --tokenizer "$ST/tok" --dir /tmp/vision_gpu "$@"
