@@ -11,7 +11,7 @@ from kit.cli.config_options import takes_config
 from kit.cli.console import console, err_console
 from kit.cli.options import URL
 from kit.cli.output import JSON, emit_json, print_table
-from kit.errors import ExitCode
+from kit.errors import ConfigError, ExitCode, ModelError
 
 if TYPE_CHECKING:
     from kit.config import EngineConfig
@@ -205,7 +205,10 @@ def _draft_of(info, config: EngineConfig, context: int):
     spec = parse_pairings(config.draft_model, info.id).get(info.id)
     if spec is None:
         return None
-    draft = resolve_model(spec, progress=lambda line: err_console.print(line))
+    try:
+        draft = resolve_model(spec, progress=lambda line: err_console.print(line))
+    except ModelError as e:
+        raise ConfigError(f"--draft-model {spec}: {e.message}", hint=e.hint) from None
     return draft, estimate(draft.path, context, config.kv_bits, config.kv_group_size)
 
 
@@ -250,7 +253,6 @@ def _fit_split(model: str, ctx: int | None, ranks: int | None, hosts: str | None
     placed on this machine fit its memory ceiling (``budget`` bytes, ``--memory-budget``,
     else the machine's: :func:`kit.models.memory.memory_ceiling`, less ``embed_model``'s
     weights); other hosts' memory is not checked."""
-    from kit.errors import ConfigError
     from kit.models.memory import human, memory_ceiling
     from kit.models.resolve import resolve_model
     from kit.models.split import parse_hosts, plan_split

@@ -90,22 +90,32 @@ def check_startable(config: EngineConfig, world: Any) -> None:
 
 
 def check_drafts(specs: tuple[str, ...], info: Any) -> None:
-    """Resolve each ``--draft-model`` draft (a folder, or a hub id in the local cache) and
-    refuse, before the engine starts, the draft of the model served now whose tokenizer
-    differs from its (:func:`kit.engine.decode.draft.check_same_tokenizer`).
+    """Resolve each ``--draft-model`` draft and target (a folder, or a hub id in the local
+    cache) and refuse, before the engine starts, a draft for the model served now that is
+    a vision model or whose tokenizer differs from its
+    (:func:`kit.engine.decode.draft.check_same_tokenizer`).
 
     Raises:
-        ConfigError: a draft cannot be found, or its tokenizer differs (naming both).
+        ConfigError: a draft or target cannot be found, the model served is a vision
+            model, or the tokenizers differ (naming both).
     """
     from kit.engine.decode.draft import check_same_tokenizer, parse_pairings
     from kit.models.resolve import resolve_model
+    from kit.models.vision import is_vision_model
 
     for target, spec in parse_pairings(specs, info.id).items():
         try:
             draft = resolve_model(spec)
+            if target != info.id:  # a typo would turn drafting off without a word
+                resolve_model(target)
         except ModelError as e:
-            raise ConfigError(f"--draft-model {spec}: {e.message}", hint=e.hint) from None
+            raise ConfigError(f"--draft-model {target}={spec}: {e.message}",
+                              hint=e.hint) from None
         if target == info.id:
+            if is_vision_model(info.path):
+                raise ConfigError(f"--draft-model: {info.id} is a vision model (mlx-vlm "
+                                  "decodes it), which mlx-kit does not draft for",
+                                  hint="serve it without --draft-model")
             check_same_tokenizer(info, draft)
 
 

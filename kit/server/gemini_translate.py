@@ -76,7 +76,8 @@ def _refuse_media(part: Any, where: str, media: MediaReader | None = None,
         if getattr(part, field) is None:
             continue
         if media is not None and media.vision and field in ("inline_data", "file_data"):
-            raise refuse_image_role(role, f"{where}.{name}")
+            raise refuse_image_role(role, f"{where}.{name}",
+                                    "images or audio" if media.audio else "images")
         if media is not None and media.vision:
             raise bad_field(f"{name} parts are not supported by this server",
                             f"{where}.{name}", code="unsupported_content")

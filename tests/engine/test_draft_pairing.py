@@ -37,6 +37,36 @@ def test_a_bare_draft_pairs_with_the_started_model_and_target_pairs_name_theirs(
         "a": "a-small", "big": "small", "b": "b-small"}
     with pytest.raises(ConfigError, match="TARGET=DRAFT"):
         parse_pairings(("big=",), "big")
+    # two drafts for one model: refused, not the last one silently (a new user's trial)
+    with pytest.raises(ConfigError, match="pairs big with both small and tiny"):
+        parse_pairings(("big=small", "big=tiny"), "big")
+
+
+def test_a_folder_target_pairs_under_the_id_it_loads_with(tmp_path, monkeypatch):
+    folder = model_folder(tmp_path, "m", ["<unk>", "a"])
+    monkeypatch.chdir(tmp_path)
+    assert parse_pairings(("m=d",), "x") == {str(folder.resolve()): "d"}
+
+
+def serve_says(tmp_path, *args: str) -> str:
+    """stderr of ``mlx-kit serve ARGS`` that refuses to start (whitespace collapsed)."""
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "kit", "serve", "--port", "18765", *args],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    return " ".join(r.stderr.split())
+
+
+def test_serve_refuses_a_target_that_is_not_on_this_machine_and_a_vision_model(tmp_path):
+    target = model_folder(tmp_path, "target", ["<unk>", "a", "b"])
+    said = serve_says(tmp_path, "--model", str(target), "--draft-model",
+                      f"nope/x={target}")
+    assert "--draft-model nope/x=" in said and "not found" in said
+    vlm = model_folder(tmp_path, "vlm", ["<unk>", "a", "b"])
+    (vlm / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl",
+                                                 "vision_config": {"depth": 1}}))
+    said = serve_says(tmp_path, "--model", str(vlm), "--draft-model", str(target))
+    assert f"{vlm} is a vision model" in said
 
 
 def test_a_draft_with_another_tokenizer_is_refused_naming_both(tmp_path):
@@ -54,13 +84,8 @@ def test_a_draft_with_another_tokenizer_is_refused_naming_both(tmp_path):
 def test_serve_refuses_a_mismatched_draft_before_the_engine_starts(tmp_path):
     target = model_folder(tmp_path, "target", ["<unk>", "a", "b"])
     other = model_folder(tmp_path, "other", ["<unk>", "a", "b", "extra"])
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "kit", "serve", "--model", str(target),
-                        "--draft-model", str(other), "--port", "18765"], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0
-    said = " ".join(r.stderr.split())
-    assert f"{other}'s tokenizer differs from {target}'s" in said, r.stderr[-2000:]
+    said = serve_says(tmp_path, "--model", str(target), "--draft-model", str(other))
+    assert f"{other}'s tokenizer differs from {target}'s" in said
 
 
 def test_requests_with_a_grammar_never_draft():

@@ -61,14 +61,14 @@ def png_header(width: int, height: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
 
 
-def wav(frames: int = 800, rate: int = 8000) -> bytes:
-    """A mono 8-bit PCM WAV file of ``frames`` frames at ``rate`` Hz."""
+def wav(frames: int = 800, rate: int = 8000, channels: int = 1) -> bytes:
+    """An 8-bit PCM WAV file of ``frames`` frames at ``rate`` Hz (silence)."""
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
+        w.setnchannels(channels)
         w.setsampwidth(1)
         w.setframerate(rate)
-        w.writeframes(b"\x80" * frames)
+        w.writeframes(b"\x80" * frames * channels)
     return buf.getvalue()
 
 

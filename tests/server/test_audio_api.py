@@ -95,7 +95,25 @@ def test_a_model_that_takes_audio_reads_whole_wav_only(omni, data, fmt, code, sa
 
 def test_seventeen_clips_are_one_too_many(omni):
     client, _ = omni
-    one = wav(frames=8, rate=8000)
+    one = wav(frames=800, rate=8000)  # 0.1 s, the shortest taken
     e = error(client.post("/v1/chat/completions", json=chat_body(
         *[audio_part(one) for _ in range(17)])))
     assert e["code"] == "too_much_audio" and e["param"] == "messages.0.content.16"
+
+
+def test_a_format_that_is_not_a_string_is_refused_naming_it(omni):
+    client, _ = omni
+    part = audio_part()
+    part["input_audio"]["format"] = 3
+    e = error(client.post("/v1/chat/completions", json=chat_body(part)))
+    assert e["param"] == "messages.0.content.0.input_audio.format"
+
+
+def test_gemini_audio_in_a_model_turn_is_refused_naming_audio(omni):
+    client, _ = omni
+    blob = {"inlineData": {"mimeType": "audio/wav", "data": base64.b64encode(CLIP).decode()}}
+    r = client.post("/v1beta/models/local:generateContent", json={"contents": [
+        {"role": "user", "parts": [{"text": "hi"}]}, {"role": "model", "parts": [blob]},
+        {"role": "user", "parts": [{"text": "again"}]}]})
+    e = r.json()["error"]
+    assert r.status_code == 400 and "cannot carry images or audio" in e["message"]

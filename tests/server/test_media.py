@@ -106,7 +106,7 @@ def test_the_count_bound_names_the_first_image_past_it():
     (wav(), "audio/x-wav", "unsupported_content"),
     (wav(), "mp3", "unsupported_content"),  # the content is WAV: parsed all the same
     (wav(frames=601, rate=1), None, "audio_too_long"),
-    (wav(frames=600, rate=1), None, "unsupported_content"),  # 600 s: within the bound
+    (wav(frames=600_000, rate=1000), None, "unsupported_content"),  # 600 s: within it
     (wav()[:60], "wav", "invalid_audio"),
     (b"RIFF\x00\x00\x00\x00WAVEjunk", None, "invalid_audio"),
     (b"\xff\xfb\x90\x00" * 10, "mp3", "unsupported_content"),
@@ -129,6 +129,28 @@ def test_a_model_that_takes_audio_still_bounds_it_and_reads_only_wav(data, decla
     assert got == code and says in message
 
 
+@pytest.mark.parametrize("data,says", [
+    (wav(frames=100, rate=8000), "0.013 s long, shorter than 0.1 s"),  # mlx-vlm failed: a 500
+    (wav(frames=400_000, rate=384_001), "sample rate, 384,001 Hz, is outside 1,000-384,000"),
+    (wav(frames=8000, rate=999), "sample rate, 999 Hz"),
+    (wav(frames=800, rate=8000, channels=33), "33 channels, more than 32"),
+    (wav(frames=600_010, rate=1000), "600.01 s long, over the limit of 600 s"),
+])
+def test_clips_the_model_cannot_read_are_refused_before_it_sees_them(data, says):
+    # regressions from a new user's trial: each was a 500 from mlx-vlm, or a rounded message
+    reader = MediaReader(vision=True, audio=True)
+    code, message = code_of(reader.audio_base64, b64(data), "wav", "a.0")
+    assert code in ("invalid_audio", "audio_too_long") and says in message
+
+
+def test_a_header_that_claims_more_than_the_file_holds_is_truncated_not_too_long():
+    data = bytearray(wav(frames=800, rate=8000))
+    data[40:44] = (0xFFFFFFF0).to_bytes(4, "little")  # the data chunk's size
+    code, message = code_of(MediaReader(vision=True, audio=True).audio_base64,
+                            b64(bytes(data)), "wav", "a.0")
+    assert code == "invalid_audio" and "truncated" in message
+
+
 def test_a_model_that_takes_audio_gets_the_clip_with_its_duration_rate_and_digest():
     data = wav(frames=24000, rate=8000)
     clip = MediaReader(vision=True, audio=True).audio_base64(b64(data), "wav", "a.0")
@@ -139,12 +161,12 @@ def test_a_model_that_takes_audio_gets_the_clip_with_its_duration_rate_and_diges
 def test_the_audio_bounds_count_clips_and_seconds_over_the_whole_request():
     reader = MediaReader(vision=True, audio=True)
     for i in range(MAX_AUDIO_CLIPS):
-        reader.audio_base64(b64(wav(frames=1, rate=1)), None, f"a.{i}")
-    code, message = code_of(reader.audio_base64, b64(wav(frames=1, rate=1)), None, "b")
+        reader.audio_base64(b64(wav(frames=100, rate=1000)), None, f"a.{i}")
+    code, message = code_of(reader.audio_base64, b64(wav(frames=100, rate=1000)), None, "b")
     assert code == "too_much_audio" and message.startswith("b: more than 16 audio clips")
     reader = MediaReader(vision=True, audio=True)
-    reader.audio_base64(b64(wav(frames=400, rate=1)), None, "a")
-    code, message = code_of(reader.audio_base64, b64(wav(frames=201, rate=1)), None, "b")
+    reader.audio_base64(b64(wav(frames=400_000, rate=1000)), None, "a")
+    code, message = code_of(reader.audio_base64, b64(wav(frames=201_000, rate=1000)), None, "b")
     assert code == "too_much_audio" and "601 s long in all" in message
 
 

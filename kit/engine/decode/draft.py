@@ -46,21 +46,29 @@ DRAFT_SEPARATOR = "\x00draft="
 
 def parse_pairings(specs: tuple[str, ...] | list[str], started: str) -> dict[str, str]:
     """``--draft-model`` values -> ``{target id: draft spec}``: ``DRAFT`` pairs with
-    ``started`` (the model the server starts with), ``TARGET=DRAFT`` with TARGET. The last
-    pairing of a target wins.
+    ``started`` (the model the server starts with), ``TARGET=DRAFT`` with TARGET (a folder
+    as its resolved path, the id it loads under).
 
     Raises:
-        ConfigError: an empty target or draft (naming the flag).
+        ConfigError: an empty target or draft, or one target paired with two drafts
+            (naming the flag).
     """
     out: dict[str, str] = {}
     for spec in specs:
         target, sep, draft = spec.partition("=")
         if not sep:
             target, draft = started, spec
-        if not target.strip() or not draft.strip():
+        target, draft = target.strip(), draft.strip()
+        if not target or not draft:
             raise ConfigError(f"--draft-model {spec!r}: expected DRAFT or TARGET=DRAFT",
                               hint="e.g. --draft-model mlx-community/Qwen3-0.6B-4bit")
-        out[target.strip()] = draft.strip()
+        folder = Path(target).expanduser()
+        if folder.is_dir():  # a folder's model id is its resolved path (kit.models.resolve)
+            target = str(folder.resolve())
+        if out.get(target, draft) != draft:
+            raise ConfigError(f"--draft-model pairs {target} with both {out[target]} and "
+                              f"{draft}", hint="give each model one draft")
+        out[target] = draft
     return out
 
 

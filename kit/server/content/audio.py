@@ -5,8 +5,10 @@ here: the file is parsed with the standard library's :mod:`wave`.
 Every clip, whatever the model, is bounded first, so a bad file is named as such:
 base64 text within :data:`MAX_AUDIO_BYTES` decoded bytes (``audio_too_large``, checked
 from the text's length before decoding), a RIFF/WAVE file that :mod:`wave` reads (PCM;
-``invalid_audio``), holding every frame its header counts (``invalid_audio``), at most
-:data:`MAX_AUDIO_SECONDS` long (``audio_too_long``). Then:
+``invalid_audio``), holding every frame its header counts, a sample rate within
+:data:`MIN_RATE`-:data:`MAX_RATE`, at most :data:`MAX_CHANNELS` channels and at least
+:data:`MIN_AUDIO_SECONDS` (``invalid_audio``), at most :data:`MAX_AUDIO_SECONDS` long
+(``audio_too_long``). Then:
 
 - a model whose processor takes audio (``capabilities.audio``: Gemma 4, Gemma 3n...) gets
   the clip as an :class:`~kit.engine.types.AudioInput` (the WAV bytes; the engine's
@@ -35,6 +37,17 @@ MAX_AUDIO_BYTES = 25 * _MIB
 MAX_AUDIO_SECONDS = 600.0
 #: Most clips in one request.
 MAX_AUDIO_CLIPS = 16
+#: Below this a clip is refused: mlx-vlm's Gemma audio encoder fails on under ~20 ms.
+MIN_AUDIO_SECONDS = 0.1
+#: The sample rates and channels a clip may have (the decoder mlx-vlm uses, miniaudio,
+#: reads no rate above 384 kHz and no more than 254 channels).
+MIN_RATE, MAX_RATE = 1_000, 384_000
+MAX_CHANNELS = 32
+
+
+def _seconds(s: float) -> str:
+    """``s`` seconds for a message, never rounded onto a limit (600.01 s is not "600 s")."""
+    return f"{s:.0f} s" if s == int(s) else f"{s:.3f}".rstrip("0") + " s"
 
 
 def _bad(where: str, message: str, code: str) -> APIError:
@@ -66,8 +79,8 @@ def read_wav(data: bytes, declared: str | None, where: str) -> AudioInput | None
         declared: the format the client named (``wav``, ``mp3``, ``audio/wav``...), or None.
         where: the part's path, for errors.
     Raises:
-        APIError: 400 ``invalid_audio`` (declared WAV but not one, not PCM, truncated) or
-            ``audio_too_long``.
+        APIError: 400 ``invalid_audio`` (declared WAV but not one, not PCM, truncated, a
+            rate, channel count or duration out of bounds) or ``audio_too_long``.
     """
     if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         if _is_wav(declared):
@@ -76,23 +89,31 @@ def read_wav(data: bytes, declared: str | None, where: str) -> AudioInput | None
         return None
     try:
         with wave.open(io.BytesIO(data)) as w:
-            frames, rate = w.getnframes(), w.getframerate()
-            frame_bytes = w.getsampwidth() * w.getnchannels()
+            frames, rate, channels = w.getnframes(), w.getframerate(), w.getnchannels()
+            frame_bytes = w.getsampwidth() * channels
             if rate <= 0 or frame_bytes <= 0:
                 raise wave.Error("no frame rate or sample width")
-            seconds = frames / rate
-            if seconds > MAX_AUDIO_SECONDS:
-                raise _bad(where, f"the audio is {seconds:.0f} s long, over the limit of "
-                           f"{MAX_AUDIO_SECONDS:.0f} s", "audio_too_long")
+            # what the file holds, before what its header claims is judged
             whole = len(w.readframes(frames)) == frames * frame_bytes
-    except APIError:
-        raise
     except Exception:  # wave.Error, EOFError, struct.error...: not a PCM WAV file
         raise _bad(where, "the audio is not a readable PCM WAV file",
                    "invalid_audio") from None
     if not whole:
         raise _bad(where, "the audio is truncated (fewer frames than its header says)",
                    "invalid_audio")
+    seconds = frames / rate
+    if seconds > MAX_AUDIO_SECONDS:
+        raise _bad(where, f"the audio is {_seconds(seconds)} long, over the limit of "
+                   f"{_seconds(MAX_AUDIO_SECONDS)}", "audio_too_long")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise _bad(where, f"the audio's sample rate, {rate:,} Hz, is outside "
+                   f"{MIN_RATE:,}-{MAX_RATE:,} Hz", "invalid_audio")
+    if channels > MAX_CHANNELS:
+        raise _bad(where, f"the audio has {channels} channels, more than {MAX_CHANNELS}",
+                   "invalid_audio")
+    if seconds < MIN_AUDIO_SECONDS:
+        raise _bad(where, f"the audio is {_seconds(seconds)} long, shorter than "
+                   f"{_seconds(MIN_AUDIO_SECONDS)}", "invalid_audio")
     return AudioInput(data=data, seconds=seconds, sample_rate=rate,
                       digest=hashlib.sha256(data).hexdigest())
 
@@ -116,8 +137,8 @@ class AudioBudget:
             raise _bad(where, f"more than {MAX_AUDIO_CLIPS} audio clips in one request",
                        "too_much_audio")
         if self.seconds > MAX_AUDIO_SECONDS:
-            raise _bad(where, f"the request's audio is {self.seconds:.0f} s long in all, "
-                       f"over the limit of {MAX_AUDIO_SECONDS:.0f} s", "too_much_audio")
+            raise _bad(where, f"the request's audio is {_seconds(self.seconds)} long in all, "
+                       f"over the limit of {_seconds(MAX_AUDIO_SECONDS)}", "too_much_audio")
         return clip
 
 

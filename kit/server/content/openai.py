@@ -46,8 +46,10 @@ def _audio(part: MediaPart, where: str, media: MediaReader) -> AudioInput:
         raise bad(where, "input_audio must be an object with data and format",
                   "invalid_audio")
     fmt = audio.get("format")
-    return media.audio_base64(audio.get("data"), fmt if isinstance(fmt, str) else None,
-                              where)
+    if fmt is not None and not isinstance(fmt, str):
+        raise bad(f"{where}.input_audio.format", "input_audio.format must be a string "
+                  "(wav)", "invalid_audio")
+    return media.audio_base64(audio.get("data"), fmt, where)
 
 
 class ChatMedia(MediaPart):
