@@ -30,7 +30,7 @@ def pair(hf_home):
 
     model, tokenizer = load(str(starter_folder(hf_home)))
     draft_model, _ = load(str(starter_folder(hf_home, Q4)))
-    draft = LoadedDraft(ModelInfo(Q4, starter_folder(hf_home, Q4), None), draft_model, 0,
+    draft = LoadedDraft(ModelInfo(Q4, starter_folder(hf_home, Q4), None), draft_model,
                         len(draft_model.layers))
     return model, tokenizer, draft
 

@@ -1,6 +1,6 @@
 """Speculative decoding: a small draft model proposes tokens that the served model checks
-in one forward pass (mlx-lm's ``speculative_generate_step``, reached through
-``stream_generate(draft_model=..., num_draft_tokens=...)``).
+in one forward pass (mlx-lm's ``speculative_generate_step``, driven by
+:func:`speculative_stream`).
 
 Which model gets a draft: ``serve --draft-model DRAFT`` pairs DRAFT with the model the
 server starts with; ``--draft-model TARGET=DRAFT`` (repeatable; also ``MLX_KIT_DRAFT_MODEL``,
@@ -113,13 +113,12 @@ def check_same_tokenizer(target: ModelInfo, draft: ModelInfo,
 
 @dataclass
 class LoadedDraft:
-    """A draft model loaded for one target: mlx-lm's model, its id and folder, the
-    estimate of its weights (bytes) and its layers' count (where its KV starts in a
-    drafted request's cache)."""
+    """A draft model loaded for one target: mlx-lm's model, its id and folder, and its
+    layers' count (where its KV starts in a drafted request's cache). Its weights are
+    counted in the target's (:meth:`Drafts.estimate`, the load's fit check)."""
 
     info: ModelInfo
     model: Any
-    weights_bytes: int
     layers: int
 
 
@@ -158,14 +157,15 @@ class Drafts:
                              hint=e.hint) from None
 
     def estimate(self, target: ModelInfo, context: int, kv_bits: int | None,
-                 kv_group_size: int) -> Estimate | None:
-        """What ``target``'s draft adds to its fit check (weights + KV for ``context``
-        tokens), or None without a draft or an estimate."""
+                 kv_group_size: int) -> tuple[ModelInfo, Estimate] | None:
+        """``target``'s draft and what it adds to the fit check (weights + KV for
+        ``context`` tokens), or None without a draft or an estimate."""
         info = self.info_for(target)
         if info is None:
             return None
         try:
-            return estimate(info.path, context, kv_bits=kv_bits, kv_group_size=kv_group_size)
+            return info, estimate(info.path, context, kv_bits=kv_bits,
+                                  kv_group_size=kv_group_size)
         except (OSError, ValueError, KeyError) as e:
             log.warning("cannot estimate the memory of the draft %s: %s", info.id, e)
             return None
@@ -196,13 +196,9 @@ class Drafts:
             raise ModelError(f"{info.id} cannot draft for {target.id}: its KV cache cannot "
                              "be rewound (a recurrent or sliding-window model)",
                              hint="pick a draft with plain attention layers")
-        try:
-            weights = estimate(info.path, 0).weights
-        except (OSError, ValueError, KeyError):
-            weights = 0
         log.info("draft model %s loaded for %s (%d draft tokens per step)", info.id,
                  target.id, self.num_draft_tokens)
-        return LoadedDraft(info, model, weights, len(model.layers))
+        return LoadedDraft(info, model, len(model.layers))
 
     def usable(self, request: Any) -> LoadedDraft | None:
         """The draft a request decoding alone runs with: the loaded one, unless a grammar
@@ -237,10 +233,14 @@ class Drafts:
                 "acceptance": round(accepted / drafted, 4) if drafted else None}
 
 
-
 def target_part(cache: list[Any], draft: LoadedDraft) -> list[Any]:
     """The target model's layers of a drafted request's cache (the draft's come last)."""
     return cache[:len(cache) - draft.layers]
+
+
+def draft_part(cache: list[Any], draft: LoadedDraft) -> list[Any]:
+    """The draft's layers of a drafted request's cache (after the target's)."""
+    return cache[len(cache) - draft.layers:]
 
 
 def aligned(cache: list[Any], draft: LoadedDraft, tokens: list[int]) -> list[int]:
@@ -250,7 +250,7 @@ def aligned(cache: list[Any], draft: LoadedDraft, tokens: list[int]) -> list[int
     (a prefix of ``tokens``, the prompt and the generated tokens), for the prompt cache."""
     import mlx.core as mx
 
-    target, mine = target_part(cache, draft), cache[len(cache) - draft.layers:]
+    target, mine = target_part(cache, draft), draft_part(cache, draft)
     mx.eval([c.state for c in cache])
     held = min(target[0].offset, mine[0].offset, len(tokens))
     mlx_lm_api.trim_prompt_cache(target, target[0].offset - held)

@@ -51,9 +51,10 @@ def check_fit(slot: Any, info: ModelInfo, replacing: int) -> tuple[int, Any, int
     draft = slot.drafts.estimate(info, est.context, slot.kv_bits, slot.kv_group_size) \
         if slot.drafts is not None else None
     if draft is not None:  # loaded beside it: its weights and its KV per token
-        est = Estimate(est.weights + draft.weights, est.kv_per_token + draft.kv_per_token,
+        draft_info, extra = draft
+        est = Estimate(est.weights + extra.weights, est.kv_per_token + extra.kv_per_token,
                        est.context)
-        here = f" with its draft model {slot.drafts.info_for(info).id}"
+        here = f" with its draft model {draft_info.id}"
     ceiling = memory_ceiling(slot.memory_budget, replacing)
     budget = ceiling.bytes
     if est.total > budget:

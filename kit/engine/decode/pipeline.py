@@ -20,7 +20,7 @@ from kit import mlx_lm_api
 from kit.engine.cache.admission import Admission, Deferred, Room
 from kit.engine.cache.policy import PromptCachePolicy
 from kit.engine.decode.bridge import END
-from kit.engine.decode.draft import DRAFT_SEPARATOR, target_part
+from kit.engine.decode.draft import DRAFT_SEPARATOR, draft_part, target_part
 from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
@@ -254,7 +254,7 @@ class Pipeline:
         draft = self.slot.drafts.loaded if self.slot.drafts is not None else None
         if draft is not None and len(cache) == len(self.slot.model.layers) + draft.layers:
             parts = [(self.slot.model, target_part(cache, draft)),
-                     (draft.model, cache[len(cache) - draft.layers:])]
+                     (draft.model, draft_part(cache, draft))]
         step = prefill_step_size()
         with mx.stream(mlx_lm_api.generation_stream):  # the stream mlx-lm generates on (GPU: no hops)
             for model, part in parts:
