@@ -147,7 +147,8 @@ class Engine(ModelTransitions):
                               adapters=parse_adapters(c.adapter),
                               max_image_tokens=c.max_image_tokens,
                               drafts=Drafts(parse_pairings(c.draft_model, model.id),
-                                            c.num_draft_tokens) if c.draft_model else None)
+                                            c.num_draft_tokens) if c.draft_model else None,
+                              compile_decode=c.compile_decode.value)
         self.pipeline = Pipeline(self.slot,
                                  PromptCachePolicy(c.prompt_cache_size, c.prompt_cache_bytes),
                                  servable=self._check_servable, served=self._served)

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 from kit import mlx_lm_api
-from kit.engine.decode import vision_decode
+from kit.engine.decode import compiled, vision_decode
 from kit.engine.decode.bridge import END
 from kit.engine.decode.draft import aligned, speculative_stream, target_part
 from kit.engine.decode.pipeline import Pipeline
@@ -88,8 +88,13 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         before = mx.array(run.prompt[:run.cached][-PENALTY_CONTEXT:])
         processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
                                                      logits) for p in processors]
+    step = None  # the compiled decode step's stand-in for the model (kit.engine.decode.compiled)
+    if draft is None and compiled.usable(model, run.cache,
+                                         enabled=pipeline.slot.compile_decode):
+        step = compiled.CompiledModel(model, run.cache)
+        run.cache = step.caches
     if draft is None:
-        stream = mlx_lm_api.stream_generate(model, tokenizer, run.rest,
+        stream = mlx_lm_api.stream_generate(step or model, tokenizer, run.rest,
                                  max_tokens=run.max_tokens, sampler=run.sampler,
                                  logits_processors=processors, prompt_cache=run.cache,
                                  prompt_progress_callback=check_cancelled,
@@ -125,6 +130,8 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
             break
         if join is not None and run.n < run.max_tokens and join():
             stream.close()
+            if step is not None:
+                run.cache = step.kv_caches()
             if draft is not None:
                 drafts.count(from_draft)
                 run.cache, run.cache_key = target_part(run.cache, draft), None
@@ -138,6 +145,9 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
             detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
             log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
             return Joined(run, tokens[:-1], tokens[-1], detok)
+    if step is not None:
+        stream.close()
+        run.cache = step.kv_caches()
     if draft is not None:
         stream.close()  # mlx-lm's rewind of both caches, before they are stored
         drafts.count(from_draft)

@@ -90,6 +90,8 @@ class ModelSlot:
             installed model, or None.
         drafts: the speculative-decoding pairings and the draft loaded now
             (:class:`kit.engine.decode.draft.Drafts`), or None without ``--draft-model``.
+        compile_decode: ``--compile-decode`` (``auto``, ``on``, ``off``; see
+            :mod:`kit.engine.decode.compiled`).
     """
 
     def __init__(self, info: ModelInfo, memory_budget: int | None = None, *,
@@ -97,7 +99,8 @@ class ModelSlot:
                  split: tuple[int, int, bool, int] | None = None, warmup: str = "auto",
                  max_batch: int = 8, kv_bits: int | None = None,
                  kv_group_size: int = 64, adapters: dict[str, Any] | None = None,
-                 max_image_tokens: int | None = None, drafts: Any = None) -> None:
+                 max_image_tokens: int | None = None, drafts: Any = None,
+                 compile_decode: str = "off") -> None:
         # kv_bits/kv_group_size were checked once, by kit.config.EngineConfig
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
@@ -117,6 +120,8 @@ class ModelSlot:
         self.processor: Any = None  # a vision model's (mlx-vlm); None for a text model
         self.max_image_tokens = max_image_tokens  # serve --max-image-tokens
         self.drafts = drafts
+        self._compile_mode = compile_decode
+        self._compile: bool | None = None  # the mode resolved for this device, once
         self._vision_for: tuple[Any, bool, bool] | None = None  # (path, images, audio)
         self.weights_bytes = 0
         self.ceiling: Any = None
@@ -344,6 +349,17 @@ class ModelSlot:
             self._vision_for = (self.info.path, takes,
                                 takes and is_audio_model(self.info.path))
         return self._vision_for[1], self._vision_for[2]
+
+    @property
+    def compile_decode(self) -> bool:
+        """Whether a request alone may decode with a compiled step (``auto``: where mlx
+        runs on CUDA; never in a distributed engine, whose collectives a trace would
+        freeze). Imports mlx."""
+        if self._compile is None:
+            mode = self._compile_mode
+            self._compile = self.split is None and (
+                mode == "on" or (mode == "auto" and warmup.on_cuda()))
+        return self._compile
 
     @property
     def vision(self) -> bool:

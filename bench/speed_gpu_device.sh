@@ -1,0 +1,37 @@
+#!/bin/bash
+# Issue 29's GPU figures on the lent machine (no mlx, no network): compiled decode
+# (bench/compiled.py), speculative decoding (bench/draft.py) and concurrency layer by
+# layer (bench/concurrency.py), on the random Llama-3-8B-shaped 4-bit model of
+# bench/random_model.py.
+#
+# What travels (under .whl/, ignored by git), in calls made within the machine's warm
+# window (30 s): .whl/a holds the mlx 0.32.4 and mlx-lm 0.32.2 wheels, cuda_rest.tar.xz,
+# tok/ (the starter's tokenizer files) and libmlx.so's first xz part; .whl/b its second
+# part and the wheels mlx-kit's server needs that the GPU image lacks (fastapi, starlette,
+# pydantic and pydantic-core, pydantic-settings, uvicorn, sse-starlette, llguidance,
+# platformdirs, ruamel.yaml, tomlkit, json-five, fastapi-offline and their small needs);
+# bench/vision_gpu_device.sh says how libmlx.so is split.
+#   call 1: bash bench/speed_gpu_device.sh stage         (carry .whl/a)
+#   call 2: bash bench/speed_gpu_device.sh single        (carry .whl/b) compiled + draft
+#   call 3: bash bench/speed_gpu_device.sh concurrency   (nothing carried)
+set -euo pipefail
+ST=/tmp/sstage
+PKG=/tmp/spkgs
+mode=${1:-single}
+mkdir -p "$ST"
+for part in a b; do [ -d .whl/$part ] && cp -r .whl/$part/. "$ST"/; done
+if [ "$mode" = stage ]; then
+    ls -la "$ST"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    exit 0
+fi
+source bench/gpu_env.sh
+install_mlx $(ls "$ST"/*.whl | grep -v '/mlx-0.32.4-')
+export PYTHONUNBUFFERED=1 MLX_PTX_CACHE_DIR=/tmp/ptx  # one kernel cache for every run
+[ -f /tmp/r8b/config.json ] || python3 bench/random_model.py /tmp/r8b --tokenizer "$ST/tok"
+if [ "$mode" = single ]; then
+    python3 bench/compiled.py --model /tmp/r8b --tokens 128 --rounds 2 --server
+    python3 bench/draft.py --model /tmp/r8b --layers 4 --tokens 128
+else
+    python3 bench/concurrency.py --model /tmp/r8b --tokens 128 --mlx-lm-server --profile
+fi
