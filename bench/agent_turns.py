@@ -22,7 +22,7 @@ cached too. Goal: reuse >= 95 % on turns 2, 3 and the new session. An agent with
 headless resume (no continue args) runs turn 1 and the new session only.
 
 Usage: python bench/agent_turns.py [--agents claude,pi,...] [--url URL --log FILE]
-  [--bodies DIR]  (agents on PATH; without --url a server is started here and stopped at
+  [--bodies DIR] [--draft]  (agents on PATH; without --url a server is started here and stopped at
   the end; --bodies: each turn's conversation request body as DIR/AGENT-TURN.json)
 """
 
@@ -224,6 +224,8 @@ def main() -> None:
     ap.add_argument("--url", help="a running server's /v1 (default: start one here)")
     ap.add_argument("--log", type=Path, help="that server's --log-file (with --url)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per agent call")
+    ap.add_argument("--draft", action="store_true", help="the server drafts with the 4-bit "
+                    "starter (--draft-model; issue 29: agent turns with and without)")
     ap.add_argument("--bodies", type=Path, help="write each turn's conversation request "
                     "body here, as AGENT-TURN.json")
     args = ap.parse_args()
@@ -243,9 +245,13 @@ def main() -> None:
         env["HF_HOME"] = str(work / "hf")
         (work / "home").mkdir()
         starter(env)
+        draft = []
+        if args.draft:
+            from kit.models.starter import STARTER_4BIT_ID
+            draft = ["--draft-model", starter(env, STARTER_4BIT_ID)]
         port, log = free_port(), work / "serve.log"
         proc = subprocess.Popen([sys.executable, "-m", "kit", "serve", "--port", str(port),
-                                 "--temperature", "0", "--log-file", str(log)], env=env,
+                                 "--temperature", "0", "--log-file", str(log), *draft], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_ready(f"http://127.0.0.1:{port}/health", proc)
         url = f"http://127.0.0.1:{port}/v1"
@@ -254,6 +260,11 @@ def main() -> None:
             rows = [t for a in agents for t in converse(a, relay, log, args.timeout)]
     finally:
         if proc is not None:
+            if args.draft:  # acceptance over the whole run
+                import httpx
+                d = httpx.get(url.removesuffix("/v1") + "/health").json().get("draft") or {}
+                print(f"draft: {d.get('accepted')} of {d.get('drafted')} proposals kept "
+                      f"(acceptance {d.get('acceptance')})")
             proc.terminate()
             proc.wait(30)
     if args.bodies:

@@ -161,9 +161,10 @@ def in_process(env: dict, layer: str, spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def stream(url: str, text: str, tokens: int, bias: dict, t0: float) -> tuple[int, float]:
+def stream(url: str, text: str, tokens: int, bias: dict, t0: float,
+           model: str = "local") -> tuple[int, float]:
     """One streamed chat completion: (completion tokens, s from t0 to its first text)."""
-    body = {"model": "local", "messages": [{"role": "user", "content": text}],
+    body = {"model": model, "messages": [{"role": "user", "content": text}],
             "stream": True, "temperature": 0, "max_tokens": tokens, "logit_bias": bias,
             "stream_options": {"include_usage": True}}
     first, n = None, 0
@@ -180,13 +181,14 @@ def stream(url: str, text: str, tokens: int, bias: dict, t0: float) -> tuple[int
     return n, first if first is not None else time.perf_counter() - t0
 
 
-def over_http(url: str, rounds: dict, tokens: int, bias: dict) -> dict:
-    """Per level: (best aggregate tok/s, its slowest TTFT)."""
+def over_http(url: str, rounds: dict, tokens: int, bias: dict, model: str = "local") -> dict:
+    """Per level: (best aggregate tok/s, its slowest TTFT); ``model``: the id the server
+    takes (mlx_lm.server: the model's path)."""
     def level(texts: list[str]) -> tuple[float, float]:
         got: list = [None] * len(texts)
         t0 = time.perf_counter()
         threads = [threading.Thread(target=lambda i=i: got.__setitem__(
-            i, stream(url, texts[i], tokens, bias, t0))) for i in range(len(texts))]
+            i, stream(url, texts[i], tokens, bias, t0, model))) for i in range(len(texts))]
         for t in threads:
             t.start()
         for t in threads:
@@ -213,7 +215,7 @@ def mlx_lm_server(env: dict, model: str, rounds: dict, tokens: int, bias: dict) 
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url + "/v1/models", proc, timeout=600)
-        return over_http(url, rounds, tokens, bias)
+        return over_http(url, rounds, tokens, bias, model)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -258,21 +260,24 @@ def main() -> None:
     if "batch" not in skip:
         for lv, v in in_process(env, "batch", spec).items():
             res[lv].update(v)
-        print(f"(BatchGenerator done, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(f"(BatchGenerator done, {time.perf_counter() - t0:.0f} s) {json.dumps(res)}",
+              file=sys.stderr, flush=True)
     profile = None
     if "engine" not in skip:
         got = in_process(env, "engine", spec)
         profile = got.pop("profile", None)
         for lv, v in got.items():
             res[lv].update(v)
-        print(f"(engine done, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(f"(engine done, {time.perf_counter() - t0:.0f} s) {json.dumps(res)}",
+              file=sys.stderr, flush=True)
     if "server" not in skip:
         with serving(env, "--model", model, "--max-batch", str(max(levels)), "--warmup",
                      "off", "--prompt-cache-disk", "0", "--compile-decode",
                      args.compile_decode, timeout=900) as url:
             for lv, v in over_http(url, rounds, args.tokens, bias).items():
                 res[lv]["server"] = v
-        print(f"(server done, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(f"(server done, {time.perf_counter() - t0:.0f} s) {json.dumps(res)}",
+              file=sys.stderr, flush=True)
     if args.mlx_lm_server:
         for lv, v in mlx_lm_server(env, model, rounds, args.tokens, bias).items():
             res[lv]["mlx_lm"] = v

@@ -11,9 +11,10 @@
 # pydantic and pydantic-core, pydantic-settings, uvicorn, sse-starlette, llguidance,
 # platformdirs, ruamel.yaml, tomlkit, json-five, fastapi-offline and their small needs);
 # bench/vision_gpu_device.sh says how libmlx.so is split.
-#   call 1: bash bench/speed_gpu_device.sh stage         (carry .whl/a)
-#   call 2: bash bench/speed_gpu_device.sh single        (carry .whl/b) compiled + draft
-#   call 3: bash bench/speed_gpu_device.sh concurrency   (nothing carried)
+#   call 1: bash bench/speed_gpu_device.sh stage   (carry .whl/a)
+#   call 2: bash bench/speed_gpu_device.sh all     (carry .whl/b): compiled decode
+#           in-process, the hand-back (bench/handback.py), concurrency, then drafting, each bounded so that the call ends
+#           inside the 10-minute limit with what it measured (also in $OUT/*.log)
 set -euo pipefail
 ST=/tmp/sstage
 PKG=/tmp/spkgs
@@ -29,9 +30,13 @@ source bench/gpu_env.sh
 install_mlx $(ls "$ST"/*.whl | grep -v '/mlx-0.32.4-')
 export PYTHONUNBUFFERED=1 MLX_PTX_CACHE_DIR=/tmp/ptx  # one kernel cache for every run
 [ -f /tmp/r8b/config.json ] || python3 bench/random_model.py /tmp/r8b --tokenizer "$ST/tok"
-if [ "$mode" = single ]; then
-    python3 bench/compiled.py --model /tmp/r8b --tokens 128 --rounds 2 --server
-    python3 bench/draft.py --model /tmp/r8b --layers 4 --tokens 128
-else
-    python3 bench/concurrency.py --model /tmp/r8b --tokens 128 --mlx-lm-server --profile
-fi
+out=${OUT:-/tmp}
+timeout ${COMPILED_S:-100} python3 bench/compiled.py --model /tmp/r8b --tokens 128 --rounds 2 \
+    2>&1 | tee "$out/compiled.log" || true
+timeout ${HANDBACK_S:-60} python3 bench/handback.py --model /tmp/r8b --long 256 --rounds 2 \
+    2>&1 | tee "$out/handback.log" || true
+timeout ${CONCURRENCY_S:-270} python3 bench/concurrency.py --model /tmp/r8b --tokens 128 \
+    --levels ${LEVELS:-1,2,4,8} --profile \
+    2>&1 | tee "$out/concurrency.log" || true
+timeout ${DRAFT_S:-60} python3 bench/draft.py --model /tmp/r8b --layers 4 --tokens 128 \
+    2>&1 | tee "$out/draft.log" || true

@@ -66,9 +66,10 @@ def test_requests_served_counts_a_request_before_its_finished_event(engine, max_
 
 def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine, caplog):
     """Alone, a request decodes with stream_generate (faster for one stream); a second
-    request makes it continue inside a batch, KV cache carried over. Greedy: both texts
-    are what each gets alone (up to a near-tie: a batch adds in another order,
-    tests/greedy.py), and they decode at the same time."""
+    request makes it continue inside a batch, KV cache carried over; once the second is
+    done, the batch hands it back to decode alone again. Greedy: both texts are what each
+    gets alone (up to a near-tie: a batch adds in another order, tests/greedy.py), and
+    they decode at the same time."""
     import logging
     import time
 
@@ -118,6 +119,7 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
 
     alone, a, b = asyncio.run(main())
     assert "joins a batch after" in caplog.text  # it did start alone, then moved
+    assert "decodes alone again after" in caplog.text  # and back, once b was done
     check_agreement(alone[0], a[0], lambda: reference("cats", 60))
     check_agreement(alone[1], b[0], lambda: reference("dogs", 30))
     assert b[1] < a[2]  # b's first token came before a's last: decoded together

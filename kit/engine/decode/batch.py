@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from kit import mlx_lm_api
@@ -35,12 +36,18 @@ log = logging.getLogger("mlx_kit.engine")
 
 
 def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int,
-              joined: Joined | None = None, queued: deque | None = None) -> deque:
+              joined: Joined | None = None, queued: deque | None = None,
+              alone: Callable[[Joined, Callable[[], bool]], Joined | None] | None = None
+              ) -> deque:
     """Serve ``first`` (and ``joined``, a request that started alone, see
     :func:`kit.engine.decode.sequential.decode`) and every request that joins while the batch
     runs, at most ``max_batch`` decoding together. ``queued``: the worker's items taken
     earlier and not served yet (emptied here), ahead of the inbox's in the line, so a
-    request that waited at a barrier keeps its place. ``jobs`` is the engine's
+    request that waited at a barrier keeps its place. ``alone``: when given, a batch
+    down to one request that can move (see :func:`movable`), with none waiting, hands it
+    to ``alone(state, join)`` (:func:`kit.engine.decode.sequential.resume`: one stream is
+    faster on ``stream_generate``), which returns it again (a :class:`Joined`) when a
+    request arrives, or None once it is done. ``jobs`` is the engine's
     :class:`kit.engine.decode.inbox.Inbox` (:class:`Job`, :class:`kit.engine.decode.run.Swap` or None for
     the shutdown; each pass of the loop is one of its sync points); every job
     served gets its events and END posted.
@@ -83,19 +90,53 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         job.post(e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}"))
         job.post(END)
 
+    def take(joined: Joined) -> None:
+        """Continue ``joined`` (a request that decoded alone) in the batch."""
+        run = joined.run
+        try:
+            (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
+                               caches=[run.cache], all_tokens=[joined.held],
+                               samplers=[run.sampler], logits_processors=[run.processors],
+                               stop_sequences=[stops])
+        except Exception as e:  # it fails alone; the queued requests still run
+            not_inserted(run.job, e)
+        else:
+            active[uid] = (run, joined.detok)
+            decoding.add(uid)
+        run.cache = None
+
+    def hand_back() -> bool:
+        """Give the batch's one request back to ``alone``; whether it was."""
+        (uid, (run, detok)), = active.items()
+        if alone is None or backlog or not jobs.empty() or uid not in decoding \
+                or uid in stays or not movable(pipeline, run):
+            return False
+        (cache, held), = bg.extract_cache([uid]).values()
+        if cache[0].offset != len(held):  # not the state this hand-over knows: stay
+            log.warning("%s: batch cache of %d tokens for %d: not handed back",
+                        run.job.request.request_id, cache[0].offset, len(held))
+            stays.add(uid)
+            return False
+        bg.remove([uid])
+        del active[uid]
+        # every token returned so far is in the cache: feed the last one again (as a
+        # request moving in from alone does), which samples the token the batch had
+        # computed ahead and dropped
+        mlx_lm_api.trim_prompt_cache(cache, 1)
+        run.cache = cache
+        held = list(held)
+        back = alone(Joined(run, held[:-1], held[-1], detok),
+                     lambda: is_job(backlog[0], adapter) if backlog else
+                     jobs.next_is_job(adapter))
+        if back is not None:
+            take(back)
+        return True
+
+    decoding: set[int] = set()  # rows past their prefill (they have sent a token)
+    stays: set[int] = set()  # rows whose state the hand-back did not recognise
     try:
         if joined is not None:
-            run = joined.run
-            try:
-                (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
-                                   caches=[run.cache], all_tokens=[joined.held],
-                                   samplers=[run.sampler], logits_processors=[run.processors],
-                                   stop_sequences=[stops])
-            except Exception as e:  # it fails alone; the queued requests still run
-                not_inserted(run.job, e)
-            else:
-                active[uid] = (run, joined.detok)
-            run.cache = None
+            take(joined)
         while True:
             jobs.sync()
             while True:  # admit what is queued, up to a barrier
@@ -137,6 +178,8 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                     continue
                 active[uid] = (run, tokenizer.detokenizer)
                 run.cache = None  # the batch owns it now
+            if len(active) == 1 and hand_back():
+                continue
             if not active:
                 return backlog
             prompt_responses, gen_responses = bg.next()
@@ -150,6 +193,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
             for r in gen_responses:
                 if r.uid not in active:
                     continue
+                decoding.add(r.uid)
                 run, detok = active[r.uid]
                 run.token(r.token, r.logprobs)
                 if r.finish_reason == "stop":  # EOS: not part of the text
@@ -176,3 +220,13 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         return backlog
     finally:
         bg.close()
+
+
+def movable(pipeline: Pipeline, run: Run) -> bool:
+    """Whether ``run`` may leave a batch to decode alone (and come back): no grammar (a
+    constrained request's matcher has consumed the token the hand-over feeds again), a
+    KV cache that can be trimmed, one process (a distributed engine's ranks would have
+    to decide it in lockstep)."""
+    req = run.job.request
+    return (req.force_tool is None and req.response_schema is None
+            and pipeline.slot.split is None and pipeline.slot.trimmable())

@@ -47,8 +47,8 @@ from kit.engine.decode.draft import Drafts, parse_pairings
 from kit.engine.decode.inbox import Inbox, is_job
 from kit.engine.cache.policy import PromptCachePolicy
 from kit.engine.decode.pipeline import Pipeline
-from kit.engine.decode.run import Job, Swap
-from kit.engine.decode.sequential import serve_alone
+from kit.engine.decode.run import Job, Joined, Swap
+from kit.engine.decode.sequential import resume, serve_alone
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.decode.transitions import ModelTransitions
 from kit.engine.decode.warmup import check_mode
@@ -368,13 +368,17 @@ class Engine(ModelTransitions):
                 # A request alone decodes with stream_generate (the in-process speed; one
                 # stream on BatchGenerator measured 0.66 of it on an H200); it moves into a
                 # batch when another request arrives.
+                # A batch down to one request hands it back to decode alone (resume).
                 joins = self._joins(item, backlog)
                 if joins() or not self._can_start_alone(item):
                     backlog = run_batch(self.pipeline, item, self.inbox, self.max_batch,
-                                        queued=backlog)
+                                        queued=backlog, alone=self._resume)
                 elif (joined := serve_alone(self.pipeline, item, join=joins)) is not None:
                     backlog = run_batch(self.pipeline, None, self.inbox, self.max_batch,
-                                        joined=joined, queued=backlog)
+                                        joined=joined, queued=backlog, alone=self._resume)
+
+    def _resume(self, joined: Joined, join: Callable[[], bool]) -> Joined | None:
+        return resume(self.pipeline, joined, join)
 
     def _served(self) -> None:
         self.requests_served += 1

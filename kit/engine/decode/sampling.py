@@ -45,11 +45,21 @@ def max_tokens(info: ModelInfo, n_prompt: int, requested: int | None,
                                                        window - n_prompt)
 
 
+#: distinct sampler settings kept (:meth:`Sampling.sampler`)
+MAX_SAMPLERS = 64
+
+
 class Sampling:
     """Samplers for the model in ``slot`` (its vocabulary, its grammar tokenizer)."""
 
     def __init__(self, slot: ModelSlot) -> None:
         self.slot = slot
+        # (temperature, top_p, min_p, top_k) -> mlx-lm's sampler. One object per setting:
+        # BatchGenerator samples a batch in one call only when its rows share the sampler
+        # object (else one slice, sampler and concatenate per row and step). mlx-lm's
+        # samplers are pure functions of their settings (the random state is mlx's), so
+        # requests can share them.
+        self._samplers: dict[tuple, Any] = {}
 
     def check(self, params: SamplingParams) -> None:
         """Reject what would crash or break mlx-lm's samplers for everyone: token ids
@@ -84,8 +94,7 @@ class Sampling:
         import mlx.core as mx
         if params.seed is not None:
             mx.random.seed(params.seed)
-        sampler = mlx_lm_api.make_sampler(temp=params.temperature, top_p=params.top_p,
-                               min_p=params.min_p, top_k=params.top_k)
+        sampler = self.sampler(params)
         processors = mlx_lm_api.make_logits_processors(
             logit_bias=dict(params.logit_bias) or None,
             presence_penalty=params.presence_penalty or None,
@@ -93,6 +102,19 @@ class Sampling:
         if grammar is not None:
             processors.append(self.grammar_processor(grammar, source))
         return sampler, processors
+
+    def sampler(self, params: SamplingParams) -> Any:
+        """mlx-lm's sampler for ``params``' temperature, top_p, min_p and top_k: the same
+        object for the same four values (at most :data:`MAX_SAMPLERS` kept)."""
+        key = (params.temperature, params.top_p, params.min_p, params.top_k)
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            if len(self._samplers) >= MAX_SAMPLERS:  # bounded: clients choose the values
+                self._samplers.clear()
+            sampler = self._samplers[key] = mlx_lm_api.make_sampler(
+                temp=params.temperature, top_p=params.top_p, min_p=params.min_p,
+                top_k=params.top_k)
+        return sampler
 
     def grammar_processor(self, grammar: str, param: str) -> Any:
         """A logits processor for ``grammar`` (a llguidance grammar string).

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from kit import mlx_lm_api
 from kit.engine.decode import compiled, vision_decode
@@ -14,7 +15,7 @@ from kit.engine.decode.bridge import END
 from kit.engine.decode.draft import aligned, speculative_stream, target_part
 from kit.engine.decode.pipeline import Pipeline
 from kit.engine.decode.prefill import prefill_step_size
-from kit.engine.decode.run import Cancelled, Job, Joined
+from kit.engine.decode.run import Cancelled, Job, Joined, Run
 from kit.engine.decode.sampling import PENALTY_CONTEXT
 from kit.engine.types import EngineError
 
@@ -111,14 +112,97 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         log.info("%s: cancelled during prefill", job.request.request_id)
         pipeline.complete(run, "cancelled", [], None)
         return None
-    tokens = list(run.prompt)
+    return _generate(pipeline, run, stream, [first] if first is not None else [],
+                     list(run.prompt), join, draft=draft, step=step)
+
+
+def resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joined | None:
+    """Continue alone a request that a batch handed back (the other rows finished and
+    none waits: one stream decodes faster on ``stream_generate`` than on
+    ``BatchGenerator``), posting its events and END as :func:`serve_alone` does.
+
+    Args:
+        joined: the request's state: ``run.cache`` holds ``held`` (its prompt and every
+            generated token but ``last``), ``last`` is fed next, ``detok`` has seen every
+            generated token.
+        join: asked after each token; True stops it again for a batch (see :func:`decode`).
+
+    Returns:
+        The :class:`Joined` state a batch continues from, or None (END posted).
+    """
+    job = joined.run.job
+    try:
+        moved = _resume(pipeline, joined, join)
+        if moved is not None:
+            return moved
+    except EngineError as e:
+        job.post(e)
+    except Exception as e:
+        log.exception("generation failed for %s", job.request.request_id)
+        pipeline.fatal(e)
+        job.post(EngineError(f"generation failed: {e}"))
+    pipeline.admission.release(job)
+    job.post(END)
+    return None
+
+
+def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joined | None:
+    import mlx.core as mx
+
+    run = joined.run
+    model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
+    processors = run.processors
+    params = run.job.request.params
+    if params.presence_penalty or params.frequency_penalty:  # as in decode: the context
+        before = mx.array(joined.held[-PENALTY_CONTEXT:])  # stream_generate cannot see
+        processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
+                                                     logits) for p in processors]
+    step = None
+    if compiled.usable(model, run.cache, enabled=pipeline.slot.compile_decode):
+        step = compiled.CompiledModel(model, run.cache)
+        run.cache = step.caches
+    stream = mlx_lm_api.stream_generate(step or model, tokenizer, [joined.last],
+                                        max_tokens=run.max_tokens - run.n,
+                                        sampler=run.sampler, logits_processors=processors,
+                                        prompt_cache=run.cache,
+                                        prefill_step_size=prefill_step_size())
+    log.debug("%s: decodes alone again after %d tokens", run.job.request.request_id, run.n)
+    return _generate(pipeline, run, stream, [], joined.held + [joined.last], join,
+                     step=step, detok=joined.detok)
+
+
+def _own_text(detok: Any, gen: Any) -> str:
+    """The text ``gen`` adds, from a detokenizer that saw the tokens before it (the
+    stream's own started empty: a character split across the hand-back would break)."""
+    if gen.finish_reason == "stop":  # EOS: not part of the text
+        detok.finalize()
+    else:
+        detok.add_token(gen.token)
+        if gen.finish_reason is not None:
+            detok.finalize()
+    return detok.last_segment
+
+
+def _generate(pipeline: Pipeline, run: Run, stream: Any, head: list, tokens: list[int],
+              join: Callable[[], bool] | None, *, draft: Any = None, step: Any = None,
+              detok: Any = None) -> Joined | None:
+    """Post ``run``'s tokens from ``stream`` (``head``: those already taken from it) and
+    complete it, or stop when ``join`` says a request waits and return the state a batch
+    continues from. ``tokens``: what the KV cache will hold before the first new token
+    (appended to). ``detok``: a detokenizer to take the text from instead of the
+    stream's (a resumed request's)."""
+    import mlx.core as mx
+
+    job = run.job
+    drafts = pipeline.slot.drafts
+    tokenizer = pipeline.slot.tokenizer
     finish_reason = "stop"
     from_draft: list[bool] = []
-    for gen in itertools.chain([first] if first is not None else [], stream):
+    for gen in itertools.chain(head, stream):
         run.token(gen.token, gen.logprobs)
         tokens.append(gen.token)
         from_draft.append(gen.from_draft)
-        run.emit(run.parser.feed(gen.text))
+        run.emit(run.parser.feed(gen.text if detok is None else _own_text(detok, gen)))
         if run.parser.stopped:
             break
         pipeline.sync()  # what rank 0 saw since the last token (cancels, arrivals)
@@ -139,10 +223,11 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
             # the batch feeds the last token again: the cache holds all tokens but it
             mlx_lm_api.trim_prompt_cache(run.cache, run.cache[0].offset - (len(tokens) - 1)
                                          if draft is not None else 1)
-            detok = tokenizer.detokenizer
-            for token in tokens[len(run.prompt):]:
-                detok.add_token(token)
-            detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
+            if detok is None:
+                detok = tokenizer.detokenizer
+                for token in tokens[len(run.prompt):]:
+                    detok.add_token(token)
+                detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
             log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
             return Joined(run, tokens[:-1], tokens[-1], detok)
     if step is not None:
