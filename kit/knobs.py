@@ -222,9 +222,10 @@ KNOBS: tuple[Knob, ...] = (
          "batches before the server says ready, so mlx compiles their kernels then (kept per "
          "machine in the kernel cache). auto: only where mlx runs on CUDA; on; off (not even "
          "one tiny generation).", _STARTS),
-    Knob("compile_decode", CompileDecode, CompileDecode.auto, "Decode a request alone with "
+    Knob("compile_decode", CompileDecode, CompileDecode.off, "Decode a request alone with "
          "a compiled step (mx.compile: traced once, replayed per token) on Llama and Qwen "
-         "models. auto: only where mlx runs on CUDA; on; off.", _STARTS),
+         "models: on; auto (only where mlx runs on CUDA); off (the default until it is "
+         "measured faster on a GPU; on CPU it measured the same).", _STARTS),
     Knob("graceful_shutdown_s", int, 5, "Seconds a stop (Ctrl-C, SIGTERM, `mlx-kit stop`) "
          "gives open requests to finish before they are cut off.", unit="s", ge=0, le=3600),
     Knob("log_file", str, None, "Log to FILE (and the engine's output too) instead of "

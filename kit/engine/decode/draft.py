@@ -122,6 +122,20 @@ class LoadedDraft:
     layers: int
 
 
+def slow_prefill_warning(draft_id: str, model: Any) -> None:
+    """Warn when a quantized draft runs on mlx's CPU backend: its quantized matmuls
+    prefill ~20x slower than float32 ones through OpenBLAS (the 4-bit starter: 8 tok/s
+    against 180), and every drafted request prefills its prompt through the draft too, so
+    a first agent turn's TTFT grows tenfold (docs/performance.md)."""
+    import mlx.core as mx
+
+    if mx.default_device().type == mx.DeviceType.cpu and any(
+            "QuantizedLinear" in type(m).__name__ for _, m in model.named_modules()):
+        log.warning("draft model %s is quantized and mlx runs on the CPU here: it prefills "
+                    "every drafted prompt about 20x slower than a float32 model; TTFT will "
+                    "grow (a float32 draft, or none, is faster on CPU)", draft_id)
+
+
 class Drafts:
     """The draft pairings of one engine, the draft loaded now, and its counters.
 
@@ -198,6 +212,7 @@ class Drafts:
                              hint="pick a draft with plain attention layers")
         log.info("draft model %s loaded for %s (%d draft tokens per step)", info.id,
                  target.id, self.num_draft_tokens)
+        slow_prefill_warning(info.id, model)
         return LoadedDraft(info, model, len(model.layers))
 
     def usable(self, request: Any) -> LoadedDraft | None:
