@@ -77,3 +77,46 @@ def openblas() -> str | None:
     from kit.blas import _CANDIDATES
 
     return next((p for p in _CANDIDATES if Path(p).exists()), None)
+
+
+def streamed_answer(root: str, body: dict, timeout: float = 600) -> tuple[str, int, float | None]:
+    """One streamed chat completion at ``root`` (``body`` without ``stream``): its text,
+    completion tokens (usage) and ``time.perf_counter()`` at its first text (None if none)."""
+    import json
+
+    first, n, answer = None, 0, ""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", root + "/v1/chat/completions", json=body, timeout=timeout) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+            for c in chunk.get("choices", []):
+                if c["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    answer += c["delta"]["content"]
+    return answer, n, first
+
+
+def eos_ids(folder: Path) -> set[int]:
+    """Every id mlx-lm stops on: config.json's and generation_config.json's
+    ``eos_token_id`` and the tokenizer's eos token."""
+    import json
+
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        try:
+            e = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        ids.update(e if isinstance(e, list) else [e] if isinstance(e, int) else [])
+    try:
+        eos = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens", [])
+        ids.update(t["id"] for t in added if t.get("content") == eos)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return ids

@@ -20,18 +20,15 @@ Usage: python bench/compiled.py [--model PATH] [--tokens 128] [--rounds 3] [--se
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, serving, starter  # noqa: E402
+from _common import bench_env, serving, starter, streamed_answer  # noqa: E402
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is in three sentences.",
@@ -90,23 +87,10 @@ def through_server(env: dict, model: str, tokens: int, rounds: int) -> dict:
             tps, got = [], []
             for r in range(rounds + 1):
                 for i, text in enumerate(PROMPTS):
-                    first, n, answer = None, 0, ""
                     # a fresh prompt each round: no prompt cache shortcut on either side
-                    body = {"model": "local", "max_tokens": tokens, "temperature": 0,
-                            "stream": True, "stream_options": {"include_usage": True},
-                            "messages": [{"role": "user", "content": f"({r}) {text}"}]}
-                    with httpx.stream("POST", root + "/v1/chat/completions", json=body,
-                                      timeout=600) as resp:
-                        for line in resp.iter_lines():
-                            if not line.startswith("data: {"):
-                                continue
-                            chunk = json.loads(line[6:])
-                            if chunk.get("usage"):
-                                n = chunk["usage"]["completion_tokens"]
-                            for c in chunk.get("choices", []):
-                                if c["delta"].get("content"):
-                                    first = first or time.perf_counter()
-                                    answer += c["delta"]["content"]
+                    answer, n, first = streamed_answer(root, {
+                        "model": "local", "max_tokens": tokens, "temperature": 0,
+                        "messages": [{"role": "user", "content": f"({r}) {text}"}]})
                     if r:
                         tps.append((n - 1) / (time.perf_counter() - first) if first else 0.0)
                         got.append(answer)

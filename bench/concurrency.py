@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_env, free_port, serving, starter, wait_ready  # noqa: E402
+from _common import bench_env, eos_ids, free_port, serving, starter, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -221,17 +221,6 @@ def mlx_lm_server(env: dict, model: str, rounds: dict, tokens: int, bias: dict) 
         proc.wait(30)
 
 
-def eos_ids(folder: Path) -> list[int]:
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        try:
-            e = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        ids.update(e if isinstance(e, list) else [e] if isinstance(e, int) else [])
-    return sorted(ids)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="an MLX model folder (default: the f32 starter)")
@@ -250,7 +239,7 @@ def main() -> None:
     model = str(Path(args.model).resolve()) if args.model else starter(env)
     levels = [int(x) for x in args.levels.split(",")]
     rounds = {str(n): rounds_for(n, args.words) for n in levels}
-    bias = {str(i): -100 for i in eos_ids(Path(model))}
+    bias = {str(i): -100 for i in sorted(eos_ids(Path(model)))}
     spec = {"model": model, "tokens": args.tokens, "rounds": rounds, "bias": bias,
             "max_batch": max(levels), "profile": args.profile,
             "compile_decode": args.compile_decode}

@@ -22,7 +22,6 @@ Usage: python bench/draft.py [--model ID] [--draft ID | --layers N] [--tokens 12
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, serving, starter  # noqa: E402
+from _common import bench_env, serving, starter, streamed_answer  # noqa: E402
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is in three sentences.",
@@ -89,21 +88,9 @@ def through_server(env: dict, model: str, draft: str, tokens: int, num_draft: in
         with serving(env, "--model", model, "--temperature", "0", *extra) as root:
             got, tps = [], []
             for text in ["Warm up."] + PROMPTS:
-                first, n, answer = None, 0, ""
-                with httpx.stream("POST", root + "/v1/chat/completions", timeout=600, json={
-                        "model": "local", "max_tokens": tokens, "temperature": 0,
-                        "stream": True, "messages": [{"role": "user", "content": text}],
-                        "stream_options": {"include_usage": True}}) as r:
-                    for line in r.iter_lines():
-                        if not line.startswith("data: {"):
-                            continue
-                        chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
-                            n = chunk["usage"]["completion_tokens"]
-                        for c in chunk.get("choices", []):
-                            if c["delta"].get("content"):
-                                first = first or time.perf_counter()
-                                answer += c["delta"]["content"]
+                answer, n, first = streamed_answer(root, {
+                    "model": "local", "max_tokens": tokens, "temperature": 0,
+                    "messages": [{"role": "user", "content": text}]})
                 if text != "Warm up.":
                     got.append(answer)
                     tps.append((n - 1) / (time.perf_counter() - first) if first else 0.0)

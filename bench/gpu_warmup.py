@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_env, free_port, starter  # noqa: E402
+from _common import bench_env, eos_ids, free_port, starter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_EOS: dict = {}  # {"logit_bias": {id: -100}}, filled in main
@@ -220,26 +220,6 @@ def in_process(work: Path, env: dict, model: str, ptx: Path, rounds: list, token
     if out.returncode:
         raise RuntimeError(f"in-process run failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def eos_ids(folder: Path) -> set[int]:
-    """Every id mlx-lm stops on: config.json's and generation_config.json's
-    ``eos_token_id`` and the tokenizer's eos token."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        try:
-            e = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        ids.update(e if isinstance(e, list) else [e] if isinstance(e, int) else [])
-    try:
-        eos = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        added = json.loads((folder / "tokenizer.json").read_text()).get("added_tokens", [])
-        ids.update(t["id"] for t in added if t.get("content") == eos)
-    except (OSError, ValueError, AttributeError):
-        pass
-    return ids
 
 
 def main() -> None:

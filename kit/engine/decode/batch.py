@@ -196,13 +196,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                 decoding.add(r.uid)
                 run, detok = active[r.uid]
                 run.token(r.token, r.logprobs)
-                if r.finish_reason == "stop":  # EOS: not part of the text
-                    detok.finalize()
-                else:
-                    detok.add_token(r.token)
-                    if r.finish_reason is not None:
-                        detok.finalize()
-                run.emit(run.parser.feed(detok.last_segment))
+                run.emit(run.parser.feed(next_text(detok, r.token, r.finish_reason)))
                 if r.finish_reason is not None:
                     finish(r.uid, r.finish_reason, r.all_tokens, r.prompt_cache)
                 elif run.parser.stopped or run.job.cancelled.is_set():
@@ -220,6 +214,21 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         return backlog
     finally:
         bg.close()
+
+
+def next_text(detok: Any, token: int, finish_reason: str | None) -> str:
+    """Feed ``token`` to ``detok`` (mlx-lm's streaming detokenizer) and return the text it
+    completes; the end token (``finish_reason`` "stop") is not part of the text, and the
+    last token flushes what the detokenizer held back. A request resumed alone reads its
+    text here too, from the detokenizer that saw its earlier tokens (a fresh one would
+    break a character split across the hand-over)."""
+    if finish_reason == "stop":
+        detok.finalize()
+    else:
+        detok.add_token(token)
+        if finish_reason is not None:
+            detok.finalize()
+    return detok.last_segment
 
 
 def movable(pipeline: Pipeline, run: Run) -> bool:

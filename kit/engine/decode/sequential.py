@@ -11,6 +11,7 @@ from typing import Any
 
 from kit import mlx_lm_api
 from kit.engine.decode import compiled, vision_decode
+from kit.engine.decode.batch import next_text
 from kit.engine.decode.bridge import END
 from kit.engine.decode.draft import aligned, speculative_stream, target_part
 from kit.engine.decode.pipeline import Pipeline
@@ -37,8 +38,15 @@ def serve_alone(pipeline: Pipeline, job: Job,
     """
     if not pipeline.admit(job):
         return None
+    return _posting(pipeline, job, lambda: decode(pipeline, job, join))
+
+
+def _posting(pipeline: Pipeline, job: Job,
+             body: Callable[[], Joined | None]) -> Joined | None:
+    """Run ``body`` for ``job``; unless it returns the state a batch continues from, end
+    the job: its error posted (never raised), its memory given back, END posted."""
     try:
-        joined = decode(pipeline, job, join)
+        joined = body()
         if joined is not None:
             return joined
     except EngineError as e:
@@ -130,20 +138,7 @@ def resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Join
     Returns:
         The :class:`Joined` state a batch continues from, or None (END posted).
     """
-    job = joined.run.job
-    try:
-        moved = _resume(pipeline, joined, join)
-        if moved is not None:
-            return moved
-    except EngineError as e:
-        job.post(e)
-    except Exception as e:
-        log.exception("generation failed for %s", job.request.request_id)
-        pipeline.fatal(e)
-        job.post(EngineError(f"generation failed: {e}"))
-    pipeline.admission.release(job)
-    job.post(END)
-    return None
+    return _posting(pipeline, joined.run.job, lambda: _resume(pipeline, joined, join))
 
 
 def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joined | None:
@@ -171,18 +166,6 @@ def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joi
                      step=step, detok=joined.detok)
 
 
-def _own_text(detok: Any, gen: Any) -> str:
-    """The text ``gen`` adds, from a detokenizer that saw the tokens before it (the
-    stream's own started empty: a character split across the hand-back would break)."""
-    if gen.finish_reason == "stop":  # EOS: not part of the text
-        detok.finalize()
-    else:
-        detok.add_token(gen.token)
-        if gen.finish_reason is not None:
-            detok.finalize()
-    return detok.last_segment
-
-
 def _generate(pipeline: Pipeline, run: Run, stream: Any, head: list, tokens: list[int],
               join: Callable[[], bool] | None, *, draft: Any = None, step: Any = None,
               detok: Any = None) -> Joined | None:
@@ -202,7 +185,8 @@ def _generate(pipeline: Pipeline, run: Run, stream: Any, head: list, tokens: lis
         run.token(gen.token, gen.logprobs)
         tokens.append(gen.token)
         from_draft.append(gen.from_draft)
-        run.emit(run.parser.feed(gen.text if detok is None else _own_text(detok, gen)))
+        run.emit(run.parser.feed(gen.text if detok is None else
+                                  next_text(detok, gen.token, gen.finish_reason)))
         if run.parser.stopped:
             break
         pipeline.sync()  # what rank 0 saw since the last token (cancels, arrivals)
