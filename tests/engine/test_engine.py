@@ -315,3 +315,45 @@ def test_a_request_cancelled_while_it_waits_for_memory_is_forgotten(engine):
     finally:
         admission.release(holder)
     assert admission.snapshot()["reserved_bytes"] == 0
+
+
+def test_a_request_that_cannot_join_leaves_the_lone_one_its_every_token(engine):
+    """Regression: a request decoding alone moved into a batch for a newcomer that then
+    failed before the batch ran a step (here: a logit_bias id outside the vocabulary),
+    and the batch, down to it again, handed it back at once, trimming a token its cache
+    did not hold yet: the model lost a word the client had already received. The lone
+    request's text must be the one it gets with no newcomer."""
+    from kit.engine.types import InvalidRequest, TextDelta
+
+    engine.max_batch = 8
+
+    def req(n: int, **params) -> ChatRequest:
+        return ChatRequest(messages=[{"role": "user", "content": "Tell me about owls."}],
+                           params=SamplingParams(max_tokens=n, temperature=0.0, **params))
+
+    async def text_of(request: ChatRequest, started: asyncio.Event | None = None) -> str:
+        text = ""
+        async for ev in engine.generate(request):
+            if isinstance(ev, TextDelta):
+                text += ev.text
+                if started is not None:
+                    started.set()
+        return text
+
+    async def failing(after: asyncio.Event) -> str:
+        await after.wait()
+        try:
+            await text_of(req(4, logit_bias=((10 ** 9, 1.0),)))
+        except InvalidRequest as e:
+            return str(e)
+        return ""
+
+    async def main():
+        alone = await text_of(req(48))
+        started = asyncio.Event()
+        got, refusal = await asyncio.gather(text_of(req(48), started), failing(started))
+        return alone, got, refusal
+
+    alone, got, refusal = asyncio.run(main())
+    assert "logit_bias" in refusal  # the newcomer was refused, after the lone one moved
+    assert got == alone

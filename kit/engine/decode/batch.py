@@ -100,19 +100,20 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                                stop_sequences=[stops])
         except Exception as e:  # it fails alone; the queued requests still run
             not_inserted(run.job, e)
-        else:
-            active[uid] = (run, joined.detok)
-            decoding.add(uid)
+        else:  # in `decoding` from its first token on: until then the batch holds it
+            active[uid] = (run, joined.detok)  # unprocessed, its cache without `last`
         run.cache = None
 
     def hand_back() -> bool:
         """Give the batch's one request back to ``alone``; whether it was."""
         (uid, (run, detok)), = active.items()
         if alone is None or backlog or not jobs.empty() or uid not in decoding \
-                or uid in stays or not movable(pipeline, run):
+                or uid in stays or run.job.cancelled.is_set() or not movable(pipeline, run):
             return False
         (cache, held), = bg.extract_cache([uid]).values()
-        if cache[0].offset != len(held):  # not the state this hand-over knows: stay
+        # a row being generated holds its prompt and every token it returned, all fed
+        if cache[0].offset != len(held) or len(held) != len(run.prompt) + run.n:
+            # not the state this hand-over knows: stay
             log.warning("%s: batch cache of %d tokens for %d: not handed back",
                         run.job.request.request_id, cache[0].offset, len(held))
             stays.add(uid)

@@ -150,9 +150,14 @@ class StaticKVCache:
         return mx.arange(self.capacity)[None] <= at
 
     def to_kv_cache(self) -> Any:
-        """The tokens written, as mlx-lm's ``KVCache`` (what the prompt cache stores)."""
+        """The tokens written, as mlx-lm's ``KVCache`` (what the prompt cache stores): a
+        copy, so that a stored cache does not keep the whole buffer alive beyond what its
+        ``nbytes`` (which the prompt cache's byte bound counts) says."""
+        import mlx.core as mx
+
         cache = mlx_lm_api.KVCache()
-        cache.state = (self.s[0][..., :self.n, :], self.s[1][..., :self.n, :], self.n)
+        cache.state = (mx.contiguous(self.s[0][..., :self.n, :]),
+                       mx.contiguous(self.s[1][..., :self.n, :]), self.n)
         return cache
 
 
