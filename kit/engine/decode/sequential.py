@@ -75,7 +75,6 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
     if pipeline.slot.vision:  # mlx-vlm decodes it (kit.engine.decode.vision); never joins
         vision_decode.decode(pipeline, job)
         return None
-    import mlx.core as mx
     drafts = pipeline.slot.drafts
     draft = drafts.usable(job.request) if drafts is not None else None
     # running=False: nothing else decodes here, so admission never defers this request
@@ -88,20 +87,8 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         if job.cancelled.is_set():  # the client left during prefill: stop it there
             raise Cancelled
 
-    processors = run.processors
-    params = job.request.params
-    if run.cached and (params.presence_penalty or params.frequency_penalty):
-        # stream_generate shows processors only the uncached prompt (+ generated);
-        # penalties look at the last 20 tokens, so lend them the cached ones, as a
-        # batch does (same text whatever was cached or batched)
-        before = mx.array(run.prompt[:run.cached][-PENALTY_CONTEXT:])
-        processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
-                                                     logits) for p in processors]
-    step = None  # the compiled decode step's stand-in for the model (kit.engine.decode.compiled)
-    if draft is None and compiled.usable(model, run.cache,
-                                         enabled=pipeline.slot.compile_decode):
-        step = compiled.CompiledModel(model, run.cache)
-        run.cache = step.caches
+    processors = with_context(run, run.prompt[:run.cached])
+    step = compiled_step(pipeline, run) if draft is None else None
     if draft is None:
         stream = mlx_lm_api.stream_generate(step or model, tokenizer, run.rest,
                                  max_tokens=run.max_tokens, sampler=run.sampler,
@@ -142,20 +129,10 @@ def resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Join
 
 
 def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joined | None:
-    import mlx.core as mx
-
     run = joined.run
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
-    processors = run.processors
-    params = run.job.request.params
-    if params.presence_penalty or params.frequency_penalty:  # as in decode: the context
-        before = mx.array(joined.held[-PENALTY_CONTEXT:])  # stream_generate cannot see
-        processors = [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]),
-                                                     logits) for p in processors]
-    step = None
-    if compiled.usable(model, run.cache, enabled=pipeline.slot.compile_decode):
-        step = compiled.CompiledModel(model, run.cache)
-        run.cache = step.caches
+    processors = with_context(run, joined.held)
+    step = compiled_step(pipeline, run)
     stream = mlx_lm_api.stream_generate(step or model, tokenizer, [joined.last],
                                         max_tokens=run.max_tokens - run.n,
                                         sampler=run.sampler, logits_processors=processors,
@@ -164,6 +141,32 @@ def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joi
     log.debug("%s: decodes alone again after %d tokens", run.job.request.request_id, run.n)
     return _generate(pipeline, run, stream, [], joined.held + [joined.last], join,
                      step=step, detok=joined.detok)
+
+
+def with_context(run: Run, held: list[int]) -> list:
+    """``run``'s logits processors, penalties lent the last tokens of ``held`` (what the
+    KV cache holds before this call): stream_generate shows processors only the tokens
+    it is given (+ generated), and penalties look at the last 20, as a batch does (the
+    same text whatever was cached, batched or handed back)."""
+    params = run.job.request.params
+    if not held or not (params.presence_penalty or params.frequency_penalty):
+        return run.processors
+    import mlx.core as mx
+
+    before = mx.array(held[-PENALTY_CONTEXT:])
+    return [lambda tokens, logits, p=p: p(mx.concatenate([before, tokens]), logits)
+            for p in run.processors]
+
+
+def compiled_step(pipeline: Pipeline, run: Run) -> Any:
+    """The compiled decode step's stand-in for the model (:mod:`kit.engine.decode.compiled`)
+    when ``run`` may use it, its caches then in ``run.cache``; else None."""
+    model = pipeline.slot.model
+    if not compiled.usable(model, run.cache, enabled=pipeline.slot.compile_decode):
+        return None
+    step = compiled.CompiledModel(model, run.cache)
+    run.cache = step.caches
+    return step
 
 
 def _generate(pipeline: Pipeline, run: Run, stream: Any, head: list, tokens: list[int],
