@@ -58,7 +58,7 @@ def rounds_for(n: int, words: int) -> list[list[str]]:
 
 
 IN_PROCESS = r"""
-import asyncio, cProfile, io, json, pstats, sys, threading, time
+import asyncio, cProfile, io, json, os, pstats, sys, threading, time
 spec = json.load(open(sys.argv[1]))
 sys.path.insert(0, spec["root"])
 from kit.blas import preload_blas; preload_blas()
@@ -146,7 +146,10 @@ else:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         out["profile"] = s.getvalue()
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+# mlx 0.32.4's CUDA build can abort while the interpreter tears down ("terminate called
+# without an active exception"), after the work is done: leave without the teardown
+os._exit(0)
 """
 
 

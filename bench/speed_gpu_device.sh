@@ -14,7 +14,9 @@
 #   call 1: bash bench/speed_gpu_device.sh stage   (carry .whl/a)
 #   call 2: bash bench/speed_gpu_device.sh all     (carry .whl/b): compiled decode
 #           in-process, the hand-back (bench/handback.py), concurrency, then drafting, each bounded so that the call ends
-#           inside the 10-minute limit with what it measured (also in $OUT/*.log)
+#           inside the 10-minute limit with what it measured (also in $OUT/*.log);
+#           DRAFT_BITS=2 also drafts with a 2-bit copy of the same weights, in-process and
+#           through mlx-kit; PROFILE=1 profiles the engine layer (which slows it)
 set -euo pipefail
 ST=/tmp/sstage
 PKG=/tmp/spkgs
@@ -36,7 +38,14 @@ timeout ${COMPILED_S:-100} python3 bench/compiled.py --model /tmp/r8b --tokens 1
 timeout ${HANDBACK_S:-60} python3 bench/handback.py --model /tmp/r8b --long 256 --rounds 2 \
     2>&1 | tee "$out/handback.log" || true
 timeout ${CONCURRENCY_S:-270} python3 bench/concurrency.py --model /tmp/r8b --tokens 128 \
-    --levels ${LEVELS:-1,2,4,8} --profile \
+    --levels ${LEVELS:-1,2,4,8} --mlx-lm-server ${PROFILE:+--profile} \
     2>&1 | tee "$out/concurrency.log" || true
 timeout ${DRAFT_S:-60} python3 bench/draft.py --model /tmp/r8b --layers 4 --tokens 128 \
     2>&1 | tee "$out/draft.log" || true
+# a low-bit copy of the same random weights (the same seed), through mlx-kit too
+if [ -n "${DRAFT_BITS:-}" ]; then
+    d=/tmp/r8b-$DRAFT_BITS
+    [ -f $d/config.json ] || python3 bench/random_model.py $d --tokenizer "$ST/tok" --bits $DRAFT_BITS
+    timeout ${DRAFT_BITS_S:-300} python3 bench/draft.py --model /tmp/r8b --draft $d --tokens 128 \
+        --server 2>&1 | tee "$out/draft-$DRAFT_BITS.log" || true
+fi
