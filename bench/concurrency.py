@@ -24,7 +24,7 @@ the max) against a lone request's. ``--profile``: cProfile of the in-process eng
 worker at the top level, the functions with the most own time (where host time goes).
 
 Usage: python bench/concurrency.py [--model PATH] [--tokens 128] [--levels 1,2,4,8]
-       [--mlx-lm-server] [--profile] [--compile-decode auto|on|off]
+       [--mlx-lm-server] [--profile] [--compile-decode on|off]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # kit, for _common.openblas
 from _common import bench_env, eos_ids, free_port, serving, starter, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,7 +233,7 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=30, help="prompt size (~3 tokens a word)")
     ap.add_argument("--mlx-lm-server", action="store_true")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--compile-decode", default="auto")
+    ap.add_argument("--compile-decode", default="off")
     ap.add_argument("--skip", default="", help="layers to skip: batch,engine,server")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-concurrency-"))

@@ -155,11 +155,16 @@ class Pipeline:
                    t0, logprob=self.sampling.logprob if params.logprobs else None,
                    media=media, cache_key=cache_key)
 
-    def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
+    def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any,
+                 next_turn: bool = True) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt
         cache (``tokens``: what ``cache`` holds; ``cache`` None: nothing worth keeping),
         fitted to what the next turn will resend (:meth:`PromptCachePolicy.next_turn`).
-        The caller posts END."""
+        ``next_turn`` False stores it as generated instead: a batch passes it while other
+        rows decode, which would wait for that fitting's prefill (a whole answer where a
+        template drops the reasoning, or where the text re-tokenizes otherwise); the next
+        turn then prefills those tokens itself, reusing the common prefix (mlx-lm's prompt
+        cache trims a copy of a longer entry). The caller posts END."""
         self.admission.release(run.job)
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
@@ -180,7 +185,7 @@ class Pipeline:
                               run.parser.stop_string))
         if cache is None:
             return
-        if finish_reason != "cancelled" and not run.job.request.raw:
+        if next_turn and finish_reason != "cancelled" and not run.job.request.raw:
             tokens = self._next_turn(run, tokens, cache, text)
         self.cache.insert(run.cache_key or run.key, tokens, cache,
                           disk=run.job.request.adapter is None and run.cache_key is None)

@@ -90,7 +90,7 @@ class ModelSlot:
             installed model, or None.
         drafts: the speculative-decoding pairings and the draft loaded now
             (:class:`kit.engine.decode.draft.Drafts`), or None without ``--draft-model``.
-        compile_decode: ``--compile-decode`` (``auto``, ``on``, ``off``; see
+        compile_decode: ``--compile-decode`` (``on``, ``off``; see
             :mod:`kit.engine.decode.compiled`).
     """
 
@@ -352,13 +352,10 @@ class ModelSlot:
 
     @property
     def compile_decode(self) -> bool:
-        """Whether a request alone may decode with a compiled step (``auto``: where mlx
-        runs on CUDA; never in a distributed engine, whose collectives a trace would
-        freeze). Imports mlx."""
+        """Whether a request alone may decode with a compiled step (``on``; never in a
+        distributed engine, whose collectives a trace would freeze)."""
         if self._compile is None:
-            mode = self._compile_mode
-            self._compile = self.split is None and (
-                mode == "on" or (mode == "auto" and warmup.on_cuda()))
+            self._compile = self.split is None and self._compile_mode == "on"
         return self._compile
 
     @property
