@@ -132,8 +132,8 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
     """Fitting a finished answer's cache to the next turn's rendering prefills tokens
     (a whole answer where the template drops the reasoning); in a batch every other row
     waited for it (on the H100 a tenth of the engine's time at 8 streams). A row done
-    while another decodes stores its cache as generated; its next turn still starts from
-    it (the common prefix of a longer entry), and a request done alone still fits it."""
+    while another decodes is only trimmed to the common prefix, which its next turn
+    starts from; a request done alone is still fitted whole."""
     import logging
 
     from kit.engine.types import Started, TextDelta
@@ -164,7 +164,7 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
         decoding = asyncio.Event()
         with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
             (_, _), (short, first) = await asyncio.gather(
-                run(req("long-1", [{"role": "user", "content": "Tell me about owls."}], 60),
+                run(req("long-1", [{"role": "user", "content": "Tell me about herons."}], 60),
                     first=decoding),
                 run(req("short-1", ask, 6), after=decoding))
         follow = ask + [{"role": "assistant", "content": short},
@@ -173,11 +173,15 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
         return first, second
 
     first, second = asyncio.run(main())
-    fitted = [r.getMessage() for r in caplog.records if "cached the next turn" in r.getMessage()]
-    assert "joins a batch after" in caplog.text  # the short one did decode beside the long
-    assert not any(m.startswith("short-1:") for m in fitted)  # no prefill while long decoded
-    assert any(m.startswith("long-1:") for m in fitted)  # done alone (handed back): fitted
-    assert second.cached_tokens >= first.prompt_tokens  # the next turn reused the entry
+    said = [r.getMessage() for r in caplog.records]
+    prefilled = [m for m in said if "cached the next turn's prefix:" in m]
+    trimmed = [m for m in said if "of the next turn's prefix (it prefills" in m]
+    # it ended while the long one decoded beside it: trimmed only, nothing prefilled
+    assert any(m.startswith("short-1:") for m in trimmed)
+    assert not any(m.startswith("short-1:") for m in prefilled)
+    assert any(m.startswith("long-1:") for m in prefilled)  # done alone (handed back)
+    # the next turn starts from that prefix: the whole first prompt and more
+    assert second.cached_tokens > first.prompt_tokens
 
 
 # -- prompts over the context window ------------------------------------------------------

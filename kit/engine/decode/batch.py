@@ -77,7 +77,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         run, _ = active.pop(uid)
         try:  # no next-turn prefill while other rows decode: they would wait for it
             pipeline.complete(run, reason, tokens or [], cache if tokens else None,
-                              next_turn=not active)
+                              prefill_next=not active)
         finally:
             run.job.post(END)
 
