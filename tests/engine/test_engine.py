@@ -127,6 +127,63 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
         assert a[3].usage.completion_tokens == 60 and a[3].finish_reason == "length"
 
 
+def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_turn(engine,
+                                                                                  caplog):
+    """Fitting a finished answer's cache to the next turn's rendering prefills tokens
+    (a whole answer where the template drops the reasoning); in a batch every other row
+    waited for it (on the H100 a tenth of the engine's time at 8 streams). A row done
+    while another decodes is only trimmed to the common prefix, which its next turn
+    starts from; a request done alone is still fitted whole."""
+    import logging
+
+    from kit.engine.types import Started, TextDelta
+
+    engine.max_batch = 8
+
+    def req(rid: str, messages: list[dict], n: int) -> ChatRequest:
+        return ChatRequest(messages=messages, request_id=rid,
+                           params=SamplingParams(max_tokens=n, temperature=0.0))
+
+    async def run(request: ChatRequest, after: asyncio.Event | None = None,
+                  first: asyncio.Event | None = None) -> tuple[str, Started]:
+        if after is not None:
+            await after.wait()
+        text, started = "", None
+        async for ev in engine.generate(request):
+            if isinstance(ev, Started):
+                started = ev
+            elif isinstance(ev, TextDelta):
+                text += ev.text
+                if first is not None:
+                    first.set()
+        return text, started
+
+    ask = [{"role": "user", "content": "Name a colour."}]
+
+    async def main():
+        decoding = asyncio.Event()
+        with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
+            (_, _), (short, first) = await asyncio.gather(
+                run(req("long-1", [{"role": "user", "content": "Tell me about herons."}], 60),
+                    first=decoding),
+                run(req("short-1", ask, 6), after=decoding))
+        follow = ask + [{"role": "assistant", "content": short},
+                        {"role": "user", "content": "Another one?"}]
+        _, second = await run(req("short-2", follow, 4))
+        return first, second
+
+    first, second = asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records]
+    prefilled = [m for m in said if "cached the next turn's prefix:" in m]
+    trimmed = [m for m in said if "of the next turn's prefix (it prefills" in m]
+    # it ended while the long one decoded beside it: trimmed only, nothing prefilled
+    assert any(m.startswith("short-1:") for m in trimmed)
+    assert not any(m.startswith("short-1:") for m in prefilled)
+    assert any(m.startswith("long-1:") for m in prefilled)  # done alone (handed back)
+    # the next turn starts from that prefix: the whole first prompt and more
+    assert second.cached_tokens > first.prompt_tokens
+
+
 # -- prompts over the context window ------------------------------------------------------
 
 def _spy_encode(engine, monkeypatch) -> list[int]:

@@ -86,6 +86,20 @@ def test_next_turn_trims_to_the_common_prefix_and_prefills_the_re_rendered_rest(
     assert kept == resend and prefilled == [[50, 51]] and _held(cache) == len(resend)
 
 
+def test_next_turn_without_a_prefill_trims_to_a_prefix_the_next_prompt_replaces():
+    # a batch row done while others decode: trimmed, the rest left to the next turn
+    policy = PromptCachePolicy(size=4)
+    tokens, resend = [1, 2, 3, 4, 5, 6, 99], [1, 2, 3, 4, 5, 6, 50, 51]
+    cache = _cache(len(tokens))
+    kept = policy.next_turn(tokens, resend, n_prompt=4, cache=cache, prefill=None)
+    assert kept == [1, 2, 3, 4, 5, 6] and _held(cache) == 6
+    policy.insert("m", kept, cache)
+    got, rest = policy.fetch("m", resend + [7, 8], lambda: _cache(0))
+    assert rest == [50, 51, 7, 8] and _held(got) == 6  # the next turn starts from it
+    policy.insert("m", resend + [7, 8], _cache(len(resend) + 2))
+    assert policy.entries() == 1  # and its own cache replaced the prefix
+
+
 @pytest.mark.parametrize("resend, tokens, n_prompt, expected", [
     ([1, 2, 3], [1, 2, 3, 4], 2, None),  # the cache already starts with all of it
     ([1, 9, 9, 9, 9], [1, 2, 3, 4, 5], 4, None),  # the template rewrote the prompt

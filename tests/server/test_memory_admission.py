@@ -233,7 +233,11 @@ def test_four_concurrent_huge_requests_all_finish_clamped_and_wait_their_turn(ti
 
 def test_prompt_cache_bytes_bounds_the_memory_cache(tight):
     client = openai_for(tight)
-    convs = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(4)]
+    # ~200 prompt tokens each: four hold more KV than the bound whatever buffer sizes the
+    # caches they were copied from left them (a cache copied from a batch row is as long
+    # as its tokens, one grown alone rounds up to 256 tokens)
+    convs = [[{"role": "user", "content": f"Tell me about the number {i}: " + " ".join(
+        f"{i}.{k}" for k in range(60))}] for i in range(4)]
     for messages in convs:
         client.chat.completions.create(model="local", messages=messages, max_tokens=3)
     state = admission(tight)

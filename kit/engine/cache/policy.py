@@ -107,7 +107,7 @@ class PromptCachePolicy:
             self._lru.trim_to(n_bytes=n_bytes)
 
     def next_turn(self, tokens: list[int], resend: list[int], n_prompt: int, cache: Any,
-                  prefill: Callable[[Any, list[int]], None]) -> list[int]:
+                  prefill: Callable[[Any, list[int]], None] | None) -> list[int]:
         """Make ``cache`` (holding ``tokens``) hold ``resend``, what the client's next turn
         starts with, and return the tokens it then holds.
 
@@ -117,14 +117,19 @@ class PromptCachePolicy:
         differs from the EOS token the model stopped on. The KV of the generated tokens
         after the first difference is useless to the next turn; so the cache is trimmed
         to the common prefix and ``prefill(cache, rest)`` runs the rest of the rendered
-        message now (a few tokens, after the client has its answer). Non-trimmable
-        caches (recurrent / rotated-out layers) keep ``tokens``, as does a cache for
-        which :func:`reusable_prefix` finds nothing to gain.
+        message now (a few tokens, after the client has its answer). ``prefill`` None
+        (other requests would wait for it) trims only: the cache holds the common prefix,
+        a prefix of the next turn's prompt, which that turn prefills on from and whose own
+        cache then replaces it (mlx-lm's store drops an entry a newer one extends).
+        Non-trimmable caches (recurrent / rotated-out layers) keep ``tokens``, as does a
+        cache for which :func:`reusable_prefix` finds nothing to gain.
         """
         common = reusable_prefix(resend, tokens, n_prompt)
         if common is None or not mlx_lm_api.can_trim_prompt_cache(cache):
             return tokens
         mlx_lm_api.trim_prompt_cache(cache, len(tokens) - common)
+        if prefill is None:
+            return resend[:common]
         prefill(cache, resend[common:])
         return resend
 

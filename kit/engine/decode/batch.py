@@ -75,8 +75,9 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
 
     def finish(uid: int, reason: str, tokens: list[int] | None, cache: Any) -> None:
         run, _ = active.pop(uid)
-        try:
-            pipeline.complete(run, reason, tokens or [], cache if tokens else None)
+        try:  # no next-turn prefill while other rows decode: they would wait for it
+            pipeline.complete(run, reason, tokens or [], cache if tokens else None,
+                              prefill_next=not active)
         finally:
             run.job.post(END)
 

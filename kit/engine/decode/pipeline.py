@@ -155,11 +155,15 @@ class Pipeline:
                    t0, logprob=self.sampling.logprob if params.logprobs else None,
                    media=media, cache_key=cache_key)
 
-    def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any) -> None:
+    def complete(self, run: Run, finish_reason: str, tokens: list[int], cache: Any,
+                 prefill_next: bool = True) -> None:
         """After the last token: flush the parser, post ``Finished``, then store the prompt
         cache (``tokens``: what ``cache`` holds; ``cache`` None: nothing worth keeping),
         fitted to what the next turn will resend (:meth:`PromptCachePolicy.next_turn`).
-        The caller posts END."""
+        ``prefill_next`` False fits it by trimming only: a batch passes it while other rows
+        decode, which would wait for the fitting's prefill (a whole answer where a template
+        drops the reasoning, or where the text re-tokenizes otherwise); the next turn
+        prefills those tokens itself. The caller posts END."""
         self.admission.release(run.job)
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
@@ -181,7 +185,7 @@ class Pipeline:
         if cache is None:
             return
         if finish_reason != "cancelled" and not run.job.request.raw:
-            tokens = self._next_turn(run, tokens, cache, text)
+            tokens = self._next_turn(run, tokens, cache, text, prefill_next)
         self.cache.insert(run.cache_key or run.key, tokens, cache,
                           disk=run.job.request.adapter is None and run.cache_key is None)
 
@@ -222,7 +226,8 @@ class Pipeline:
                 "prompt_cache_entries": self.cache.entries(),
                 "prompt_cache_max_bytes": self.cache.byte_bound()}
 
-    def _next_turn(self, run: Run, tokens: list[int], cache: Any, text: str) -> list[int]:
+    def _next_turn(self, run: Run, tokens: list[int], cache: Any, text: str,
+                   prefill_now: bool = True) -> list[int]:
         """The next turn's rendering of this conversation (``text``: the answer), then
         :meth:`PromptCachePolicy.next_turn` (any template failure: ``tokens`` as is)."""
         req = run.job.request
@@ -239,7 +244,12 @@ class Pipeline:
             refilled.append(len(rest))
             self._prefill(c, rest)
 
-        kept = self.cache.next_turn(tokens, resend, len(run.prompt), cache, prefill)
+        kept = self.cache.next_turn(tokens, resend, len(run.prompt), cache,
+                                    prefill if prefill_now else None)
+        if not prefill_now and kept is not tokens:
+            log.debug("%s: cached %d tokens of the next turn's prefix (it prefills the "
+                      "other %d: requests decode beside it)", req.request_id, len(kept),
+                      len(resend) - len(kept))
         if refilled:
             log.debug("%s: cached the next turn's prefix: %d tokens (%d re-rendered)",
                       req.request_id, len(resend), refilled[0])
