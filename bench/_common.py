@@ -79,6 +79,12 @@ def openblas() -> str | None:
     return next((p for p in _CANDIDATES if Path(p).exists()), None)
 
 
+def first_difference(a: str, b: str) -> int:
+    """The index of the first character where ``a`` and ``b`` differ (the shorter one's
+    length when one starts the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def streamed_answer(root: str, body: dict, timeout: float = 600) -> tuple[str, int, float | None]:
     """One streamed chat completion at ``root`` (``body`` without ``stream``): its text,
     completion tokens (usage) and ``time.perf_counter()`` at its first text (None if none)."""

@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, serving, starter, streamed_answer  # noqa: E402
+from _common import bench_env, first_difference, serving, starter, streamed_answer  # noqa: E402
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is in three sentences.",
@@ -99,7 +99,7 @@ def through_server(env: dict, model: str, draft: str, tokens: int, num_draft: in
                 acceptance = httpx.get(root + "/health").json()["draft"]["acceptance"]
     for prompt, a, b in zip(PROMPTS, texts["alone"], texts["draft"]):
         if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            at = first_difference(a, b)
             print(f"  texts differ for {prompt!r} at character {at}: {a[at:at + 30]!r} "
                   f"alone, {b[at:at + 30]!r} with the draft")
     return {"alone_tps": speeds["alone"], "draft_tps": speeds["draft"],

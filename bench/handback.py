@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_env, starter  # noqa: E402
+from _common import bench_env, first_difference, starter  # noqa: E402
 
 
 def main() -> None:
@@ -109,7 +109,7 @@ def main() -> None:
         for name, t in texts.items():
             print(f"  {name}: the same text every round: {len(set(t)) == 1}")
         x, y = a[0], b[0]
-        at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        at = first_difference(x, y)
         print(f"  round 1 differs at character {at} of {len(x)}: {x[at:at + 20]!r} "
               f"/ {y[at:at + 20]!r}")
     sys.stdout.flush()

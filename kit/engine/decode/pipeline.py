@@ -227,7 +227,7 @@ class Pipeline:
                 "prompt_cache_max_bytes": self.cache.byte_bound()}
 
     def _next_turn(self, run: Run, tokens: list[int], cache: Any, text: str,
-                   prefill_now: bool = True) -> list[int]:
+                   prefill_next: bool = True) -> list[int]:
         """The next turn's rendering of this conversation (``text``: the answer), then
         :meth:`PromptCachePolicy.next_turn` (any template failure: ``tokens`` as is)."""
         req = run.job.request
@@ -245,8 +245,8 @@ class Pipeline:
             self._prefill(c, rest)
 
         kept = self.cache.next_turn(tokens, resend, len(run.prompt), cache,
-                                    prefill if prefill_now else None)
-        if not prefill_now and kept is not tokens:
+                                    prefill if prefill_next else None)
+        if not prefill_next and kept is not tokens:
             log.debug("%s: cached %d tokens of the next turn's prefix (it prefills the "
                       "other %d: requests decode beside it)", req.request_id, len(kept),
                       len(resend) - len(kept))
