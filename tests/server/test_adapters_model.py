@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -164,11 +164,28 @@ def queued(server) -> float | None:
     return value(httpx.get(server.root + "/metrics", timeout=5).text, "mlx_kit_queue_depth")
 
 
+def engine_order(server, ids: dict[str, str]) -> list[str]:
+    """The engine's starts and ends of the requests ``ids`` (name -> response id), in the
+    order its log wrote them: "a1+" when a1 was prepared, "a1-" when it completed.
+
+    The engine's own order, not the client's: a client's reader threads can see one
+    stream close and another's first token in either order when the CPU is busy (CI
+    once saw a1's close 0.2 ms after b1's first token, b1 having started ~0.2 s later)."""
+    names = {rid: name for name, rid in ids.items()}
+    pattern = re.compile(r"mlx_kit\.engine: (chatcmpl-\w+): (starts: |mlx-kit/)")
+    order = []
+    for line in server.log_text().splitlines():
+        m = pattern.search(line)
+        if m and m[1] in names:
+            order.append(names[m[1]] + ("+" if m[2] == "starts: " else "-"))
+    return order
+
+
 def test_a_request_held_at_an_adapter_barrier_keeps_its_place_in_line(lora_server):
     """Regression: a request for another adapter that waited while a batch ran was put
     behind every request of the running adapter that arrived later, for as long as they
     kept coming."""
-    times: dict[str, dict[str, float]] = {}
+    ids: dict[str, str] = {}
     started = {name: threading.Event() for name in ("a1", "a2", "b1", "a3", "b2")}
 
     def stream(name: str, model: str, max_tokens: int) -> None:
@@ -180,9 +197,8 @@ def test_a_request_held_at_an_adapter_barrier_keeps_its_place_in_line(lora_serve
                           timeout=120) as r:
             for line in r.iter_lines():
                 if '"content"' in line and not started[name].is_set():
-                    times[name] = {"first": time.monotonic()}
+                    ids[name] = json.loads(line.removeprefix("data: "))["id"]
                     started[name].set()
-        times[name]["done"] = time.monotonic()
 
     def go(name, model, max_tokens):
         t = threading.Thread(target=stream, args=(name, model, max_tokens))
@@ -199,10 +215,13 @@ def test_a_request_held_at_an_adapter_barrier_keeps_its_place_in_line(lora_serve
     threads.append(go("b2", "local", 24))  # arrives while b1 decodes, after a3
     for t in threads:
         t.join(120)
-    assert times["a1"]["done"] < times["b1"]["first"]  # never in one batch
-    # a3 (4 tokens) ran before b2 (24), which arrived after it: it began first and ended
-    # long before b2 did. (Not "a3 done < b2 first": the client's threads see a3's stream
-    # close and b2's first token within a millisecond of each other, and CI once saw them
-    # in the other order.) Had b2 passed a3, a3 would only have started once b2 ended.
-    assert times["a3"]["first"] < times["b2"]["first"], times
-    assert times["a3"]["done"] < times["b2"]["done"], times
+    assert sorted(ids) == ["a1", "a2", "a3", "b1", "b2"]
+    order = engine_order(lora_server, ids)
+    assert sorted(order) == sorted(n + e for n in ids for e in "+-"), order
+    at = order.index
+    # never in one batch: b1 starts once the zorb batch has ended
+    assert at("a1-") < at("b1+") and at("a2-") < at("b1+"), order
+    # a3 (behind b1) starts before b2, which arrived after it, and ends first (4 tokens
+    # against 24). Had b2 passed a3, a3 would only have started once b2 ended.
+    assert at("b1+") < at("a3+") < at("b2+"), order
+    assert at("a3-") < at("b2-"), order

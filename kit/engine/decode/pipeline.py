@@ -150,6 +150,12 @@ class Pipeline:
             if self.admission.deferred > waited:  # counted once per request
                 self.changed()
             raise
+        # the engine's order of starts and ends, in the log: where requests arrive apart or
+        # wait at a barrier (the completion's INFO line is the other end)
+        # (worded apart from the completion's "prompt N tokens (M cached)", which tools
+        # and tests read as one line per request)
+        log.debug("%s: starts: %s, %d of its %d prompt tokens cached%s", req.request_id,
+                  key, cached, len(prompt), ", beside others" if running else "")
         job.post(Started(key, len(prompt), cached, n_max, asked))
         return Run(job, key, prompt, rest, cache, cached, n_max, sampler, processors, parser,
                    t0, logprob=self.sampling.logprob if params.logprobs else None,
