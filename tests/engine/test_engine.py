@@ -184,6 +184,78 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
     assert second.cached_tokens > first.prompt_tokens
 
 
+
+def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(engine,
+                                                                              caplog,
+                                                                              monkeypatch):
+    """Requests a client sends together reach the engine a moment apart. One that
+    arrives while the first is still being prepared (template, tokens, prompt-cache
+    lookup) no longer waits for the first's lone prefill and first token: the first
+    moves into the batch before its prefill, and both prompts prefill together there.
+    Greedy: each text is what it gets alone."""
+    import logging
+    import threading
+
+    from kit.engine.types import TextDelta
+
+    engine.max_batch = 8
+    prepared = threading.Event()
+    real = engine.pipeline.prepare
+
+    def prepare(job, *args, **kwargs):
+        run = real(job, *args, **kwargs)
+        if job.request.request_id == "first-1":  # hold it until the second is queued
+            prepared.set()
+            for _ in range(1000):
+                if not engine.inbox.empty():
+                    break
+                threading.Event().wait(0.01)
+        return run
+
+    monkeypatch.setattr(engine.pipeline, "prepare", prepare)
+
+    def req(rid: str, topic: str, n: int) -> ChatRequest:
+        return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
+                           request_id=rid, params=SamplingParams(max_tokens=n,
+                                                                 temperature=0.0))
+
+    async def text(request: ChatRequest, after: threading.Event | None = None) -> str:
+        if after is not None:
+            await asyncio.to_thread(after.wait, 10)
+        out = ""
+        async for ev in engine.generate(request):
+            if isinstance(ev, TextDelta):
+                out += ev.text
+        return out
+
+    async def main():
+        alone = [await text(req("alone-1", "owls", 24)), await text(req("alone-2", "bees", 12))]
+        with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
+            together = await asyncio.gather(text(req("first-1", "owls", 24)),
+                                            text(req("second-1", "bees", 12), after=prepared))
+        return alone, together
+
+    def reference(topic: str, n: int) -> tuple[str, list[Step]]:
+        """The request alone again, with each step's lead over the runner-up."""
+        async def run():
+            out, steps = "", []
+            request = req(f"ref-{topic}", topic, n)
+            request.params = SamplingParams(max_tokens=n, temperature=0.0, logprobs=True,
+                                            top_logprobs=2)
+            async for ev in engine.generate(request):
+                if isinstance(ev, TextDelta):
+                    out += ev.text
+                    steps += [Step(lp.token, lp.top[0][1] - lp.top[1][1]) for lp in ev.logprobs]
+            return out, steps
+        return asyncio.run(run())
+
+    alone, together = asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records]
+    assert "first-1: joins a batch before its prefill" in said
+    assert not any(m.startswith("first-1: joins a batch after") for m in said)
+    check_agreement(alone[0], together[0], lambda: reference("owls", 24))
+    check_agreement(alone[1], together[1], lambda: reference("bees", 12))
+
 # -- prompts over the context window ------------------------------------------------------
 
 def _spy_encode(engine, monkeypatch) -> list[int]:

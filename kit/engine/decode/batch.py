@@ -95,14 +95,14 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         """Continue ``joined`` (a request that decoded alone) in the batch."""
         run = joined.run
         try:
-            (uid,) = bg.insert([[joined.last]], max_tokens=[run.max_tokens - run.n],
+            (uid,) = bg.insert([joined.feed], max_tokens=[run.max_tokens - run.n],
                                caches=[run.cache], all_tokens=[joined.held],
                                samplers=[run.sampler], logits_processors=[run.processors],
                                stop_sequences=[stops])
         except Exception as e:  # it fails alone; the queued requests still run
             not_inserted(run.job, e)
         else:  # in `decoding` from its first token on: until then the batch holds it
-            active[uid] = (run, joined.detok)  # unprocessed, its cache without `last`
+            active[uid] = (run, joined.detok)  # unprocessed, its cache without `feed`
         run.cache = None
 
     def hand_back() -> bool:
@@ -127,7 +127,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         mlx_lm_api.trim_prompt_cache(cache, 1)
         run.cache = cache
         held = list(held)
-        back = alone(Joined(run, held[:-1], held[-1], detok),
+        back = alone(Joined(run, held[:-1], held[-1:], detok),
                      lambda: is_job(backlog[0], adapter) if backlog else
                      jobs.next_is_job(adapter))
         if back is not None:

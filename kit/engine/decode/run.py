@@ -118,10 +118,14 @@ class Run:
 @dataclass
 class Joined:
     """A request that ran alone and continues in a batch: its run, the tokens its KV
-    cache (``run.cache``) holds, the token to feed next, its detokenizer (which has seen
-    every generated token)."""
+    cache (``run.cache``) holds, the tokens to feed next, its detokenizer (which has seen
+    every generated token).
+
+    ``feed`` is the last generated token (the batch computes the next one from it again),
+    or, for a request that moves before its prefill (others arrived while it was
+    prepared), the prompt's uncached rest, which the batch prefills with theirs."""
 
     run: Run
     held: list[int]
-    last: int
+    feed: list[int]
     detok: Any

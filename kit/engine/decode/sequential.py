@@ -63,8 +63,9 @@ def _posting(pipeline: Pipeline, job: Job,
 def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joined | None:
     """Prepare ``job``, decode it with ``mlx_lm.stream_generate`` and complete it.
 
-    With ``join``, when it says another request waits, stop after the current token and
-    return the state a batch continues from: the KV cache trimmed by that token, which the
+    With ``join``, when it says another request waits (already once the request is
+    prepared: then the batch prefills its prompt with the others'), stop after the
+    current token and return the state a batch continues from: the KV cache trimmed by that token, which the
     batch feeds again (stream_generate has already fed it to compute the next one), and a
     detokenizer that has seen the tokens so far (a grammar's llguidance matcher would
     have consumed the last token already: constrained requests never join).
@@ -81,6 +82,11 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
     # (Deferred cannot come out of it): its prompt fits, or it is refused with the 400
     run = pipeline.prepare(job, running=False, draft=draft)
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
+    if join is not None and draft is None:
+        pipeline.sync()  # what arrived while it was prepared (a sync point, as a token is)
+        if join():  # they prefill together in the batch, not after this one's prefill
+            log.debug("%s: joins a batch before its prefill", job.request.request_id)
+            return Joined(run, run.prompt[:run.cached], list(run.rest), tokenizer.detokenizer)
 
     def check_cancelled(_done: int, _total: int) -> None:
         pipeline.sync()  # a prefill chunk is a sync point of a distributed engine
@@ -133,13 +139,13 @@ def _resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Joi
     model, tokenizer = pipeline.slot.model, pipeline.slot.tokenizer
     processors = with_context(run, joined.held)
     step = compiled_step(pipeline, run)
-    stream = mlx_lm_api.stream_generate(step or model, tokenizer, [joined.last],
+    stream = mlx_lm_api.stream_generate(step or model, tokenizer, joined.feed,
                                         max_tokens=run.max_tokens - run.n,
                                         sampler=run.sampler, logits_processors=processors,
                                         prompt_cache=run.cache,
                                         prefill_step_size=prefill_step_size())
     log.debug("%s: decodes alone again after %d tokens", run.job.request.request_id, run.n)
-    return _generate(pipeline, run, stream, [], joined.held + [joined.last], join,
+    return _generate(pipeline, run, stream, [], joined.held + joined.feed, join,
                      step=step, detok=joined.detok)
 
 
@@ -216,7 +222,7 @@ def _generate(pipeline: Pipeline, run: Run, stream: Any, head: list, tokens: lis
                     detok.add_token(token)
                 detok.last_segment  # noqa: B018 (sent already, through stream_generate's)
             log.debug("%s: joins a batch after %d tokens", job.request.request_id, run.n)
-            return Joined(run, tokens[:-1], tokens[-1], detok)
+            return Joined(run, tokens[:-1], tokens[-1:], detok)
     if step is not None:
         stream.close()
         run.cache = step.kv_caches()
