@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -165,45 +166,73 @@ def in_process(env: dict, layer: str, spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def stream(url: str, text: str, tokens: int, bias: dict, t0: float,
-           model: str = "local") -> tuple[int, float]:
-    """One streamed chat completion: (completion tokens, s from t0 to its first text)."""
+def stream(client: httpx.Client, url: str, text: str, tokens: int, bias: dict,
+           t0: float, model: str = "local") -> tuple[int, float, str]:
+    """One streamed chat completion on ``client``: (completion tokens, s from t0 to its
+    first text, the response's id)."""
     body = {"model": model, "messages": [{"role": "user", "content": text}],
             "stream": True, "temperature": 0, "max_tokens": tokens, "logit_bias": bias,
             "stream_options": {"include_usage": True}}
-    first, n = None, 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
+    first, n, rid = None, 0, ""
+    with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            rid = chunk.get("id", rid)
             n = (chunk.get("usage") or {}).get("completion_tokens", n)
             delta = (chunk.get("choices") or [{}])[0].get("delta") or {}
             if first is None and delta.get("content"):
                 first = time.perf_counter() - t0
-    return n, first if first is not None else time.perf_counter() - t0
+    return n, first if first is not None else time.perf_counter() - t0, rid
 
 
 def over_http(url: str, rounds: dict, tokens: int, bias: dict, model: str = "local") -> dict:
-    """Per level: (best aggregate tok/s, its slowest TTFT); ``model``: the id the server
-    takes (mlx_lm.server: the model's path)."""
-    def level(texts: list[str]) -> tuple[float, float]:
+    """Per level: (best aggregate tok/s, its slowest TTFT, its requests' ids); ``model``:
+    the id the server takes (mlx_lm.server: the model's path).
+
+    As an agent's client sends: one client whose connections stay open (the untimed round
+    opens them), each stream's thread started before the clock and released together. A
+    new ``httpx.Client`` per request (an SSL context and a connection each, under one GIL)
+    sent the streams 20-78 ms apart on the 2-core CPU: the client's cost, not the
+    server's."""
+    def level(client: httpx.Client, texts: list[str]) -> tuple[float, float, list[str]]:
         got: list = [None] * len(texts)
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=lambda i=i: got.__setitem__(
-            i, stream(url, texts[i], tokens, bias, t0, model))) for i in range(len(texts))]
+        go = threading.Barrier(len(texts) + 1)
+        t0 = 0.0
+
+        def one(i: int) -> None:
+            go.wait()
+            got[i] = stream(client, url, texts[i], tokens, bias, t0, model)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
         for t in threads:
             t.start()
+        t0 = time.perf_counter()
+        go.wait()
         for t in threads:
             t.join()
-        return sum(n for n, _ in got) / (time.perf_counter() - t0), max(f for _, f in got)
+        return (sum(n for n, _, _ in got) / (time.perf_counter() - t0),
+                max(f for _, f, _ in got), [rid for _, _, rid in got])
 
     out = {}
-    for lv, rs in rounds.items():
-        level(rs[0])
-        out[lv] = max((level(r) for r in rs[1:]), key=lambda x: x[0])
+    with httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)
+                      ) as client:
+        for lv, rs in rounds.items():
+            level(client, rs[0])
+            out[lv] = max((level(client, r) for r in rs[1:]), key=lambda x: x[0])
     return out
+
+
+def arrival_spread(log: str, ids: list[str]) -> float | None:
+    """Seconds from the first to the last of ``ids`` reaching the engine: the timestamps of
+    their "starts" lines in the server's debug log (ms resolution), or None without them."""
+    stamps = []
+    for line in log.splitlines():
+        if ": starts: " in line and any(f" {rid}: starts: " in line for rid in ids):
+            stamps.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return max(stamps) - min(stamps) if len(stamps) == len(ids) else None
 
 
 def mlx_lm_server(env: dict, model: str, rounds: dict, tokens: int, bias: dict) -> dict:
@@ -264,16 +293,19 @@ def main() -> None:
         print(f"(engine done, {time.perf_counter() - t0:.0f} s) {json.dumps(res)}",
               file=sys.stderr, flush=True)
     if "server" not in skip:
-        with serving(env, "--model", model, "--max-batch", str(max(levels)), "--warmup",
+        debug = {**env, "MLX_KIT_LOG_LEVEL": "debug"}  # the "starts" lines: arrivals
+        with serving(debug, "--model", model, "--max-batch", str(max(levels)), "--warmup",
                      "off", "--prompt-cache-disk", "0", "--compile-decode",
                      args.compile_decode, timeout=900) as url:
             for lv, v in over_http(url, rounds, args.tokens, bias).items():
-                res[lv]["server"] = v
+                res[lv]["server"] = v[:2]
+                log = (Path(env["HOME"]) / f"serve-{url.rsplit(':', 1)[1]}.log").read_text()
+                res[lv]["spread"] = arrival_spread(log, v[2])
         print(f"(server done, {time.perf_counter() - t0:.0f} s) {json.dumps(res)}",
               file=sys.stderr, flush=True)
     if args.mlx_lm_server:
         for lv, v in mlx_lm_server(env, model, rounds, args.tokens, bias).items():
-            res[lv]["mlx_lm"] = v
+            res[lv]["mlx_lm"] = v[:2]
     import mlx.core as mx
 
     print(f"bench/concurrency.py: {args.model or 'the float32 starter'} on "
@@ -298,6 +330,10 @@ def main() -> None:
             ratio = f" ({tps / ref[0]:.2f})" if ref and k != "all" else ""
             cells.append(f"{tps:.1f}{ratio}, {ttft:.2f} s")
         print(f"| {lv} | " + " | ".join(cells) + " |")
+    spreads = {lv: res[lv].get("spread") for lv in rounds if res[lv].get("spread") is not None}
+    if spreads:
+        print("mlx-kit server: the timed round's requests reached the engine within "
+              + ", ".join(f"{1000 * s:.0f} ms ({lv} streams)" for lv, s in spreads.items()))
     print(f"(total {time.perf_counter() - t0:.0f} s)")
     if profile:
         print("\nkit Engine worker, cProfile by own time (all levels):")
