@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -184,19 +185,20 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
     assert second.cached_tokens > first.prompt_tokens
 
 
-
 def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(engine,
                                                                               caplog,
                                                                               monkeypatch):
     """Requests a client sends together reach the engine a moment apart. One that
     arrives while the first is still being prepared (template, tokens, prompt-cache
-    lookup) no longer waits for the first's lone prefill and first token: the first
-    moves into the batch before its prefill, and both prompts prefill together there.
-    Greedy: each text is what it gets alone."""
+    lookup) no longer waits for the first's prefill and first token: both prompts
+    prefill together, whether the first was to decode alone (it moves into the batch
+    before its prefill) or the worker was still in a batch (it admits what arrived
+    before its next step). Greedy: each text is what it gets alone (asked after, from the
+    prompt cache the batch left: prompts not asked before, so the batch prefills them)."""
     import logging
     import threading
 
-    from kit.engine.types import TextDelta
+    from kit.engine.types import Started, TextDelta
 
     engine.max_batch = 8
     prepared = threading.Event()
@@ -213,6 +215,7 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
         return run
 
     monkeypatch.setattr(engine.pipeline, "prepare", prepare)
+    seen: list[tuple[str, str]] = []  # (request, event) in the order the loop got them
 
     def req(rid: str, topic: str, n: int) -> ChatRequest:
         return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
@@ -224,15 +227,23 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
             await asyncio.to_thread(after.wait, 10)
         out = ""
         async for ev in engine.generate(request):
-            if isinstance(ev, TextDelta):
+            if isinstance(ev, Started):
+                seen.append((request.request_id, "started"))
+            elif isinstance(ev, TextDelta):
+                if not out:
+                    seen.append((request.request_id, "first token"))
                 out += ev.text
         return out
 
     async def main():
-        alone = [await text(req("alone-1", "owls", 24)), await text(req("alone-2", "bees", 12))]
+        # a moment for the worker to leave the batch the last test's requests ran in, so
+        # that the first decodes alone (the batch's path gives the same order)
+        await asyncio.sleep(0.2)
         with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
-            together = await asyncio.gather(text(req("first-1", "owls", 24)),
-                                            text(req("second-1", "bees", 12), after=prepared))
+            together = await asyncio.gather(text(req("first-1", "otters", 24)),
+                                            text(req("second-1", "moths", 12), after=prepared))
+        alone = [await text(req("alone-1", "otters", 24)),
+                 await text(req("alone-2", "moths", 12))]
         return alone, together
 
     def reference(topic: str, n: int) -> tuple[str, list[Step]]:
@@ -250,11 +261,19 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
         return asyncio.run(run())
 
     alone, together = asyncio.run(main())
+    # the second was started (prepared, in the batch) before the first had a token: the
+    # first did not prefill alone
+    assert seen.index(("second-1", "started")) < seen.index(("first-1", "first token")), seen
     said = [r.getMessage() for r in caplog.records]
-    assert "first-1: joins a batch before its prefill" in said
     assert not any(m.startswith("first-1: joins a batch after") for m in said)
-    check_agreement(alone[0], together[0], lambda: reference("owls", 24))
-    check_agreement(alone[1], together[1], lambda: reference("bees", 12))
+    cached, prompt = map(int, re.search(r"(\d+) of its (\d+) prompt tokens cached",
+                                        next(m for m in said if m.startswith("first-1: starts"))
+                                        ).groups())
+    assert prompt - cached > 5  # its own words to prefill, in the batch (a template prefix
+    # other tests left may be cached)
+    check_agreement(alone[0], together[0], lambda: reference("otters", 24))
+    check_agreement(alone[1], together[1], lambda: reference("moths", 12))
+
 
 # -- prompts over the context window ------------------------------------------------------
 

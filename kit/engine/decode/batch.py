@@ -92,7 +92,8 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
         job.post(END)
 
     def take(joined: Joined) -> None:
-        """Continue ``joined`` (a request that decoded alone) in the batch."""
+        """Continue ``joined`` in the batch: a request that decoded alone, or one that
+        moved before its prefill (its prompt's rest prefills here)."""
         run = joined.run
         try:
             (uid,) = bg.insert([joined.feed], max_tokens=[run.max_tokens - run.n],
@@ -134,6 +135,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
             take(back)
         return True
 
+    admitted = False  # this pass of the loop put a request in the batch
     decoding: set[int] = set()  # rows past their prefill (they have sent a token)
     stays: set[int] = set()  # rows whose state the hand-back did not recognise
     try:
@@ -180,6 +182,13 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                     continue
                 active[uid] = (run, tokenizer.detokenizer)
                 run.cache = None  # the batch owns it now
+                admitted = True
+            if admitted and len(active) < max_batch:
+                # requests that reached the engine while these were prepared (template,
+                # tokens, cache lookup) join them before the step: one prefill for all,
+                # not one now and one after it; the loop's top syncs and admits them
+                admitted = False
+                continue
             if len(active) == 1 and hand_back():
                 continue
             if not active:

@@ -124,8 +124,8 @@ def resume(pipeline: Pipeline, joined: Joined, join: Callable[[], bool]) -> Join
 
     Args:
         joined: the request's state: ``run.cache`` holds ``held`` (its prompt and every
-            generated token but ``last``), ``last`` is fed next, ``detok`` has seen every
-            generated token.
+            generated token but the last), ``feed`` (that last token) is fed next,
+            ``detok`` has seen every generated token.
         join: asked after each token; True stops it again for a batch (see :func:`decode`).
 
     Returns:
