@@ -47,6 +47,16 @@ def test_what_is_not_base64_is_invalid(text):
     assert code_of(decode_base64, text, "p", 1000, "image")[0] == "invalid_image"
 
 
+def test_a_data_url_where_the_base64_alone_goes_is_named_as_such():
+    """Regression: a data: URL in input_audio.data (which takes the base64 alone) was
+    refused as "not valid base64", which it is, but not why."""
+    code, message = code_of(decode_base64, data_url(wav(), "audio/wav"), "input_audio.data",
+                            MAX_AUDIO_BYTES, "audio")
+    assert code == "invalid_audio"
+    assert message == ("input_audio.data: the audio data is not valid base64: this field "
+                       "takes the base64 alone, not a data: URL (send what follows the comma)")
+
+
 def test_the_byte_bound_is_exact_and_checked_on_the_text_first():
     data = b"x" * 30
     assert decode_base64(b64(data), "p", 30, "image") == data

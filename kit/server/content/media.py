@@ -159,7 +159,12 @@ def decode_base64(text: Any, where: str, limit: int, what: str, flag: str = "") 
     try:
         data = base64.b64decode(clean, validate=True)
     except (binascii.Error, ValueError):  # ValueError: a non-ASCII character
-        raise bad(where, f"the {what} data is not valid base64", f"invalid_{what}") from None
+        # a data: URL where the field takes the base64 alone (OpenAI's input_audio.data,
+        # Anthropic's and Gemini's data) is the common slip: say so
+        hint = (": this field takes the base64 alone, not a data: URL (send what follows "
+                "the comma)") if clean.startswith("data:") else ""
+        raise bad(where, f"the {what} data is not valid base64{hint}",
+                  f"invalid_{what}") from None
     if len(data) > limit:
         raise too_large(len(data), "")
     return data
