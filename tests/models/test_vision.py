@@ -142,3 +142,14 @@ def test_the_engines_vision_wins_for_the_loaded_model(fake_vlm, tmp_path, catalo
                             detected={"tools": False, "vision": engine_says})
     assert [e["capabilities"]["vision"] for e in listed] == [engine_says, engine_says,
                                                             catalog_says]
+
+
+def test_a_model_that_takes_audio_says_so_in_the_listing_loaded_or_not(fake_vlm, tmp_path):
+    """Regression: /v1/models named ``audio`` only for the loaded model (the engine's
+    detection); another model on the machine that takes audio listed no such key."""
+    omni = {"model_type": "tinyvlm", "vision_config": {}, "audio_config": {}}
+    loaded = describe("org/text", model_folder(tmp_path / "t", {"model_type": "llama"}))
+    other = describe("org/omni", model_folder(tmp_path / "o", omni))
+    listed = served_entries([loaded, other], "org/text", loaded=True,
+                            detected={"tools": False, "vision": False, "audio": False})
+    assert [e["capabilities"]["audio"] for e in listed] == [False, False, True]

@@ -35,6 +35,7 @@ def test_models_lists_local_first_naming_the_real_model(server):
     # other models on this machine follow, not loaded (the 4-bit starter: built on first use)
     others = {m["id"]: m for m in data[2:]}
     assert others["mlx-kit/SmolLM2-135M-Instruct-4bit"]["loaded"] is False
+    assert others["mlx-kit/SmolLM2-135M-Instruct-4bit"]["capabilities"]["audio"] is False
 
 
 def test_health_identifies_the_server(server):
