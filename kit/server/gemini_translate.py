@@ -102,9 +102,10 @@ def _inline(blob: Any, where: str, media: MediaReader) -> ImageInput | AudioInpu
         return media.image_base64(blob.get("data"), where)
     if mime.startswith("audio/"):
         return media.audio_base64(blob.get("data"), mime, where)
+    audio = "; audio is: audio/wav (PCM)" if media.audio else ""
     raise bad(where, f"{excerpt(mime or 'an untyped blob', 60)} content is not supported "
-              "by this model (images are: image/png, image/jpeg, image/webp, image/gif)",
-              "unsupported_content")
+              f"by this model (images are: image/png, image/jpeg, image/webp, image/gif"
+              f"{audio})", "unsupported_content")
 
 
 def _file(blob: Any, where: str, media: MediaReader) -> ImageInput:

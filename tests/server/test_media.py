@@ -216,3 +216,18 @@ def test_with_media_orders_images_and_audio_apart_in_message_order():
     assert got["messages"][1]["content"] == [{"type": "image"}, {"type": "audio"},
                                              {"type": "text", "text": "z"}]
     assert got["images"] == (img, img) and got["audio"] == (clip, clip)
+
+
+@pytest.mark.parametrize("audio", [False, True])
+def test_a_gemini_blob_of_another_type_is_refused_naming_what_the_model_reads(audio):
+    """Regression: on a model that takes audio, the refusal of an inlineData type it does
+    not read listed the image types alone."""
+    from kit.server.gemini_translate import _inline
+
+    code, message = code_of(_inline, {"mimeType": "video/mp4", "data": "AAAA"},
+                            "contents.0.parts.0.inlineData",
+                            MediaReader(vision=True, audio=audio))
+    assert code == "unsupported_content"
+    assert message == ("contents.0.parts.0.inlineData: 'video/mp4' content is not supported "
+                       "by this model (images are: image/png, image/jpeg, image/webp, "
+                       "image/gif" + ("; audio is: audio/wav (PCM)" if audio else "") + ")")
