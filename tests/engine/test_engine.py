@@ -185,15 +185,17 @@ def test_a_row_done_while_others_decode_leaves_its_next_turn_prefill_to_that_tur
     assert second.cached_tokens > first.prompt_tokens
 
 
-def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(engine,
-                                                                              caplog,
-                                                                              monkeypatch):
+@pytest.mark.parametrize("beside, topics", [(False, ("otters", "moths")),
+                                            (True, ("beavers", "crickets"))],
+                         ids=["idle engine", "beside a decoding request"])
+def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
+        engine, caplog, monkeypatch, beside, topics):
     """Requests a client sends together reach the engine a moment apart. One that
     arrives while the first is still being prepared (template, tokens, prompt-cache
     lookup) no longer waits for the first's prefill and first token: both prompts
     prefill together, whether the first was to decode alone (it moves into the batch
-    before its prefill) or the worker was still in a batch (it admits what arrived
-    before its next step). Greedy: each text is what it gets alone (asked after, from the
+    before its prefill) or joins a batch (``beside``: another request decodes; the batch
+    admits what arrived before its next step). Greedy: each text is what it gets alone (asked after, from the
     prompt cache the batch left: prompts not asked before, so the batch prefills them)."""
     import logging
     import threading
@@ -216,13 +218,26 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
 
     monkeypatch.setattr(engine.pipeline, "prepare", prepare)
     seen: list[tuple[str, str]] = []  # (request, event) in the order the loop got them
+    # the batch's calls once the first is prepared (on the class: a batch the worker
+    # still runs from the last test's requests has its instance already)
+    calls: list[str] = []
+    from kit import mlx_lm_api
+
+    generator = mlx_lm_api.BatchGenerator
+    for name in ("insert", "next"):
+        def spy(self, *args, _real=getattr(generator, name), _name=name, **kwargs):
+            if prepared.is_set():
+                calls.append(_name)
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(generator, name, spy)
 
     def req(rid: str, topic: str, n: int) -> ChatRequest:
         return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
                            request_id=rid, params=SamplingParams(max_tokens=n,
                                                                  temperature=0.0))
 
-    async def text(request: ChatRequest, after: threading.Event | None = None) -> str:
+    async def text(request: ChatRequest, after: threading.Event | None = None,
+                   first: asyncio.Event | None = None) -> str:
         if after is not None:
             await asyncio.to_thread(after.wait, 10)
         out = ""
@@ -232,6 +247,8 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
             elif isinstance(ev, TextDelta):
                 if not out:
                     seen.append((request.request_id, "first token"))
+                    if first is not None:
+                        first.set()
                 out += ev.text
         return out
 
@@ -239,11 +256,19 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
         # a moment for the worker to leave the batch the last test's requests ran in, so
         # that the first decodes alone (the batch's path gives the same order)
         await asyncio.sleep(0.2)
+        first, second = topics
+        decoding = asyncio.Event()
         with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
-            together = await asyncio.gather(text(req("first-1", "otters", 24)),
-                                            text(req("second-1", "moths", 12), after=prepared))
-        alone = [await text(req("alone-1", "otters", 24)),
-                 await text(req("alone-2", "moths", 12))]
+            long = asyncio.create_task(text(req("long-0", "herons", 40), first=decoding)) \
+                if beside else None
+            if beside:
+                await decoding.wait()
+            together = await asyncio.gather(text(req("first-1", first, 24)),
+                                            text(req("second-1", second, 12), after=prepared))
+            if long is not None:
+                await long
+        alone = [await text(req("alone-1", first, 24)),
+                 await text(req("alone-2", second, 12))]
         return alone, together
 
     def reference(topic: str, n: int) -> tuple[str, list[Step]]:
@@ -264,6 +289,7 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
     # the second was started (prepared, in the batch) before the first had a token: the
     # first did not prefill alone
     assert seen.index(("second-1", "started")) < seen.index(("first-1", "first token")), seen
+    assert calls[:3] == ["insert", "insert", "next"], calls  # both in before one step
     said = [r.getMessage() for r in caplog.records]
     assert not any(m.startswith("first-1: joins a batch after") for m in said)
     cached, prompt = map(int, re.search(r"(\d+) of its (\d+) prompt tokens cached",
@@ -271,8 +297,8 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(eng
                                         ).groups())
     assert prompt - cached > 5  # its own words to prefill, in the batch (a template prefix
     # other tests left may be cached)
-    check_agreement(alone[0], together[0], lambda: reference("otters", 24))
-    check_agreement(alone[1], together[1], lambda: reference("moths", 12))
+    check_agreement(alone[0], together[0], lambda: reference(topics[0], 24))
+    check_agreement(alone[1], together[1], lambda: reference(topics[1], 12))
 
 
 # -- prompts over the context window ------------------------------------------------------

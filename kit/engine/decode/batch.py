@@ -135,7 +135,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
             take(back)
         return True
 
-    admitted = False  # this pass of the loop put a request in the batch
+    admitted = False  # the loop's last pass put a request in the batch
     decoding: set[int] = set()  # rows past their prefill (they have sent a token)
     stays: set[int] = set()  # rows whose state the hand-back did not recognise
     try:
@@ -143,6 +143,7 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
             take(joined)
         while True:
             jobs.sync()
+            admitted = False
             while True:  # admit what is queued, up to a barrier
                 try:
                     backlog.append(jobs.get_nowait())
@@ -187,7 +188,6 @@ def run_batch(pipeline: Pipeline, first: Job | None, jobs: Inbox, max_batch: int
                 # requests that reached the engine while these were prepared (template,
                 # tokens, cache lookup) join them before the step: one prefill for all,
                 # not one now and one after it; the loop's top syncs and admits them
-                admitted = False
                 continue
             if len(active) == 1 and hand_back():
                 continue
