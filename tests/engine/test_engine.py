@@ -192,7 +192,7 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
         engine, caplog, monkeypatch, beside, topics):
     """Requests a client sends together reach the engine a moment apart. One that
     arrives while the first is still being prepared (template, tokens, prompt-cache
-    lookup) no longer waits for the first's prefill and first token: both prompts
+    lookup) does not wait for the first's prefill and first token: both prompts
     prefill together, whether the first was to decode alone (it moves into the batch
     before its prefill) or joins a batch (``beside``: another request decodes; the batch
     admits what arrived before its next step). Greedy: each text is what it gets alone (asked after, from the
@@ -292,6 +292,8 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
     assert calls[:3] == ["insert", "insert", "next"], calls  # both in before one step
     said = [r.getMessage() for r in caplog.records]
     assert not any(m.startswith("first-1: joins a batch after") for m in said)
+    if beside:  # the batch's path was taken: the first joined a batch another one ran
+        assert any(m.startswith("long-0: joins a batch after") for m in said), said
     cached, prompt = map(int, re.search(r"(\d+) of its (\d+) prompt tokens cached",
                                         next(m for m in said if m.startswith("first-1: starts"))
                                         ).groups())

@@ -42,7 +42,7 @@ POST_ROUTES = sorted(path for path, ops in _schema()["paths"].items()
 
 
 def _capped(body, path: str):
-    """``body`` with token limits capped at 4 (set where absent) and, on /v1 routes, a
+    """``body`` with token limits capped at 4 (set where absent or null) and, on /v1 routes, a
     generated string ``model`` replaced by ``local``, so that the rest of the body reaches
     the engine instead of stopping at a 404 for a random model name."""
     if isinstance(body, dict):

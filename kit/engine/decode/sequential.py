@@ -28,8 +28,9 @@ def serve_alone(pipeline: Pipeline, job: Job,
     """Run ``job`` alone, posting its events and END (errors are posted, never raised).
 
     Args:
-        join: when given, asked after each token; True (a request waits) stops the
-            decode and returns the state a batch continues from. Only for requests that
+        join: when given, asked once the request is prepared and after each token;
+            True (a request waits) stops it and returns the state a batch continues
+            from (before the prefill: the batch prefills it with the others). Only for requests that
             can move (a trimmable KV cache and no grammar, see
             :meth:`kit.engine.decode.engine.Engine`'s scheduler).
 
