@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -228,10 +229,10 @@ def over_http(url: str, rounds: dict, tokens: int, bias: dict, model: str = "loc
 def arrival_spread(log: str, ids: list[str]) -> float | None:
     """Seconds from the first to the last of ``ids`` reaching the engine: the timestamps of
     their "starts" lines in the server's debug log (ms resolution), or None without them."""
-    stamps = []
-    for line in log.splitlines():
-        if ": starts: " in line and any(f" {rid}: starts: " in line for rid in ids):
-            stamps.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    wanted = set(ids)
+    stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+              for line in log.splitlines()
+              if (m := re.search(r" (\S+): starts: ", line)) and m[1] in wanted]
     return max(stamps) - min(stamps) if len(stamps) == len(ids) else None
 
 

@@ -44,6 +44,27 @@ def small_window_engine(hf_home):
     e.stop()
 
 
+def _about(topic: str, n: int, **params) -> ChatRequest:
+    """"Tell me about TOPIC.", greedy, at most ``n`` tokens."""
+    return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
+                       params=SamplingParams(max_tokens=n, temperature=0.0, **params))
+
+
+def _reference(engine, topic: str, n: int) -> tuple[str, list[Step]]:
+    """:func:`_about` alone again, with each step's lead over the runner-up (for
+    :func:`tests.greedy.check_agreement`)."""
+    from kit.engine.types import TextDelta
+
+    async def run():
+        text, steps = "", []
+        async for ev in engine.generate(_about(topic, n, logprobs=True, top_logprobs=2)):
+            if isinstance(ev, TextDelta):
+                text += ev.text
+                steps += [Step(lp.token, lp.top[0][1] - lp.top[1][1]) for lp in ev.logprobs]
+        return text, steps
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("max_batch", [1, 8])
 def test_requests_served_counts_a_request_before_its_finished_event(engine, max_batch):
     # Regression: the count went up only after the next-turn cache prefill, which runs
@@ -78,20 +99,7 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
 
     engine.max_batch = 8
 
-    def req(topic: str, n: int, **params) -> ChatRequest:
-        return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
-                           params=SamplingParams(max_tokens=n, temperature=0.0, **params))
-
-    def reference(topic: str, n: int) -> tuple[str, list[Step]]:
-        """The request alone again, with each step's lead over the runner-up."""
-        async def run():
-            text, steps = "", []
-            async for ev in engine.generate(req(topic, n, logprobs=True, top_logprobs=2)):
-                if isinstance(ev, TextDelta):
-                    text += ev.text
-                    steps += [Step(lp.token, lp.top[0][1] - lp.top[1][1]) for lp in ev.logprobs]
-            return text, steps
-        return asyncio.run(run())
+    req = _about
 
     async def collect(request: ChatRequest, after: asyncio.Event | None = None,
                       first: asyncio.Event | None = None) -> tuple[str, float, float, Finished]:
@@ -121,8 +129,8 @@ def test_a_request_decoding_alone_moves_into_a_batch_when_another_arrives(engine
     alone, a, b = asyncio.run(main())
     assert "joins a batch after" in caplog.text  # it did start alone, then moved
     assert "decodes alone again after" in caplog.text  # and back, once b was done
-    check_agreement(alone[0], a[0], lambda: reference("cats", 60))
-    check_agreement(alone[1], b[0], lambda: reference("dogs", 30))
+    check_agreement(alone[0], a[0], lambda: _reference(engine, "cats", 60))
+    check_agreement(alone[1], b[0], lambda: _reference(engine, "dogs", 30))
     assert b[1] < a[2]  # b's first token came before a's last: decoded together
     if a[0] == alone[0]:  # alone it runs to the limit (after a near-tie it may stop sooner)
         assert a[3].usage.completion_tokens == 60 and a[3].finish_reason == "length"
@@ -195,8 +203,9 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
     lookup) does not wait for the first's prefill and first token: both prompts
     prefill together, whether the first was to decode alone (it moves into the batch
     before its prefill) or joins a batch (``beside``: another request decodes; the batch
-    admits what arrived before its next step). Greedy: each text is what it gets alone (asked after, from the
-    prompt cache the batch left: prompts not asked before, so the batch prefills them)."""
+    admits what arrived before its next step). Greedy: each text is what it gets alone
+    (asked after, from the prompt cache the batch left: prompts not asked before, so the
+    batch prefills them)."""
     import logging
     import threading
 
@@ -232,9 +241,7 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
         monkeypatch.setattr(generator, name, spy)
 
     def req(rid: str, topic: str, n: int) -> ChatRequest:
-        return ChatRequest(messages=[{"role": "user", "content": f"Tell me about {topic}."}],
-                           request_id=rid, params=SamplingParams(max_tokens=n,
-                                                                 temperature=0.0))
+        return dataclasses.replace(_about(topic, n), request_id=rid)
 
     async def text(request: ChatRequest, after: threading.Event | None = None,
                    first: asyncio.Event | None = None) -> str:
@@ -259,9 +266,9 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
         first, second = topics
         decoding = asyncio.Event()
         with caplog.at_level(logging.DEBUG, logger="mlx_kit.engine"):
-            long = asyncio.create_task(text(req("long-0", "herons", 40), first=decoding)) \
-                if beside else None
+            long = None
             if beside:
+                long = asyncio.create_task(text(req("long-0", "herons", 40), first=decoding))
                 await decoding.wait()
             together = await asyncio.gather(text(req("first-1", first, 24)),
                                             text(req("second-1", second, 12), after=prepared))
@@ -270,20 +277,6 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
         alone = [await text(req("alone-1", first, 24)),
                  await text(req("alone-2", second, 12))]
         return alone, together
-
-    def reference(topic: str, n: int) -> tuple[str, list[Step]]:
-        """The request alone again, with each step's lead over the runner-up."""
-        async def run():
-            out, steps = "", []
-            request = req(f"ref-{topic}", topic, n)
-            request.params = SamplingParams(max_tokens=n, temperature=0.0, logprobs=True,
-                                            top_logprobs=2)
-            async for ev in engine.generate(request):
-                if isinstance(ev, TextDelta):
-                    out += ev.text
-                    steps += [Step(lp.token, lp.top[0][1] - lp.top[1][1]) for lp in ev.logprobs]
-            return out, steps
-        return asyncio.run(run())
 
     alone, together = asyncio.run(main())
     # the second was started (prepared, in the batch) before the first had a token: the
@@ -299,8 +292,8 @@ def test_a_request_that_arrives_while_the_first_is_prepared_prefills_with_it(
                                         ).groups())
     assert prompt - cached > 5  # its own words to prefill, in the batch (a template prefix
     # other tests left may be cached)
-    check_agreement(alone[0], together[0], lambda: reference(topics[0], 24))
-    check_agreement(alone[1], together[1], lambda: reference(topics[1], 12))
+    check_agreement(alone[0], together[0], lambda: _reference(engine, topics[0], 24))
+    check_agreement(alone[1], together[1], lambda: _reference(engine, topics[1], 12))
 
 
 # -- prompts over the context window ------------------------------------------------------

@@ -42,9 +42,9 @@ POST_ROUTES = sorted(path for path, ops in _schema()["paths"].items()
 
 
 def _capped(body, path: str):
-    """``body`` with token limits capped at 4 (set where absent or null) and, on /v1 routes, a
-    generated string ``model`` replaced by ``local``, so that the rest of the body reaches
-    the engine instead of stopping at a 404 for a random model name."""
+    """``body`` with token limits capped at 4 (set where absent or null) and, on /v1
+    routes, a generated string ``model`` replaced by ``local``, so that the rest of the
+    body reaches the engine instead of stopping at a 404 for a random model name."""
     if isinstance(body, dict):
         body = dict(body)
         if path.startswith("/v1/") and isinstance(body.get("model"), str):

@@ -150,10 +150,9 @@ class Pipeline:
             if self.admission.deferred > waited:  # counted once per request
                 self.changed()
             raise
-        # the engine's order of starts and ends, in the log: where requests arrive apart or
-        # wait at a barrier (the completion's INFO line is the other end)
-        # (worded apart from the completion's "prompt N tokens (M cached)", which tools
-        # and tests read as one line per request)
+        # the engine's order of starts and ends in the log (the completion's INFO line is
+        # the other end): where requests arrive apart or wait at a barrier. Worded apart
+        # from that line's "prompt N tokens (M cached)", which tools read once a request
         log.debug("%s: starts: %s, %d of its %d prompt tokens cached%s", req.request_id,
                   key, cached, len(prompt), ", beside others" if running else "")
         job.post(Started(key, len(prompt), cached, n_max, asked))

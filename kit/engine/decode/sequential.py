@@ -30,8 +30,8 @@ def serve_alone(pipeline: Pipeline, job: Job,
     Args:
         join: when given, asked once the request is prepared and after each token;
             True (a request waits) stops it and returns the state a batch continues
-            from (before the prefill: the batch prefills it with the others). Only for requests that
-            can move (a trimmable KV cache and no grammar, see
+            from (before the prefill: the batch prefills it with the others). Only for
+            requests that can move (a trimmable KV cache and no grammar, see
             :meth:`kit.engine.decode.engine.Engine`'s scheduler).
 
     Returns:
@@ -66,9 +66,9 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
 
     With ``join``, when it says another request waits (already once the request is
     prepared: then the batch prefills its prompt with the others'), stop after the
-    current token and return the state a batch continues from: the KV cache trimmed by that token, which the
-    batch feeds again (stream_generate has already fed it to compute the next one), and a
-    detokenizer that has seen the tokens so far (a grammar's llguidance matcher would
+    current token and return the state a batch continues from: the KV cache trimmed by
+    that token, which the batch feeds again (stream_generate has already fed it to
+    compute the next one), and a detokenizer that has seen the tokens so far (a grammar's llguidance matcher would
     have consumed the last token already: constrained requests never join).
 
     Raises:
@@ -87,7 +87,8 @@ def decode(pipeline: Pipeline, job: Job, join: Callable[[], bool] | None) -> Joi
         pipeline.sync()  # what arrived while it was prepared (a sync point, as a token is)
         if join():  # they prefill together in the batch, not after this one's prefill
             log.debug("%s: joins a batch before its prefill", job.request.request_id)
-            return Joined(run, run.prompt[:run.cached], list(run.rest), tokenizer.detokenizer)
+            return Joined(run, run.prompt[:run.cached], list(run.rest),
+                          tokenizer.detokenizer)
 
     def check_cancelled(_done: int, _total: int) -> None:
         pipeline.sync()  # a prefill chunk is a sync point of a distributed engine
