@@ -16,7 +16,10 @@
 #           in-process, the hand-back (bench/handback.py), concurrency, then drafting, each bounded so that the call ends
 #           inside the 10-minute limit with what it measured (also in $OUT/*.log);
 #           DRAFT_BITS=2 also drafts with a 2-bit copy of the same weights, in-process and
-#           through mlx-kit; PROFILE=1 profiles the engine layer (which slows it)
+#           through mlx-kit; DRAFT_PAIR=N drafts for a copy whose layers after the
+#           first N barely write (bench/random_model.py --pair) with those N layers, a pair
+#           that agrees (drafting's best case), in-process and through mlx-kit;
+#           PROFILE=1 profiles the engine layer (which slows it)
 set -euo pipefail
 ST=/tmp/sstage
 PKG=/tmp/spkgs
@@ -48,4 +51,11 @@ if [ -n "${DRAFT_BITS:-}" ]; then
     [ -f $d/config.json ] || python3 bench/random_model.py $d --tokenizer "$ST/tok" --bits $DRAFT_BITS
     timeout ${DRAFT_BITS_S:-300} python3 bench/draft.py --model /tmp/r8b --draft $d --tokens 128 \
         --server 2>&1 | tee "$out/draft-$DRAFT_BITS.log" || true
+fi
+# a pair that agrees: acceptance near 1, the target's cost unchanged
+if [ -n "${DRAFT_PAIR:-}" ]; then
+    p=/tmp/r8b-pair$DRAFT_PAIR
+    [ -f $p-draft/config.json ] || python3 bench/random_model.py $p --tokenizer "$ST/tok" --pair $DRAFT_PAIR
+    timeout ${DRAFT_PAIR_S:-300} python3 bench/draft.py --model $p --draft $p-draft --tokens 128 \
+        --server 2>&1 | tee "$out/draft-pair$DRAFT_PAIR.log" || true
 fi
