@@ -19,7 +19,8 @@
 #           through mlx-kit; DRAFT_PAIR=N drafts for a copy whose layers after the
 #           first N barely write (bench/random_model.py --pair) with those N layers, a pair
 #           that agrees (drafting's best case), in-process and through mlx-kit;
-#           PROFILE=1 profiles the engine layer (which slows it)
+#           PROFILE=1 profiles the engine layer (which slows it); CONCURRENCY_ARGS
+#           replaces bench/concurrency.py's --mlx-lm-server, PAIR_ARGS the pair's --server
 set -euo pipefail
 ST=/tmp/sstage
 PKG=/tmp/spkgs
@@ -41,8 +42,13 @@ timeout ${COMPILED_S:-100} python3 bench/compiled.py --model /tmp/r8b --tokens 1
 timeout ${HANDBACK_S:-60} python3 bench/handback.py --model /tmp/r8b --long 256 --rounds 2 \
     2>&1 | tee "$out/handback.log" || true
 timeout ${CONCURRENCY_S:-270} python3 bench/concurrency.py --model /tmp/r8b --tokens 128 \
-    --levels ${LEVELS:-1,2,4,8} --mlx-lm-server ${PROFILE:+--profile} \
+    --levels ${LEVELS:-1,2,4,8} ${CONCURRENCY_ARGS---mlx-lm-server} ${PROFILE:+--profile} \
     2>&1 | tee "$out/concurrency.log" || true
+# CONCURRENCY2_ARGS: a second run beside it (e.g. "--skip batch,engine --compile-decode on")
+if [ -n "${CONCURRENCY2_ARGS:-}" ]; then
+    timeout ${CONCURRENCY2_S:-120} python3 bench/concurrency.py --model /tmp/r8b --tokens 128 \
+        --levels ${LEVELS:-1,2,4,8} $CONCURRENCY2_ARGS 2>&1 | tee "$out/concurrency2.log" || true
+fi
 timeout ${DRAFT_S:-60} python3 bench/draft.py --model /tmp/r8b --layers 4 --tokens 128 \
     2>&1 | tee "$out/draft.log" || true
 # a low-bit copy of the same random weights (the same seed), through mlx-kit too
@@ -57,5 +63,5 @@ if [ -n "${DRAFT_PAIR:-}" ]; then
     p=/tmp/r8b-pair$DRAFT_PAIR
     [ -f $p-draft/config.json ] || python3 bench/random_model.py $p --tokenizer "$ST/tok" --pair $DRAFT_PAIR
     timeout ${DRAFT_PAIR_S:-300} python3 bench/draft.py --model $p --draft $p-draft --tokens 128 \
-        --server 2>&1 | tee "$out/draft-pair$DRAFT_PAIR.log" || true
+        ${PAIR_ARGS---server} 2>&1 | tee "$out/draft-pair$DRAFT_PAIR.log" || true
 fi
