@@ -156,13 +156,17 @@ class ChatRequest:
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one request: prompt tokens (of which ``cached_tokens`` came from the
-    prompt cache) and generated tokens (of which ``reasoning_tokens`` were generated
+    prompt cache, and ``image_tokens`` and ``audio_tokens`` stand for the request's images
+    and video, and audio clips: a vision model's placeholder tokens, which its towers'
+    features replace) and generated tokens (of which ``reasoning_tokens`` were generated
     inside the model's think block, its markers included)."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    image_tokens: int = 0
+    audio_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -47,11 +47,18 @@ _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "cancel
 
 
 def _usage(fin: Finished | None, prompt: int = 0, cached: int = 0) -> dict[str, Any]:
-    u = fin.usage if fin else None
-    p, c = (u.prompt_tokens, u.completion_tokens) if u else (prompt, 0)
+    """Gemini's ``usageMetadata``; at the end (``fin``) with the prompt's tokens per
+    modality: a vision model's image and audio placeholder tokens apart from the text's."""
+    if fin is None:  # a chunk before the end: the counts per modality come with the last
+        return {"promptTokenCount": prompt, "candidatesTokenCount": 0,
+                "totalTokenCount": prompt, "cachedContentTokenCount": cached}
+    u = fin.usage
+    p, c, images, audio = u.prompt_tokens, u.completion_tokens, u.image_tokens, u.audio_tokens
+    details = [{"modality": "TEXT", "tokenCount": p - images - audio}]
+    details += [{"modality": m, "tokenCount": n} for m, n in (("IMAGE", images),
+                                                                 ("AUDIO", audio)) if n]
     return {"promptTokenCount": p, "candidatesTokenCount": c, "totalTokenCount": p + c,
-            "cachedContentTokenCount": u.cached_tokens if u else cached,
-            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": p}]}
+            "cachedContentTokenCount": u.cached_tokens, "promptTokensDetails": details}
 
 
 def _part(ev: Any, thoughts: bool) -> dict[str, Any] | None:

@@ -122,13 +122,14 @@ def response_schema(fmt: Any, param: str) -> dict[str, Any] | None:
 
 def usage(fin: Finished | None) -> dict[str, Any] | None:
     """OpenAI's usage object (with ``prompt_tokens_details.cached_tokens`` and
-    ``completion_tokens_details.reasoning_tokens``)."""
+    ``audio_tokens``, and ``completion_tokens_details.reasoning_tokens``)."""
     if fin is None:
         return None
     u = fin.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
+                                      "audio_tokens": u.audio_tokens},
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
 
 

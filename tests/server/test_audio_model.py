@@ -105,6 +105,28 @@ def test_an_audio_answer_is_mlx_vlms_own_and_counts_the_audio_tokens(omni_server
     assert other["choices"][0]["message"]["content"] != body["choices"][0]["message"]["content"]
 
 
+
+
+def test_the_usage_counts_the_clips_tokens_apart_from_the_text(omni_server):
+    """Chat completions' ``prompt_tokens_details.audio_tokens`` and Gemini's AUDIO entry of
+    ``promptTokensDetails`` are the clip's audio tokens (its begin and end markers count
+    as text); without a clip, 0 and TEXT alone."""
+    from google.genai import types
+
+    from tests.server.test_gemini import make_client
+
+    assert answer(omni_server, CLIP)["usage"]["prompt_tokens_details"]["audio_tokens"] == \
+        AUDIO_TOKENS_3S
+    assert answer(omni_server, None)["usage"]["prompt_tokens_details"]["audio_tokens"] == 0
+    gem, config = make_client(omni_server.root), types.GenerateContentConfig(max_output_tokens=4)
+    for parts, audio in (([types.Part(text=QUESTION),
+                           types.Part.from_bytes(data=CLIP, mime_type="audio/wav")],
+                          AUDIO_TOKENS_3S), ([types.Part(text=QUESTION)], 0)):
+        usage = gem.models.generate_content(model="local", config=config, contents=[
+            types.Content(role="user", parts=parts)]).usage_metadata
+        details = {d.modality.value: d.token_count for d in usage.prompt_tokens_details}
+        assert details == {"TEXT": usage.prompt_token_count - audio,
+                           **({"AUDIO": audio} if audio else {})}, details
 def test_a_clip_at_another_rate_in_stereo_is_resampled_to_the_same_length(omni_server):
     stereo = wav_bytes(3.0, 44100, channels=2)
     mono = answer(omni_server, CLIP)["usage"]["prompt_tokens"]

@@ -104,6 +104,25 @@ def test_an_image_answer_is_mlx_vlms_own_and_counts_the_image_tokens(vision_serv
     assert body["choices"][0]["message"]["content"] == mlx_vlm_answer(vlm, red)
 
 
+
+
+def test_gemini_usage_counts_the_image_tokens_apart_from_the_text(vision_server):
+    """usageMetadata.promptTokensDetails names the image's placeholder tokens as IMAGE and
+    the rest as TEXT (it named all of them TEXT); OpenAI's usage has no image count."""
+    from google.genai import types
+
+    from tests.server.test_gemini import make_client
+
+    contents = [types.Content(role="user", parts=[
+        types.Part.from_bytes(data=png("blue"), mime_type="image/png"),
+        types.Part(text=QUESTION)])]
+    gem = make_client(vision_server.root)  # kept: the SDK closes its client when collected
+    usage = gem.models.generate_content(
+        model="local", contents=contents,
+        config=types.GenerateContentConfig(max_output_tokens=4)).usage_metadata
+    details = {d.modality.value: d.token_count for d in usage.prompt_tokens_details}
+    assert details == {"TEXT": usage.prompt_token_count - IMAGE_TOKENS_512,
+                       "IMAGE": IMAGE_TOKENS_512}
 def test_another_image_changes_the_answer_and_the_same_one_does_not(vision_server):
     first = chat(vision_server, png("red"))["choices"][0]["message"]["content"]
     again = chat(vision_server, png("red"))["choices"][0]["message"]["content"]

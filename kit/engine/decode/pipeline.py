@@ -25,7 +25,7 @@ from kit.engine.decode.prefill import prefill_step_size
 from kit.engine.decode.prompt import Prompts
 from kit.engine.decode.run import Job, Run
 from kit.engine.decode.sampling import Sampling, max_tokens
-from kit.engine.decode.vision import VisionCaches
+from kit.engine.decode.vision import VisionCaches, media_token_counts
 from kit.engine.decode.slot import ModelSlot
 from kit.engine.types import Finished, InvalidRequest, Started, Usage
 from kit.formats.output import OutputParser
@@ -173,10 +173,12 @@ class Pipeline:
         run.emit(run.parser.finish(finish_reason))
         if finish_reason == "stop" and run.parser.tool_calls:
             finish_reason = "tool_calls"
-        usage = Usage(len(run.prompt), run.n, run.cached,
-                      min(run.parser.reasoning_tokens, run.n))
-        tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
         n_images, n_audio = len(run.job.request.images), len(run.job.request.audio)
+        image_tokens, audio_tokens = media_token_counts(run.prompt, self.slot.model.config) \
+            if self.slot.vision and (n_images or n_audio) else (0, 0)
+        usage = Usage(len(run.prompt), run.n, run.cached,
+                      min(run.parser.reasoning_tokens, run.n), image_tokens, audio_tokens)
+        tps = (run.n - 1) / (time.perf_counter() - run.first_at) if run.n > 1 else 0.0
         media = (f", {n_images} image{'s' * (n_images != 1)}" if n_images else "") + \
             (f", {n_audio} audio clip{'s' * (n_audio != 1)}" if n_audio else "")
         log.info("%s: %s, prompt %d tokens (%d cached)%s, generated %d, ttft %.3f s, "
