@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--pair", type=int, default=None, metavar="N",
                     help="also write OUT-draft: the first N layers (see above)")
     args = ap.parse_args()
+    layers = PRESETS[args.preset]["num_hidden_layers"]
+    if args.pair is not None and not 0 < args.pair < layers:
+        ap.error(f"--pair takes 1 to {layers - 1} (the {args.preset} preset has {layers} layers)")
 
     import mlx.core as mx
     import mlx.nn as nn
@@ -67,7 +70,6 @@ def main() -> None:
     write(args.out, model, config, args.tokenizer)
     if args.pair:
         model.model.layers = model.model.layers[:args.pair]
-        model.args.num_hidden_layers = args.pair
         write(args.out.with_name(args.out.name + "-draft"), model,
               {**config, "num_hidden_layers": args.pair}, args.tokenizer)
 

@@ -13,8 +13,12 @@
 # bench/vision_gpu_device.sh says how libmlx.so is split.
 #   call 1: bash bench/speed_gpu_device.sh stage   (carry .whl/a)
 #   call 2: bash bench/speed_gpu_device.sh all     (carry .whl/b): compiled decode
-#           in-process, the hand-back (bench/handback.py), concurrency, then drafting, each bounded so that the call ends
-#           inside the 10-minute limit with what it measured (also in $OUT/*.log);
+#           in-process, the hand-back (bench/handback.py), concurrency, then drafting,
+#           each under its own timeout (COMPILED_S, HANDBACK_S, CONCURRENCY_S, DRAFT_S:
+#           100 / 60 / 270 / 60 s, with the install and model build ~70 s); each step
+#           added below (DRAFT_BITS_S, DRAFT_PAIR_S, CONCURRENCY2_S, and a model build)
+#           must be paid for by shortening others (1 skips a step) to end inside the
+#           10-minute limit; what each measured is in $OUT/*.log;
 #           DRAFT_BITS=2 also drafts with a 2-bit copy of the same weights, in-process and
 #           through mlx-kit; DRAFT_PAIR=N drafts for a copy whose layers after the
 #           first N barely write (bench/random_model.py --pair) with those N layers, a pair

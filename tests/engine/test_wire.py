@@ -67,7 +67,7 @@ MESSAGES = [
     ("ev", 1, TextDelta("Hi", (TokenLogprob("Hi", -0.25, (("Hi", -0.25), ("Ho", -2.0))),))),
     ("ev", 1, TextDelta("x", (TokenLogprob("x", 0.0, (("y", float("-inf")),)),))),  # masked
     ("ev", 1, ReasoningDelta("hmm")), ("ev", 1, ToolCall("call_1", "f", '{"a": 1}', 0)),
-    ("ev", 1, Finished("stop", Usage(12, 3, 4, 1), "org/m", 0.5, 31.0, "x")),
+    ("ev", 1, Finished("stop", Usage(12, 3, 4, 1, 2, 3), "org/m", 0.5, 31.0, "x")),
     ("ev", 1, wire.WIRE_END),
     ("reply", 2, SwapResult("org/other", "org/m", 2.0, True), None),
     ("reply", 3, 42, None), ("reply", 4, {"active_bytes": 1, "peak_bytes": None}, None),

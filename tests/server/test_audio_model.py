@@ -105,8 +105,6 @@ def test_an_audio_answer_is_mlx_vlms_own_and_counts_the_audio_tokens(omni_server
     assert other["choices"][0]["message"]["content"] != body["choices"][0]["message"]["content"]
 
 
-
-
 def test_the_usage_counts_the_clips_tokens_apart_from_the_text(omni_server):
     """Chat completions' ``prompt_tokens_details.audio_tokens`` and Gemini's AUDIO entry of
     ``promptTokensDetails`` are the clip's audio tokens (its begin and end markers count
@@ -127,6 +125,8 @@ def test_the_usage_counts_the_clips_tokens_apart_from_the_text(omni_server):
         details = {d.modality.value: d.token_count for d in usage.prompt_tokens_details}
         assert details == {"TEXT": usage.prompt_token_count - audio,
                            **({"AUDIO": audio} if audio else {})}, details
+
+
 def test_a_clip_at_another_rate_in_stereo_is_resampled_to_the_same_length(omni_server):
     stereo = wav_bytes(3.0, 44100, channels=2)
     mono = answer(omni_server, CLIP)["usage"]["prompt_tokens"]

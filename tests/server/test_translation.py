@@ -22,7 +22,8 @@ from kit.engine.types import (
     Usage,
 )
 from kit.errors import InvalidRequest
-from kit.server import anthropic, gemini, gemini_translate, openai_chat, openai_responses
+from kit.server import (anthropic, gemini, gemini_translate, openai_chat, openai_common,
+                        openai_responses)
 from kit.server.adapter import Renderer
 from kit.server.content import field_path
 from kit.server.errors import APIError, api_error
@@ -393,6 +394,25 @@ def test_gemini_stream_and_body_agree():
         body["candidates"][0]["finishReason"] == "STOP"
     assert all("finishReason" not in c["candidates"][0] for c in frames[:-1])
     assert frames[-1]["usageMetadata"] == body["usageMetadata"]
+
+
+def test_gemini_usage_names_image_and_audio_tokens_on_the_last_response_only():
+    """promptTokensDetails: the text's tokens, then a vision model's image and audio
+    placeholder tokens (each only when there are some), on the last chunk and the body;
+    a chunk before the end has the totals it knows and no details. OpenAI's usage has
+    ``audio_tokens`` beside ``cached_tokens``."""
+    fin = Finished("stop", Usage(20, 9, 5, 0, 8, 4))
+    frames, body = run(lambda: gemini.GeminiRenderer({}, STARTED, False), fin=fin)
+    assert body["usageMetadata"]["promptTokensDetails"] == [
+        {"modality": "TEXT", "tokenCount": 8}, {"modality": "IMAGE", "tokenCount": 8},
+        {"modality": "AUDIO", "tokenCount": 4}]
+    assert frames[-1]["usageMetadata"] == body["usageMetadata"]
+    assert all("promptTokensDetails" not in f["usageMetadata"] for f in frames[:-1])
+    assert frames[0]["usageMetadata"]["promptTokenCount"] == 20
+    text = run(lambda: gemini.GeminiRenderer({}, STARTED, False))[1]["usageMetadata"]
+    assert text["promptTokensDetails"] == [{"modality": "TEXT", "tokenCount": 20}]
+    assert openai_common.usage(fin)["prompt_tokens_details"] == {"cached_tokens": 5,
+                                                                 "audio_tokens": 4}
 
 
 # --- errors in each protocol's own field names (A7) -----------------------------------------

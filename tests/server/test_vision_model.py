@@ -104,8 +104,6 @@ def test_an_image_answer_is_mlx_vlms_own_and_counts_the_image_tokens(vision_serv
     assert body["choices"][0]["message"]["content"] == mlx_vlm_answer(vlm, red)
 
 
-
-
 def test_gemini_usage_counts_the_image_tokens_apart_from_the_text(vision_server):
     """usageMetadata.promptTokensDetails names the image's placeholder tokens as IMAGE and
     the rest as TEXT (it named all of them TEXT); OpenAI's usage has no image count."""
@@ -123,6 +121,8 @@ def test_gemini_usage_counts_the_image_tokens_apart_from_the_text(vision_server)
     details = {d.modality.value: d.token_count for d in usage.prompt_tokens_details}
     assert details == {"TEXT": usage.prompt_token_count - IMAGE_TOKENS_512,
                        "IMAGE": IMAGE_TOKENS_512}
+
+
 def test_another_image_changes_the_answer_and_the_same_one_does_not(vision_server):
     first = chat(vision_server, png("red"))["choices"][0]["message"]["content"]
     again = chat(vision_server, png("red"))["choices"][0]["message"]["content"]
