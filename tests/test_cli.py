@@ -346,6 +346,22 @@ def test_serve_refuses_a_bad_prompt_cache_disk_size_naming_the_flag(home):
     assert "Traceback" not in r.stderr
 
 
+
+
+def test_num_draft_tokens_without_a_draft_model_is_a_warning(monkeypatch):
+    from kit.cli.serve import unused_flags
+    from kit.config import EngineConfig
+
+    monkeypatch.delenv("MLX_KIT_NUM_DRAFT_TOKENS", raising=False)
+    monkeypatch.delenv("MLX_KIT_DRAFT_MODEL", raising=False)
+    given = EngineConfig.from_flags({"num_draft_tokens": 5})
+    assert unused_flags(given, frozenset({"num_draft_tokens"})) == [
+        "--num-draft-tokens has no effect without --draft-model"]
+    assert unused_flags(EngineConfig.from_flags({}), frozenset()) == []
+    drafted = EngineConfig.from_flags({"num_draft_tokens": 5, "draft_model": ("d",)})
+    assert unused_flags(drafted, frozenset({"num_draft_tokens", "draft_model"})) == []
+    monkeypatch.setenv("MLX_KIT_NUM_DRAFT_TOKENS", "4")
+    assert unused_flags(EngineConfig.from_flags({}), frozenset()) != []
 def test_launch_passes_the_prompt_cache_flags_to_the_server_it_starts(tmp_path):
     from kit.cli.serve import check_startable
     from kit.config import EngineConfig

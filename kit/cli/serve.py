@@ -119,6 +119,17 @@ def check_drafts(specs: tuple[str, ...], info: Any) -> None:
             check_same_tokenizer(info, draft)
 
 
+def unused_flags(config: EngineConfig, flags_given: frozenset[str]) -> list[str]:
+    """Warnings for settings given that do nothing with the rest (``flags_given``: the
+    field names set on the command line; a knob's variable counts as given too)."""
+    from kit.knobs import env
+
+    if not config.draft_model and ("num_draft_tokens" in flags_given
+                                   or env("MLX_KIT_NUM_DRAFT_TOKENS") is not None):
+        return ["--num-draft-tokens has no effect without --draft-model"]
+    return []
+
+
 def _choose_split(info, world, progress):
     """The parallelism the model supports: tensor unless ``--pipeline`` was asked for, or
     pipeline when mlx-lm cannot split this model by tensors (no tensor mode for its type,
@@ -208,6 +219,8 @@ def serve(config: EngineConfig, flags_given: frozenset[str]) -> None:
     log_path = Path(log_file).expanduser().resolve() if log_file else None
     setup_server(log_level.value, log_path)
     log = logging.getLogger("mlx_kit.serve")
+    for line in unused_flags(c, flags_given):
+        log.warning(line)
     if log_path and log_level is LogLevel.debug:
         log.warning("log level debug: the text of every generated answer is written to %s",
                     log_path)

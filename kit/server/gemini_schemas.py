@@ -150,12 +150,12 @@ class GenerationConfig(G):
     stop_sequences: list[str] | None = Field(default=None, max_length=5)
     candidate_count: int | None = Field(default=None, ge=1)
     max_output_tokens: TokenCount | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = Field(default=None, ge=-2**31, lt=2**31)  # Gemini's is an int32
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
     response_mime_type: str | None = Field(default=None, max_length=100)
     response_schema: dict[str, Any] | None = None
     response_json_schema: dict[str, Any] | None = None

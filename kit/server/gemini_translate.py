@@ -361,8 +361,10 @@ def to_engine_request(body: GenerateContentRequest, defaults: SamplingParams,
             raise bad_field("not supported by this server", f"generationConfig.{name}",
                             code="unsupported_value")
     params = overridden(defaults, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
+    # Gemini's seed is an int32; mlx's is unsigned: a negative one maps to its two's complement
+    seed = None if g.seed is None else g.seed % 2**32
     params = replace(params, max_tokens=output_cap(g.max_output_tokens, context_window),
-                     stop=stop_strings(g.stop_sequences), seed=g.seed,
+                     stop=stop_strings(g.stop_sequences), seed=seed,
                      presence_penalty=g.presence_penalty, frequency_penalty=g.frequency_penalty)
     tools, force = chat_tools(body, supports_tools)
     return ChatRequest(**with_media(chat_messages(body, media)), params=params, tools=tools,

@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Any, Union
 
 from fastapi import Request
-from pydantic import Discriminator, Field, StrictInt, Tag
+from pydantic import Discriminator, Field, StrictInt, Tag, field_validator
 
 from kit.engine.types import (
     ChatRequest,
@@ -61,6 +61,12 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: Text | None = None
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, v: Any) -> Any:
+        # OpenAI: "max_tokens: integer or null, defaults to 16"; a null is not "no limit"
+        return 16 if v is None else v
 
 
 def _prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:

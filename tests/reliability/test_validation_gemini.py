@@ -121,3 +121,18 @@ def test_gemini_thinking_budget_that_is_not_an_integer_is_400_naming_it(stand_in
 def test_gemini_integer_max_output_tokens_is_still_served(stand_in):
     r = stand_in.post(GENERATE, json=user([{"text": "hi"}]))
     assert r.status_code == 200, r.text[:500]
+
+
+@pytest.mark.parametrize("seed", [2**31, -2**31 - 1, 2**64])
+def test_a_gemini_seed_outside_int32_is_400_naming_it_not_a_500(stand_in, seed):
+    """It reached ``mx.random.seed``, which took neither a negative nor a 65-bit seed: a
+    500 with a pybind11 message and a traceback in the log."""
+    body = {**user([{"text": "hi"}]), "generationConfig": {"seed": seed}}
+    err = google_error(stand_in.post(GENERATE, json=body))
+    assert "generationConfig.seed: " in err["message"]
+
+
+def test_a_negative_gemini_seed_within_int32_is_served(stand_in):
+    body = {**user([{"text": "hi"}]), "generationConfig": {"seed": -1, "maxOutputTokens": 4}}
+    r = stand_in.post(GENERATE, json=body)
+    assert r.status_code == 200, r.text[:500]

@@ -281,6 +281,34 @@ def test_gemini_function_turns_become_tool_calls_and_tool_messages():
     assert req.force_tool == "" and req.params.max_tokens is None and req.params.stop == ("Z",)
 
 
+
+
+def test_a_gemini_seed_outside_int32_is_refused_naming_it_and_a_negative_one_maps_to_unsigned():
+    """Gemini's seed is an int32; mlx's is unsigned. Out of range it was a 500 from
+    ``mx.random.seed`` (a negative seed, or one over 64 bits); now the 400 names it."""
+    from pydantic import ValidationError
+
+    assert gemini_req(generationConfig={"seed": -1}).params.seed == 2**32 - 1
+    assert gemini_req(generationConfig={"seed": 7}).params.seed == 7
+    for seed in (2**31, -2**31 - 1, 2**64):
+        with pytest.raises(ValidationError, match="generationConfig.seed|generation_config.seed"):
+            gemini_req(generationConfig={"seed": seed})
+
+
+def test_a_nan_gemini_temperature_is_named_not_a_finite_number():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="finite number"):
+        gemini_req(generationConfig={"temperature": float("nan")})
+
+
+def test_a_null_completions_max_tokens_is_openais_default_16_not_unbounded():
+    from kit.server.openai_completions import CompletionRequest
+
+    body = {"model": "local", "prompt": "Once upon a time"}
+    assert CompletionRequest.model_validate({**body, "max_tokens": None}).max_tokens == 16
+    assert CompletionRequest.model_validate(body).max_tokens == 16
+    assert CompletionRequest.model_validate({**body, "max_tokens": 3}).max_tokens == 3
 # --- one renderer: the streamed answer is the non-streamed one -------------------------------
 
 STARTED = Started(model="real/model", prompt_tokens=20, cached_tokens=5)
