@@ -109,8 +109,8 @@ def check_drafts(specs: tuple[str, ...], info: Any) -> None:
             if target != info.id:  # a typo would turn drafting off without a word
                 resolve_model(target)
         except ModelError as e:
-            raise ConfigError(f"--draft-model {target}={spec}: {e.message}",
-                              hint=e.hint) from None
+            shown = spec if target == info.id and spec in specs else f"{target}={spec}"
+            raise ConfigError(f"--draft-model {shown}: {e.message}", hint=e.hint) from None
         if target == info.id:
             if is_vision_model(info.path):
                 raise ConfigError(f"--draft-model: {info.id} is a vision model (mlx-vlm "

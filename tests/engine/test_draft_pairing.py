@@ -62,6 +62,9 @@ def test_serve_refuses_a_target_that_is_not_on_this_machine_and_a_vision_model(t
     said = serve_says(tmp_path, "--model", str(target), "--draft-model",
                       f"nope/x={target}")
     assert "--draft-model nope/x=" in said and "not found" in said
+    # a bare draft is named as typed, not as the TARGET=DRAFT pairing it becomes
+    said = serve_says(tmp_path, "--model", str(target), "--draft-model", "nope/draft")
+    assert "--draft-model nope/draft: " in said and "not found" in said, said
     vlm = model_folder(tmp_path, "vlm", ["<unk>", "a", "b"])
     (vlm / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl",
                                                  "vision_config": {"depth": 1}}))
