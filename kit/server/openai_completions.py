@@ -54,10 +54,14 @@ Prompt = Annotated[Union[Annotated[Text, Tag("text")], Annotated[list[Text], Tag
                    Discriminator(_prompt_kind)]
 
 
+#: OpenAI's default ``max_tokens`` for completions (a null one included)
+DEFAULT_MAX_TOKENS = 16
+
+
 class CompletionRequest(SamplingFields):
     prompt: Prompt = Field(description="text, a list of one text, token ids, or a list of "
                            "one list of token ids")
-    max_tokens: TokenCount | None = 16  # OpenAI's default here
+    max_tokens: TokenCount = DEFAULT_MAX_TOKENS
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: Text | None = None
@@ -66,7 +70,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _null_is_the_default(cls, v: Any) -> Any:
         # OpenAI: "max_tokens: integer or null, defaults to 16"; a null is not "no limit"
-        return 16 if v is None else v
+        return DEFAULT_MAX_TOKENS if v is None else v
 
 
 def _prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:

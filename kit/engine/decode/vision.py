@@ -221,13 +221,11 @@ def media_token_ids(config: Any) -> set[int]:
 
 def media_token_counts(ids: list[int], config: Any) -> tuple[int, int]:
     """``(image tokens, audio tokens)`` of the prompt ``ids`` of the model with ``config``:
-    how many of its tokens are image or video placeholders (mlx-vlm's
-    :func:`~mlx_vlm.apc.multimodal_token_ids_from_config`) and how many the audio token
-    (``audio_token_id``); a clip's or an image's begin and end markers count as text."""
-    from mlx_vlm import apc
-
+    how many of its tokens are the audio token (``audio_token_id``) and how many the other
+    media tokens of :func:`media_token_ids` (image and video placeholders); a clip's or an
+    image's begin and end markers count as text."""
     audio = getattr(config, "audio_token_id", None)
-    images = set(apc.multimodal_token_ids_from_config(config)) - {audio}
+    images = media_token_ids(config) - {audio}
     n_audio = sum(1 for t in ids if t == audio) if isinstance(audio, int) else 0
     return sum(1 for t in ids if t in images), n_audio
 
